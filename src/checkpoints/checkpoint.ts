@@ -1,0 +1,157 @@
+/**
+ * Verb: checkpoint. Freeze the sandbox's cgroup, snapshot its writable layer
+ * (btrfs, O(1)), dump the process tree with CRIU (the tree keeps running),
+ * thaw, make it all durable, then commit one catalog transaction. The
+ * checkpoint exists only once that transaction commits; a failure (or a
+ * crash: see the reaper) at any step leaves no trace and the sandbox running.
+ */
+import fs from 'node:fs';
+import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
+import { InvalidArgumentError, InvalidStateError } from '../errors.js';
+import type { Engine } from '../engine.js';
+import { dumpOptions, fsyncTree, processImageBytes } from './process-image.js';
+
+export interface CheckpointOptions {
+  label?: string | undefined;
+  signal?: AbortSignal | undefined;
+}
+
+export interface CheckpointTimings {
+  freezeMs: number;
+  snapshotMs: number;
+  dumpMs: number;
+  frozenMs: number;
+  persistMs: number;
+  commitMs: number;
+  totalMs: number;
+}
+
+export interface CheckpointInfo {
+  id: string;
+  parentId: string | null;
+  sandboxId: string;
+  layerId: string;
+  branchId: string;
+  label: string | null;
+  createdAt: string;
+  contextId: string | null;
+  ledgerCursor: number;
+  sizes: { processImageBytes: number; contextBytes?: number };
+  timings: Partial<CheckpointTimings>;
+}
+
+/** Extra work done inside the checkpoint's catalog transaction (the agent context and ledger cursor). */
+export type CheckpointTxHook = (row: SandboxRow, checkpointId: string) => { contextId: string | null; ledgerCursor: number; contextBytes?: number };
+
+export function checkpointInfo(row: CheckpointRow): CheckpointInfo {
+  return {
+    id: row.id,
+    parentId: row.parent_id,
+    sandboxId: row.sandbox_id,
+    layerId: row.layer_id,
+    branchId: row.branch_id,
+    label: row.label,
+    createdAt: new Date(row.created_at).toISOString(),
+    contextId: row.context_id,
+    ledgerCursor: row.ledger_cursor,
+    sizes: JSON.parse(row.sizes),
+    timings: JSON.parse(row.timings),
+  };
+}
+
+export function validateLabel(label: unknown): string | null {
+  if (label === undefined || label === null) return null;
+  if (typeof label !== 'string' || label.length > 200 || /[\0\n]/.test(label)) throw new InvalidArgumentError('label', 'a single-line string of at most 200 characters', label);
+  return label;
+}
+
+export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: CheckpointOptions = {}, txHook?: CheckpointTxHook): Promise<CheckpointInfo> {
+  const label = validateLabel(opts.label);
+  if (row.state !== 'running' || !row.init_pid) throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running`, { sandboxId: row.id });
+  opts.signal?.throwIfAborted();
+  const { catalog, layers, cgroups, runtime, paths } = engine;
+  const cg = runtime.cgroupName(row.id);
+  const checkpointId = newId('ckpt');
+  const layerId = newId('lyr');
+  const opId = newId('op');
+  const imagesDir = paths.processImage(checkpointId);
+  const log = engine.log.child({ sandboxId: row.id, checkpointId });
+  await engine.criu.ensureRunning();
+  catalog.beginOperation({ id: opId, kind: 'checkpoint', sandbox_id: row.id, phase: 'started', payload: JSON.stringify({ checkpointId, layerId }) });
+  engine.fault('checkpoint:begin');
+
+  const t: Partial<CheckpointTimings> = {};
+  const t0 = performance.now();
+  let frozenAt = 0;
+  try {
+    fs.mkdirSync(imagesDir, { mode: 0o700 });
+    await cgroups.freeze(cg);
+    frozenAt = performance.now();
+    t.freezeMs = frozenAt - t0;
+    engine.fault('checkpoint:frozen');
+    try {
+      layers.snapshotUpper(row.id, layerId);
+      const ts = performance.now();
+      t.snapshotMs = ts - frozenAt;
+      engine.fault('checkpoint:snapshotted');
+      await engine.criu.dump(dumpOptions(engine, row, imagesDir));
+      t.dumpMs = performance.now() - ts;
+      engine.fault('checkpoint:dumped');
+    } finally {
+      cgroups.thaw(cg);
+      t.frozenMs = performance.now() - frozenAt;
+    }
+    // Durable before the record: the images' files, then the btrfs
+    // transaction that holds the snapshot.
+    const tp = performance.now();
+    fsyncTree(imagesDir);
+    layers.sync();
+    t.persistMs = performance.now() - tp;
+    engine.fault('checkpoint:persisted');
+
+    const tc = performance.now();
+    const sizes: CheckpointInfo['sizes'] = { processImageBytes: processImageBytes(imagesDir) };
+    let committed!: CheckpointRow;
+    catalog.tx(() => {
+      const fresh = catalog.sandbox(row.id)!;
+      const extra = txHook ? txHook(fresh, checkpointId) : { contextId: null, ledgerCursor: 0 };
+      if (extra.contextBytes !== undefined) sizes.contextBytes = extra.contextBytes;
+      catalog.insertLayer(layerId, 'checkpoint', row.id);
+      committed = {
+        id: checkpointId,
+        sandbox_id: row.id,
+        parent_id: fresh.head_checkpoint_id,
+        layer_id: layerId,
+        image: fresh.image,
+        runtime_layer: fresh.runtime_layer,
+        branch_id: fresh.branch_id,
+        label,
+        ledger_cursor: extra.ledgerCursor,
+        context_id: extra.contextId,
+        sizes: JSON.stringify(sizes),
+        timings: '{}',
+        created_at: Date.now(),
+      };
+      catalog.insertCheckpoint(committed);
+      catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });
+      catalog.endOperation(opId);
+      t.commitMs = performance.now() - tc;
+      t.totalMs = performance.now() - t0;
+      catalog.db.prepare('UPDATE checkpoints SET timings = ? WHERE id = ?').run(JSON.stringify(t), checkpointId);
+    });
+    engine.fault('checkpoint:committed');
+    log.info({ timings: t }, 'checkpoint committed');
+    return checkpointInfo(catalog.checkpoint(checkpointId)!);
+  } catch (e) {
+    log.warn({ err: e }, 'checkpoint failed; removing partial state');
+    discardCheckpointFiles(engine, checkpointId, layerId);
+    catalog.endOperation(opId);
+    throw e;
+  }
+}
+
+/** Removes a checkpoint's layer and process image (idempotent). */
+export function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): void {
+  engine.layers.deleteLayer(layerId);
+  fs.rmSync(engine.paths.processImage(checkpointId), { recursive: true, force: true });
+}

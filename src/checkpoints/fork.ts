@@ -1,0 +1,105 @@
+/**
+ * Verb: fork. New sandboxes start from a checkpoint: each gets a writable
+ * snapshot of the checkpoint's layer (btrfs copy-on-write, so they share
+ * data without depending on each other), its own cgroup, network namespace
+ * and run folder, and CRIU restores the process tree into it. One result per
+ * fork: a failed fork does not sink the others.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
+import { InvalidArgumentError, LockstepError } from '../errors.js';
+import type { Engine } from '../engine.js';
+import { hostOf } from '../engine.js';
+import { startTime } from '../host/proc.js';
+import { restoreOptions } from './process-image.js';
+
+export const MAX_FORKS = 64;
+
+export type ForkResult = { ok: true; id: string; pid: number; ms: number } | { ok: false; error: { code: string; message: string } };
+
+export function validateForkCount(count: unknown): number {
+  if (count === undefined) return 1;
+  if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORKS) throw new InvalidArgumentError('count', `an integer from 1 to ${MAX_FORKS}`, count);
+  return count;
+}
+
+async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, onCreated?: (child: SandboxRow) => void): Promise<ForkResult> {
+  const started = performance.now();
+  const { catalog, runtime, layers } = engine;
+  const id = newId('sbx');
+  const opId = newId('op');
+  const child: SandboxRow = {
+    ...parent,
+    id,
+    image: ckpt.image,
+    runtime_layer: ckpt.runtime_layer,
+    state: 'creating',
+    init_pid: null,
+    init_start: null,
+    hostname: parent.hostname,
+    branch_id: newId('br'),
+    head_checkpoint_id: null,
+    forked_from: ckpt.id,
+    created_at: Date.now(),
+  };
+  catalog.tx(() => {
+    catalog.insertSandbox(child);
+    catalog.beginOperation({ id: opId, kind: 'fork', sandbox_id: id, phase: 'started', payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }) });
+  });
+  engine.fault('fork:begin');
+  const workDir = path.join(engine.paths.scratch, opId);
+  try {
+    runtime.prepare(id, { memoryBytes: parent.memory_bytes ?? undefined, pids: parent.pids_max ?? undefined });
+    await runtime.makeNetns(id);
+    engine.fault('fork:prepared');
+    layers.resetUpperTo(id, ckpt.layer_id);
+    runtime.mountRoot(hostOf(engine, child));
+    engine.fault('fork:layer-ready');
+    fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
+    const pid = await engine.criu.restore(restoreOptions(engine, id, engine.paths.processImage(ckpt.id), workDir));
+    engine.fault('fork:restored');
+    catalog.tx(() => {
+      catalog.insertLayer(`upper_${id}`, 'upper', id);
+      catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null });
+      onCreated?.(catalog.sandbox(id)!);
+      catalog.endOperation(opId);
+    });
+    engine.fault('fork:committed');
+    return { ok: true, id, pid, ms: performance.now() - started };
+  } catch (e) {
+    engine.log.warn({ err: e, sandboxId: id }, 'fork failed; removing it');
+    await runtime.destroy(id).catch(() => undefined);
+    catalog.tx(() => {
+      catalog.deleteSandboxRow(id);
+      catalog.endOperation(opId);
+    });
+    const err = e instanceof LockstepError ? { code: e.code, message: e.message } : { code: 'FORK_FAILED', message: (e as Error).message };
+    return { ok: false, error: err };
+  } finally {
+    fs.rmSync(workDir, { recursive: true, force: true });
+  }
+}
+
+/** Starts `count` sandboxes from a checkpoint, a few at a time. */
+export async function forkSandbox(
+  engine: Engine,
+  parent: SandboxRow,
+  ckpt: CheckpointRow,
+  count: number,
+  opts: { concurrency?: number; onProgress?: (done: number, total: number) => void; onCreated?: (child: SandboxRow) => void } = {},
+): Promise<ForkResult[]> {
+  await engine.criu.ensureRunning();
+  const results: ForkResult[] = new Array(count);
+  let next = 0;
+  let done = 0;
+  const worker = async () => {
+    while (next < count) {
+      const i = next++;
+      results[i] = await forkOne(engine, parent, ckpt, opts.onCreated);
+      opts.onProgress?.(++done, count);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(opts.concurrency ?? 4, count) }, worker));
+  return results;
+}

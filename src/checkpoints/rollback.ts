@@ -1,0 +1,122 @@
+/**
+ * Verb: rollback. Kill the sandbox's process tree, replace its writable
+ * layer with a writable copy of the checkpoint's layer (btrfs, O(1)), mount
+ * the root again and have CRIU restore the processes into fresh pid, mount,
+ * uts and ipc namespaces (the pinned network namespace is joined). The
+ * sandbox keeps its id and gets a new branch id.
+ *
+ * Crash safety: the journal's phase says how far it got. Before "killing"
+ * nothing has changed (a crash leaves the old state); from "killing" on the
+ * old processes are gone, so the reaper rolls forward to the checkpoint.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
+import { InvalidStateError, NotFoundError } from '../errors.js';
+import type { Engine } from '../engine.js';
+import { hostOf } from '../engine.js';
+import { startTime } from '../host/proc.js';
+import { restoreOptions } from './process-image.js';
+
+export interface RollbackTimings {
+  killMs: number;
+  layerMs: number;
+  mountMs: number;
+  restoreMs: number;
+  commitMs: number;
+  totalMs: number;
+}
+
+export interface RollbackCore {
+  sandboxId: string;
+  checkpointId: string;
+  branchId: string;
+  previousBranchId: string;
+  pid: number;
+  timings: RollbackTimings;
+}
+
+/** The checkpoint, if it belongs to this sandbox; another sandbox's checkpoint is reported as missing. */
+export function ownCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): CheckpointRow {
+  const ckpt = typeof checkpointId === 'string' ? engine.catalog.checkpoint(checkpointId) : undefined;
+  if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', String(checkpointId));
+  if (!engine.layers.hasLayer(ckpt.layer_id) || !fs.existsSync(engine.paths.processImage(ckpt.id))) {
+    throw new InvalidStateError('CHECKPOINT_DAMAGED', `Checkpoint ${ckpt.id} has lost its files on disk`, { checkpointId: ckpt.id });
+  }
+  return ckpt;
+}
+
+/** The destructive part, shared by rollback and the reaper's roll-forward. */
+export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, t: Partial<RollbackTimings>): Promise<number> {
+  const { runtime, layers, catalog } = engine;
+  let m = performance.now();
+  catalog.setOperationPhase(opId, 'killing');
+  await runtime.killProcesses(row.id);
+  t.killMs = performance.now() - m;
+  engine.fault('rollback:killed');
+
+  m = performance.now();
+  runtime.unmountRoot(row.id);
+  layers.resetUpperTo(row.id, ckpt.layer_id);
+  t.layerMs = performance.now() - m;
+  engine.fault('rollback:layer-reset');
+
+  m = performance.now();
+  runtime.mountRoot({ ...hostOf(engine, row), runtimeLayer: ckpt.runtime_layer });
+  t.mountMs = performance.now() - m;
+  engine.fault('rollback:mounted');
+
+  m = performance.now();
+  const workDir = path.join(engine.paths.scratch, opId);
+  fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
+  try {
+    const pid = await engine.criu.restore(restoreOptions(engine, row.id, engine.paths.processImage(ckpt.id), workDir));
+    t.restoreMs = performance.now() - m;
+    engine.fault('rollback:restored');
+    return pid;
+  } finally {
+    fs.rmSync(workDir, { recursive: true, force: true });
+  }
+}
+
+export async function rollbackSandbox(
+  engine: Engine,
+  row: SandboxRow,
+  checkpointId: string,
+  txHook?: (fresh: SandboxRow, ckpt: CheckpointRow, newBranchId: string) => void,
+): Promise<RollbackCore> {
+  const ckpt = ownCheckpoint(engine, row, checkpointId);
+  const { catalog } = engine;
+  await engine.criu.ensureRunning();
+  const opId = newId('op');
+  const branchId = newId('br');
+  const t: Partial<RollbackTimings> = {};
+  const t0 = performance.now();
+  catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId }) });
+  engine.fault('rollback:begin');
+  const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
+  let pid: number;
+  try {
+    pid = await restoreSandboxTo(engine, row, ckpt, opId, t);
+  } catch (e) {
+    // The old processes are gone; what is left is the checkpoint's files with
+    // no processes. Record that honestly rather than pretend to be running.
+    log.error({ err: e }, 'rollback failed after the old tree was killed');
+    catalog.tx(() => {
+      catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
+      catalog.endOperation(opId);
+    });
+    throw e;
+  }
+  const tc = performance.now();
+  catalog.tx(() => {
+    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer });
+    txHook?.(catalog.sandbox(row.id)!, ckpt, branchId);
+    catalog.endOperation(opId);
+  });
+  t.commitMs = performance.now() - tc;
+  t.totalMs = performance.now() - t0;
+  engine.fault('rollback:committed');
+  log.info({ timings: t }, 'rollback committed');
+  return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, timings: t as RollbackTimings };
+}

@@ -1,0 +1,75 @@
+/**
+ * The internals every verb shares: paths, catalog, runtime, CRIU, locks and
+ * the fault hook. Lockstep (the public manager) builds one; the verbs in
+ * checkpoints/ and sandboxes/ take it as their first argument, so each verb
+ * lives in a file of its own (youki's container_checkpoint.rs pattern).
+ */
+import fs from 'node:fs';
+import type { Catalog, SandboxRow } from './catalog/catalog.js';
+import type { CgroupDriver } from './host/cgroups.js';
+import type { CriuService } from './host/criu-service.js';
+import type { Supervisor } from './host/supervisor.js';
+import type { ImageStore } from './images/image-store.js';
+import type { LayerStore } from './layers/layer-store.js';
+import type { StatePaths } from './paths.js';
+import type { SandboxRuntime, SandboxHost } from './sandboxes/runtime.js';
+import type { FaultHook } from './faults.js';
+import type { Logger } from './log.js';
+import { native } from './native/binding.js';
+import { InvalidStateError } from './errors.js';
+import { sleep } from './host/proc.js';
+
+export interface Engine {
+  paths: StatePaths;
+  catalog: Catalog;
+  cgroups: CgroupDriver;
+  layers: LayerStore;
+  supervisor: Supervisor;
+  criu: CriuService;
+  images: ImageStore;
+  runtime: SandboxRuntime;
+  log: Logger;
+  fault: FaultHook;
+  /** Serialises operations on one sandbox, within this process and across processes. */
+  withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+}
+
+export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
+  return { id: row.id, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname };
+}
+
+/** In-process queue + cross-process flock on <run>/sandboxes/<id>/lock. */
+export class SandboxLocks {
+  private readonly chains = new Map<string, Promise<unknown>>();
+  constructor(private readonly lockFile: (id: string) => string) {}
+
+  async with<T>(id: string, fn: () => Promise<T>, timeoutMs = 60_000): Promise<T> {
+    const prev = this.chains.get(id) ?? Promise.resolve();
+    let release!: () => void;
+    const mine = new Promise<void>((r) => (release = r));
+    const chain = prev.then(() => mine);
+    this.chains.set(id, chain);
+    await prev.catch(() => undefined);
+    let fd: number | undefined;
+    try {
+      const file = this.lockFile(id);
+      try {
+        fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
+      } catch {
+        fd = undefined; // run folder not there yet (create) or gone (removed): the in-process lock suffices
+      }
+      if (fd !== undefined) {
+        const deadline = Date.now() + timeoutMs;
+        while (!native().flock(fd, true)) {
+          if (Date.now() > deadline) throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, { sandboxId: id });
+          await sleep(5);
+        }
+      }
+      return await fn();
+    } finally {
+      if (fd !== undefined) fs.closeSync(fd);
+      release();
+      if (this.chains.get(id) === chain) this.chains.delete(id);
+    }
+  }
+}

@@ -1,0 +1,113 @@
+/**
+ * The per-state-directory supervisor (`lockstep-helper supervise`): a child
+ * subreaper that is the parent of every sandbox init and of the CRIU service.
+ * Sandboxes therefore outlive the manager process, and nothing they leave
+ * becomes a zombie even on hosts whose pid 1 does not reap orphans.
+ *
+ * Protocol: one request per connection, NUL-separated tokens ending with an
+ * empty token. "run ARGV..." answers with the child's stdout; "daemon LOG
+ * ARGV..." answers {"pid":N}.
+ */
+import fs from 'node:fs';
+import net from 'node:net';
+import { spawn } from 'node:child_process';
+import { helperPath } from '../native/binding.js';
+import { isAlive, sleep } from './proc.js';
+import { HostError, SystemCallError, type NativeErrorLike } from '../errors.js';
+import type { StatePaths } from '../paths.js';
+
+
+function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const conn = net.connect(socket);
+    let out = '';
+    const timer = setTimeout(() => {
+      conn.destroy();
+      reject(new HostError('SUPERVISOR_TIMEOUT', `The supervisor did not answer within ${timeoutMs} ms`));
+    }, timeoutMs);
+    conn.setEncoding('utf8');
+    conn.on('connect', () => conn.write(tokens.join('\0') + '\0\0'));
+    conn.on('data', (d: string) => (out += d));
+    conn.on('end', () => {
+      clearTimeout(timer);
+      resolve(out);
+    });
+    conn.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+  });
+}
+
+function canConnect(socket: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const conn = net.connect(socket);
+    conn.on('connect', () => {
+      conn.destroy();
+      resolve(true);
+    });
+    conn.on('error', () => resolve(false));
+  });
+}
+
+/** A helper's JSON answer: either a result or a native-shaped error. */
+export function parseHelperAnswer<T>(text: string, what: string): T {
+  const line = text.trim().split('\n').filter(Boolean).pop();
+  if (!line) throw new HostError('HELPER_NO_ANSWER', `${what}: the helper exited without an answer`);
+  const obj = JSON.parse(line) as { error?: NativeErrorLike & { message?: string } } & T;
+  if (obj.error) {
+    const e = Object.assign(new Error(obj.error.message ?? 'failed'), obj.error) as NativeErrorLike;
+    throw new SystemCallError('HELPER_FAILED', `${what}: ${e.syscall} failed: ${e.code} (${e.message})${e.path ? `, path '${e.path}'` : ''}`, e);
+  }
+  return obj;
+}
+
+/** Client of one state directory's supervisor; starts it when it is not running. */
+export class Supervisor {
+  constructor(private readonly paths: StatePaths) {}
+
+  async ensureRunning(): Promise<void> {
+    if (await canConnect(this.paths.supervisorSocket)) return;
+    fs.mkdirSync(this.paths.run, { recursive: true, mode: 0o700 });
+    const log = fs.openSync(this.paths.supervisorLog, 'a', 0o600);
+    const child = spawn(helperPath, ['supervise', '--socket', this.paths.supervisorSocket, '--pidfile', this.paths.supervisorPidfile], {
+      detached: true,
+      stdio: ['ignore', log, log],
+    });
+    child.unref();
+    fs.closeSync(log);
+    for (let i = 0; i < 200; i++) {
+      if (await canConnect(this.paths.supervisorSocket)) return;
+      await sleep(5);
+    }
+    throw new HostError('SUPERVISOR_START_FAILED', `The supervisor did not start; see ${this.paths.supervisorLog}`);
+  }
+
+  /** Runs ARGV as the supervisor's child and returns its stdout. */
+  async run(argv: string[], timeoutMs?: number): Promise<string> {
+    return request(this.paths.supervisorSocket, ['run', ...argv], timeoutMs);
+  }
+
+  /** Starts a long-lived child of the supervisor, logging to logFile. */
+  async daemon(logFile: string, argv: string[]): Promise<number> {
+    const text = await request(this.paths.supervisorSocket, ['daemon', logFile, ...argv]);
+    return parseHelperAnswer<{ pid: number }>(text, `starting ${argv[0]}`).pid;
+  }
+
+  /** Stops the supervisor (and the CRIU service); running sandboxes are not touched. */
+  async stop(): Promise<void> {
+    let pid: number;
+    try {
+      pid = Number(fs.readFileSync(this.paths.supervisorPidfile, 'utf8').trim());
+    } catch {
+      return;
+    }
+    if (!pid) return;
+    try {
+      process.kill(pid, 'SIGTERM');
+    } catch {
+      return;
+    }
+    for (let i = 0; i < 400 && isAlive(pid); i++) await sleep(5);
+  }
+}

@@ -1,0 +1,230 @@
+/**
+ * Images: read-only root filesystems that sandboxes use as their lower
+ * overlay layers, stored under <home>/images/<name>/rootfs. They are built
+ * from the recipes in sandbox-images/ (Debian packages only, no registry),
+ * or imported from and exported to a Docker engine.
+ *
+ * A built recipe is cached by the hash of its files under the build cache
+ * (LOCKSTEP_CACHE, default /var/cache/lockstep), so a second state directory
+ * gets the image by a hard-link copy instead of a rebuild.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { createHash } from 'node:crypto';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
+import { projectRoot } from '../native/binding.js';
+import { AlreadyExistsError, HostError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
+import type { Catalog, ImageRow } from '../catalog/catalog.js';
+import type { StatePaths } from '../paths.js';
+import type { DockerPort } from './docker.js';
+
+const execFileAsync = promisify(execFile);
+
+export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+export const recipesDir = () => path.join(projectRoot, 'sandbox-images');
+export const buildCacheDir = () => process.env.LOCKSTEP_CACHE ?? '/var/cache/lockstep';
+
+/** Rejects names that could escape the images folder or confuse a shell. */
+export function validateImageName(name: unknown, field = 'image'): string {
+  if (typeof name !== 'string' || !IMAGE_NAME.test(name) || name.includes('..')) {
+    throw new InvalidArgumentError(field, 'a name of 1-63 characters from a-z, 0-9, ".", "_" and "-" (no "/" or "..")', name);
+  }
+  return name;
+}
+
+/** Recipes available in sandbox-images/ (folders with a build.sh). */
+export function listRecipes(): string[] {
+  try {
+    return fs
+      .readdirSync(recipesDir(), { withFileTypes: true })
+      .filter((d) => d.isDirectory() && fs.existsSync(path.join(recipesDir(), d.name, 'build.sh')))
+      .map((d) => d.name)
+      .sort();
+  } catch {
+    return [];
+  }
+}
+
+/** Content hash of a recipe folder plus the shared lib.sh: the build cache key. */
+export function recipeHash(name: string): string {
+  const h = createHash('sha256');
+  const dir = path.join(recipesDir(), name);
+  const files = fs.readdirSync(dir).sort();
+  for (const f of files) {
+    h.update(f);
+    h.update(fs.readFileSync(path.join(dir, f)));
+  }
+  const lib = path.join(recipesDir(), 'lib.sh');
+  if (fs.existsSync(lib)) h.update(fs.readFileSync(lib));
+  return h.digest('hex').slice(0, 16);
+}
+
+function dirSize(dir: string): number {
+  let total = 0;
+  const walk = (d: string) => {
+    for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.isFile()) total += fs.lstatSync(p).size;
+    }
+  };
+  walk(dir);
+  return total;
+}
+
+export type ProgressFn = (message: string) => void;
+
+/** Image catalog + on-disk rootfs management. */
+export class ImageStore {
+  constructor(
+    private readonly paths: StatePaths,
+    private readonly catalog: Catalog,
+    private readonly docker: () => DockerPort,
+  ) {}
+
+  list(): ImageRow[] {
+    return this.catalog.images();
+  }
+
+  get(name: string): ImageRow {
+    return this.catalog.liveImage(validateImageName(name));
+  }
+
+  has(name: string): boolean {
+    const row = this.catalog.image(name);
+    return !!row && !row.deleted;
+  }
+
+  /** Builds NAME from sandbox-images/NAME (or the build cache). */
+  async build(name: string, opts: { progress?: ProgressFn; force?: boolean } = {}): Promise<ImageRow> {
+    validateImageName(name);
+    if (!listRecipes().includes(name)) {
+      throw new NotFoundError('image', name);
+    }
+    if (this.has(name) && !opts.force) throw new AlreadyExistsError('image', name);
+    const progress = opts.progress ?? (() => undefined);
+    const cached = await this.cachedBuild(name, progress);
+    return this.install(name, `recipe:${name}@${recipeHash(name)}`, async (rootfs) => {
+      progress(`copying ${name} from the build cache`);
+      await copyTree(cached, rootfs);
+    });
+  }
+
+  /** Builds if missing; used by setup and the demo. */
+  async ensure(name: string, progress?: ProgressFn): Promise<ImageRow> {
+    if (this.has(name)) return this.get(name);
+    return this.build(name, progress ? { progress } : {});
+  }
+
+  private async cachedBuild(name: string, progress: ProgressFn): Promise<string> {
+    const cacheRoot = path.join(buildCacheDir(), 'images');
+    const dir = path.join(cacheRoot, `${name}-${recipeHash(name)}`);
+    if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
+    fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
+    const tmp = fs.mkdtempSync(path.join(cacheRoot, `.build-${name}-`));
+    try {
+      const rootfs = path.join(tmp, 'rootfs');
+      fs.mkdirSync(rootfs, { mode: 0o755 });
+      progress(`building image ${name} from sandbox-images/${name}/build.sh (first time only)`);
+      const child = execFile('bash', [path.join(recipesDir(), name, 'build.sh'), rootfs], { maxBuffer: 64 * 1024 * 1024 });
+      child.stderr?.on('data', (d: Buffer) => {
+        for (const line of String(d).split('\n')) if (line.trim()) progress(line.trim());
+      });
+      const code: number = await new Promise((resolve) => child.on('close', (c) => resolve(c ?? 1)));
+      if (code !== 0) throw new HostError('IMAGE_BUILD_FAILED', `sandbox-images/${name}/build.sh exited with ${code}`);
+      fs.writeFileSync(path.join(tmp, '.complete'), new Date().toISOString());
+      fs.rmSync(dir, { recursive: true, force: true });
+      fs.renameSync(tmp, dir);
+      return path.join(dir, 'rootfs');
+    } catch (e) {
+      fs.rmSync(tmp, { recursive: true, force: true });
+      throw e;
+    }
+  }
+
+  /** Imports a Docker image (docker:REF) as NAME. */
+  async importFromDocker(ref: string, name: string, progress: ProgressFn = () => undefined): Promise<ImageRow> {
+    validateImageName(name);
+    if (this.has(name)) throw new AlreadyExistsError('image', name);
+    progress(`importing docker:${ref}`);
+    return this.install(name, `docker:${ref}`, (rootfs) => this.docker().extractImage(ref, rootfs));
+  }
+
+  /** Exports NAME to the Docker engine as REF. */
+  async exportToDocker(name: string, ref: string): Promise<void> {
+    const row = this.get(name);
+    await this.docker().importDirectory(row.rootfs, ref);
+  }
+
+  /**
+   * Removes an image. If sandboxes or checkpoints still use it, it is hidden
+   * and collected when the last of them goes (reference counting).
+   */
+  remove(name: string): { removed: boolean; pending: boolean } {
+    const row = this.get(name);
+    if (this.catalog.imageReferences(name) > 0) {
+      this.catalog.markImageDeleted(name);
+      return { removed: false, pending: true };
+    }
+    this.catalog.deleteImageRow(name);
+    fs.rmSync(path.dirname(row.rootfs), { recursive: true, force: true });
+    return { removed: true, pending: false };
+  }
+
+  /** Deletes hidden images that nothing references any more. */
+  collectGarbage(): string[] {
+    const gone: string[] = [];
+    for (const row of this.catalog.allImages()) {
+      if (row.deleted && this.catalog.imageReferences(row.name) === 0) {
+        this.catalog.deleteImageRow(row.name);
+        fs.rmSync(path.dirname(row.rootfs), { recursive: true, force: true });
+        gone.push(row.name);
+      }
+    }
+    return gone;
+  }
+
+  /** Temp dir + fill + atomic rename + catalog row; nothing half-made survives a failure. */
+  private async install(name: string, source: string, fill: (rootfs: string) => Promise<void>): Promise<ImageRow> {
+    fs.mkdirSync(this.paths.images, { recursive: true, mode: 0o700 });
+    const tmp = fs.mkdtempSync(path.join(this.paths.images, `.tmp-${name}-`));
+    const rootfs = path.join(tmp, 'rootfs');
+    fs.mkdirSync(rootfs, { mode: 0o755 });
+    try {
+      await fill(rootfs);
+      const final = this.paths.image(name);
+      if (fs.existsSync(final)) {
+        if (this.catalog.imageReferences(name) > 0) throw new InvalidStateError('IMAGE_IN_USE', `Image ${name} is in use and cannot be replaced`);
+        fs.rmSync(final, { recursive: true, force: true });
+      }
+      fs.renameSync(tmp, final);
+      const row: ImageRow = { name, rootfs: this.paths.imageRootfs(name), source, size_bytes: dirSize(this.paths.imageRootfs(name)), created_at: Date.now(), deleted: 0 };
+      this.catalog.putImage(row);
+      return row;
+    } catch (e) {
+      fs.rmSync(tmp, { recursive: true, force: true });
+      throw e;
+    }
+  }
+
+  /** Names of image folders on disk (for the reaper: half-made .tmp-* ones are garbage). */
+  onDisk(): string[] {
+    try {
+      return fs.readdirSync(this.paths.images);
+    } catch {
+      return [];
+    }
+  }
+}
+
+/** Hard-link copy when on one filesystem (images are never written), else a full copy. */
+async function copyTree(from: string, to: string): Promise<void> {
+  try {
+    await execFileAsync('cp', ['-al', '--', `${from}/.`, to]);
+  } catch {
+    fs.rmSync(to, { recursive: true, force: true });
+    fs.mkdirSync(to, { mode: 0o755 });
+    await execFileAsync('cp', ['-a', '--', `${from}/.`, to]);
+  }
+}

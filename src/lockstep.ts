@@ -1,0 +1,169 @@
+/**
+ * Lockstep: the manager of one state directory. Open it, then create, get,
+ * list and remove sandboxes; checkpoint, rollback and fork them. The CLI,
+ * the HTTP server and the MCP server all call these same methods.
+ */
+import fs from 'node:fs';
+import { createHash } from 'node:crypto';
+import { Catalog } from './catalog/catalog.js';
+import { detectCgroups, type CgroupDriver } from './host/cgroups.js';
+import { CriuService } from './host/criu-service.js';
+import { Supervisor } from './host/supervisor.js';
+import { DockerEngine, type DockerPort } from './images/docker.js';
+import { ImageStore } from './images/image-store.js';
+import { LayerStore } from './layers/layer-store.js';
+import { StatePaths, resolveHome } from './paths.js';
+import { SandboxRuntime } from './sandboxes/runtime.js';
+import { SandboxLocks, type Engine } from './engine.js';
+import { envFaultHook, type FaultHook } from './faults.js';
+import { createLogger, type Logger } from './log.js';
+import { native } from './native/binding.js';
+import { HostError, InvalidArgumentError } from './errors.js';
+import { reap, type ReapReport } from './reaper.js';
+import { createSandbox, type CreateOptions } from './sandboxes/create.js';
+import { removeSandbox } from './sandboxes/remove.js';
+import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
+import { sleep } from './host/proc.js';
+
+export interface OpenOptions {
+  /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */
+  home?: string | undefined;
+  logger?: Logger | undefined;
+  docker?: DockerPort | undefined;
+  cgroups?: CgroupDriver | undefined;
+  /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
+  fault?: FaultHook | undefined;
+}
+
+/** Manager of one state directory. */
+export class Lockstep {
+  /** @internal */
+  readonly engine: Engine;
+  readonly home: string;
+  /** What the reaper cleaned up when this manager opened. */
+  readonly reaped: ReapReport | null;
+  private lockFd: number | null;
+  private closed = false;
+
+  private constructor(engine: Engine, lockFd: number, reaped: ReapReport | null) {
+    this.engine = engine;
+    this.home = engine.paths.home;
+    this.lockFd = lockFd;
+    this.reaped = reaped;
+  }
+
+  /** Opens (and if needed initialises) a state directory; reaps what a crashed manager left. */
+  static async open(opts: OpenOptions = {}): Promise<Lockstep> {
+    if (process.getuid?.() !== 0) throw new HostError('NOT_ROOT', 'Lockstep manages namespaces, cgroups and mounts: run it as root');
+    const paths = new StatePaths(resolveHome(opts.home));
+    fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 });
+    fs.chmodSync(paths.home, 0o700);
+    for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
+
+    const lockFd = fs.openSync(paths.managerLock, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
+    const exclusive = native().flock(lockFd, true);
+    if (!exclusive) {
+      for (let i = 0; !native().flock(lockFd, false); i++) {
+        if (i > 2000) throw new HostError('HOME_LOCKED', `Cannot open ${paths.home}: another manager holds it exclusively`);
+        await sleep(5);
+      }
+    }
+
+    const log = opts.logger ?? createLogger();
+    const catalog = new Catalog(paths.catalog);
+    const layers = LayerStore.open(paths);
+    const supervisor = new Supervisor(paths);
+    await supervisor.ensureRunning();
+    const cgroups = opts.cgroups ?? detectCgroups();
+    const homeTag = createHash('sha256').update(paths.home).digest('hex').slice(0, 10);
+    const runtime = new SandboxRuntime(paths, cgroups, layers, supervisor, homeTag);
+    let docker: DockerPort | undefined = opts.docker;
+    const images = new ImageStore(paths, catalog, () => (docker ??= new DockerEngine()));
+    const locks = new SandboxLocks((id) => paths.sandboxLock(id));
+    const engine: Engine = {
+      paths,
+      catalog,
+      cgroups,
+      layers,
+      supervisor,
+      criu: new CriuService(paths, supervisor),
+      images,
+      runtime,
+      log,
+      fault: opts.fault ?? envFaultHook(),
+      withSandboxLock: (id, fn, o) => locks.with(id, fn, o?.timeoutMs),
+    };
+    let reaped: ReapReport | null = null;
+    if (exclusive) {
+      reaped = await reap(engine);
+      if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length) log.warn({ reaped }, 'cleaned up after a previous manager');
+      native().flock(lockFd, false); // downgrade: other managers may now share the directory
+    }
+    return new Lockstep(engine, lockFd, reaped);
+  }
+
+  get images(): ImageStore {
+    return this.engine.images;
+  }
+
+  /** Creates and starts a sandbox from an image (default "base"). */
+  async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    this.assertOpen();
+    const row = await createSandbox(this.engine, opts);
+    return new Sandbox(this.engine, row.id);
+  }
+
+  /** A handle on an existing sandbox; SANDBOX_NOT_FOUND otherwise (also for another tenant's). */
+  get(id: string, tenant?: string | null): Sandbox {
+    this.assertOpen();
+    if (typeof id !== 'string' || !id) throw new InvalidArgumentError('id', 'a sandbox id', id);
+    this.engine.catalog.requireSandbox(id, tenant);
+    return new Sandbox(this.engine, id);
+  }
+
+  list(tenant?: string | null): SandboxInfo[] {
+    this.assertOpen();
+    return this.engine.catalog.sandboxes(tenant).map(sandboxInfo);
+  }
+
+  /** Removes a sandbox with its processes, layers and checkpoints. Idempotent for missing ids only via the error. */
+  async remove(id: string, tenant?: string | null): Promise<void> {
+    this.assertOpen();
+    this.engine.catalog.requireSandbox(id, tenant);
+    await this.engine.withSandboxLock(id, () => removeSandbox(this.engine, id));
+  }
+
+  /** Closes the catalog and releases the state directory; sandboxes keep running. Idempotent. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.engine.catalog.close();
+    if (this.lockFd !== null) {
+      fs.closeSync(this.lockFd);
+      this.lockFd = null;
+    }
+  }
+
+  /**
+   * Removes every sandbox, stops the supervisor and CRIU service, and
+   * unmounts the layer store. For tests and uninstall; the state directory's
+   * files stay unless `deleteFiles` is set.
+   */
+  async destroyAll(opts: { deleteFiles?: boolean } = {}): Promise<void> {
+    for (const s of this.engine.catalog.allSandboxes()) await removeSandbox(this.engine, s.id).catch(() => undefined);
+    await this.engine.supervisor.stop();
+    const cgroupGroup = this.engine.runtime.cgroupGroup;
+    await this.close();
+    try {
+      for (const c of ['pids', 'memory', 'freezer', '']) fs.rmdirSync(`/sys/fs/cgroup/${c}/${cgroupGroup}`.replace('//', '/'));
+    } catch {
+      /* not empty or not there */
+    }
+    LayerStore.unmount(this.engine.paths);
+    if (opts.deleteFiles) fs.rmSync(this.home, { recursive: true, force: true });
+  }
+
+  private assertOpen(): void {
+    if (this.closed) throw new HostError('MANAGER_CLOSED', 'This Lockstep manager has been closed');
+  }
+}

@@ -1,0 +1,159 @@
+/**
+ * The reaper: on open, it finds what a crashed manager left behind and puts
+ * the state directory back into a consistent state.
+ * - Journalled operations are finished or undone: an unfinished checkpoint
+ *   is discarded (and its sandbox thawed); a rollback that had killed the old
+ *   tree is rolled forward to its checkpoint; an unfinished fork is removed.
+ * - Sandboxes still "creating" or "removing" are removed.
+ * - Anything labelled with a sandbox, layer or checkpoint id that the catalog
+ *   does not know (mounts, cgroups, subvolumes, process images, half-built
+ *   images) is removed.
+ * It runs only when no other manager has the state directory open.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import type { Engine } from './engine.js';
+import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
+import { restoreSandboxTo } from './checkpoints/rollback.js';
+import { isAlive, startTime, mountsUnder } from './host/proc.js';
+import { native } from './native/binding.js';
+
+export interface ReapReport {
+  operations: string[];
+  sandboxes: string[];
+  orphans: string[];
+}
+
+export async function reap(engine: Engine): Promise<ReapReport> {
+  const report: ReapReport = { operations: [], sandboxes: [], orphans: [] };
+  const { catalog, runtime, layers, paths, cgroups } = engine;
+
+  for (const op of catalog.operations()) {
+    const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
+    report.operations.push(`${op.kind}:${op.phase}:${op.sandbox_id}`);
+    if (op.kind === 'checkpoint') {
+      if (!catalog.checkpoint(payload.checkpointId!)) discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
+      try {
+        cgroups.thaw(runtime.cgroupName(op.sandbox_id));
+      } catch {
+        /* sandbox gone */
+      }
+      catalog.endOperation(op.id);
+    } else if (op.kind === 'rollback') {
+      const row = catalog.sandbox(op.sandbox_id);
+      const ckpt = payload.checkpointId ? catalog.checkpoint(payload.checkpointId) : undefined;
+      if (op.phase === 'prepared' || !row || !ckpt) {
+        catalog.endOperation(op.id);
+        continue;
+      }
+      // The old tree was being killed: the only consistent state left is the checkpoint.
+      try {
+        const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
+        catalog.tx(() => {
+          catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: payload.branchId ?? row.branch_id });
+          catalog.endOperation(op.id);
+        });
+      } catch (e) {
+        engine.log.error({ err: e, sandboxId: row.id }, 'roll-forward of an interrupted rollback failed');
+        await runtime.killProcesses(row.id).catch(() => undefined);
+        catalog.tx(() => {
+          catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: payload.branchId ?? row.branch_id });
+          catalog.endOperation(op.id);
+        });
+      }
+    } else {
+      // fork (and anything else): the new sandbox never became visible; remove it.
+      await runtime.destroy(op.sandbox_id).catch(() => undefined);
+      catalog.tx(() => {
+        const row = catalog.sandbox(op.sandbox_id);
+        if (row && row.state === 'creating') catalog.deleteSandboxRow(op.sandbox_id);
+        catalog.endOperation(op.id);
+      });
+    }
+  }
+
+  for (const row of catalog.allSandboxes()) {
+    if (row.state === 'creating' || row.state === 'removing') {
+      await runtime.destroy(row.id).catch(() => undefined);
+      for (const ckpt of catalog.checkpointsOf(row.id)) discardCheckpointFiles(engine, ckpt.id, ckpt.layer_id);
+      catalog.tx(() => {
+        for (const ckpt of catalog.checkpointsOf(row.id)) {
+          catalog.deleteCheckpointRow(ckpt.id);
+          catalog.deleteLayerRow(ckpt.layer_id);
+        }
+        catalog.deleteLayerRow(`upper_${row.id}`);
+        catalog.deleteSandboxRow(row.id);
+      });
+      report.sandboxes.push(row.id);
+    } else if (row.state === 'running') {
+      try {
+        cgroups.thaw(runtime.cgroupName(row.id));
+      } catch {
+        /* no cgroup */
+      }
+      const alive = row.init_pid !== null && isAlive(row.init_pid) && startTime(row.init_pid) === row.init_start;
+      if (!alive) {
+        await runtime.killProcesses(row.id).catch(() => undefined);
+        catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null });
+      }
+    }
+  }
+
+  const known = new Set(catalog.allSandboxes().map((r) => r.id));
+  // Run folders and their mounts.
+  for (const id of safeReaddir(paths.sandboxesRun)) {
+    if (!known.has(id)) {
+      await runtime.destroy(id).catch(() => undefined);
+      report.orphans.push(`run:${id}`);
+    }
+  }
+  // Cgroups of this state directory.
+  for (const id of cgroups.children(runtime.cgroupGroup)) {
+    if (!known.has(id)) {
+      await cgroups.kill(runtime.cgroupName(id)).catch(() => undefined);
+      cgroups.remove(runtime.cgroupName(id));
+      report.orphans.push(`cgroup:${id}`);
+    }
+  }
+  // Writable layers.
+  for (const id of layers.listUppers()) {
+    if (!known.has(id)) {
+      for (const m of mountsUnder(paths.sandboxRoot(id))) native().unmount(m, true);
+      layers.deleteUpper(id);
+      report.orphans.push(`upper:${id}`);
+    }
+  }
+  // Checkpoint layers and process images without a committed checkpoint.
+  const checkpoints = catalog.allCheckpoints();
+  const liveLayers = new Set(checkpoints.map((c) => c.layer_id));
+  const liveCkpts = new Set(checkpoints.map((c) => c.id));
+  for (const id of layers.listLayers()) {
+    if (!liveLayers.has(id)) {
+      layers.deleteLayer(id);
+      report.orphans.push(`layer:${id}`);
+    }
+  }
+  for (const id of safeReaddir(paths.processImages)) {
+    if (!liveCkpts.has(id)) {
+      fs.rmSync(paths.processImage(id), { recursive: true, force: true });
+      report.orphans.push(`process-image:${id}`);
+    }
+  }
+  for (const name of safeReaddir(paths.scratch)) fs.rmSync(path.join(paths.scratch, name), { recursive: true, force: true });
+  for (const name of engine.images.onDisk()) {
+    if (name.startsWith('.tmp-')) {
+      fs.rmSync(path.join(paths.images, name), { recursive: true, force: true });
+      report.orphans.push(`image-tmp:${name}`);
+    }
+  }
+  engine.images.collectGarbage();
+  return report;
+}
+
+function safeReaddir(dir: string): string[] {
+  try {
+    return fs.readdirSync(dir);
+  } catch {
+    return [];
+  }
+}

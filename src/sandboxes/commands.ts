@@ -1,0 +1,249 @@
+/**
+ * Running commands inside a sandbox through `lockstep-helper enter`: the
+ * helper joins the sandbox's cgroup and namespaces, then runs the command in
+ * the foreground (stdout/stderr piped back, exit code returned) or detached
+ * as a child of the sandbox's init, so that checkpoints capture it.
+ *
+ * Teardown on timeout or abort escalates like execa's forceKillAfterDelay:
+ * SIGTERM to the command's process group, then SIGKILL to the group, then
+ * SIGKILL to the helper.
+ */
+import { spawn } from 'node:child_process';
+import type { Readable } from 'node:stream';
+import { helperPath } from '../native/binding.js';
+import { CommandAbortedError, InvalidArgumentError, SystemCallError, type NativeErrorLike } from '../errors.js';
+
+export interface RunOptions {
+  cwd?: string | undefined;
+  env?: Record<string, string> | undefined;
+  timeoutMs?: number | undefined;
+  signal?: AbortSignal | undefined;
+  onStdout?: ((chunk: string) => void) | undefined;
+  onStderr?: ((chunk: string) => void) | undefined;
+  /** Bytes kept per stream; the rest is dropped and `truncated` set. */
+  maxOutputBytes?: number | undefined;
+  /** Grace period between SIGTERM and SIGKILL. */
+  killAfterMs?: number | undefined;
+}
+
+export interface RunResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  /** Signal that ended the command, if any (e.g. SIGKILL from the OOM killer). */
+  signal?: string | undefined;
+  truncated: boolean;
+  durationMs: number;
+}
+
+export interface EnterTarget {
+  initPid: number;
+  cgroupProcs: string[];
+  baseEnv: Record<string, string>;
+}
+
+const DEFAULT_ENV: Record<string, string> = {
+  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+  HOME: '/root',
+  LANG: 'C.UTF-8',
+};
+const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const MAX_DEFAULT_OUTPUT = 16 * 1024 * 1024;
+
+/** Validates argv/env/cwd at the edge with messages that name the field. */
+export function validateCommand(argv: unknown, opts: { cwd?: unknown; env?: unknown; timeoutMs?: unknown } = {}): string[] {
+  if (!Array.isArray(argv) || argv.length === 0) throw new InvalidArgumentError('command', 'a non-empty array of strings', argv);
+  argv.forEach((a, i) => {
+    if (typeof a !== 'string') throw new InvalidArgumentError(`command[${i}]`, 'a string', a);
+    if (a.includes('\0')) throw new InvalidArgumentError(`command[${i}]`, 'a string without NUL bytes', a);
+  });
+  if ((argv[0] as string).length === 0) throw new InvalidArgumentError('command[0]', 'a non-empty program name', argv[0]);
+  if (opts.cwd !== undefined && (typeof opts.cwd !== 'string' || !opts.cwd.startsWith('/') || opts.cwd.includes('\0'))) {
+    throw new InvalidArgumentError('cwd', 'an absolute path inside the sandbox', opts.cwd);
+  }
+  if (opts.env !== undefined) {
+    if (typeof opts.env !== 'object' || opts.env === null || Array.isArray(opts.env)) throw new InvalidArgumentError('env', 'an object of string values', opts.env);
+    for (const [k, v] of Object.entries(opts.env)) {
+      if (!ENV_KEY.test(k)) throw new InvalidArgumentError(`env.${k}`, 'a name of letters, digits and "_"', k);
+      if (typeof v !== 'string' || v.includes('\0')) throw new InvalidArgumentError(`env.${k}`, 'a string without NUL bytes', v);
+    }
+  }
+  if (opts.timeoutMs !== undefined && (typeof opts.timeoutMs !== 'number' || !Number.isFinite(opts.timeoutMs) || opts.timeoutMs <= 0)) {
+    throw new InvalidArgumentError('timeoutMs', 'a positive number of milliseconds', opts.timeoutMs);
+  }
+  return argv as string[];
+}
+
+function envArgs(target: EnterTarget, env: Record<string, string> | undefined): string[] {
+  const merged = { ...DEFAULT_ENV, ...target.baseEnv, ...(env ?? {}) };
+  return Object.entries(merged).flatMap(([k, v]) => ['--env', `${k}=${v}`]);
+}
+
+function statusError(line: string): NativeErrorLike | undefined {
+  try {
+    const o = JSON.parse(line) as { error?: NativeErrorLike & { message?: string } };
+    if (!o.error) return undefined;
+    return Object.assign(new Error(o.error.message ?? 'failed'), o.error);
+  } catch {
+    return undefined;
+  }
+}
+
+class Collector {
+  chunks: Buffer[] = [];
+  size = 0;
+  truncated = false;
+  constructor(private readonly max: number) {}
+  push(b: Buffer) {
+    if (this.size >= this.max) {
+      this.truncated = true;
+      return;
+    }
+    const room = this.max - this.size;
+    const part = b.length > room ? b.subarray(0, room) : b;
+    if (part.length < b.length) this.truncated = true;
+    this.chunks.push(part);
+    this.size += part.length;
+  }
+  text() {
+    return Buffer.concat(this.chunks).toString('utf8');
+  }
+}
+
+/** Runs argv in the foreground inside the sandbox. */
+export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions = {}): Promise<RunResult> {
+  const started = performance.now();
+  const args = [
+    'enter',
+    '--pid',
+    String(target.initPid),
+    '--status-fd',
+    '3',
+    '--cwd',
+    opts.cwd ?? '/workspace',
+    ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]),
+    ...envArgs(target, opts.env),
+    '--',
+    ...argv,
+  ];
+  const child = spawn(helperPath, args, { stdio: ['ignore', 'pipe', 'pipe', 'pipe'] });
+  const max = opts.maxOutputBytes ?? MAX_DEFAULT_OUTPUT;
+  const out = new Collector(max);
+  const err = new Collector(max);
+  let status = '';
+  child.stdout!.on('data', (b: Buffer) => {
+    out.push(b);
+    opts.onStdout?.(b.toString('utf8'));
+  });
+  child.stderr!.on('data', (b: Buffer) => {
+    err.push(b);
+    opts.onStderr?.(b.toString('utf8'));
+  });
+  (child.stdio[3] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
+
+  return new Promise((resolve, reject) => {
+    let aborted: CommandAbortedError | undefined;
+    const timers: NodeJS.Timeout[] = [];
+    const killAfter = opts.killAfterMs ?? 2000;
+    const stop = (reason: CommandAbortedError) => {
+      if (aborted) return;
+      aborted = reason;
+      child.kill('SIGTERM');
+      timers.push(setTimeout(() => child.kill('SIGUSR1'), killAfter));
+      timers.push(setTimeout(() => child.kill('SIGKILL'), killAfter + 1000));
+    };
+    if (opts.timeoutMs) {
+      timers.push(setTimeout(() => stop(new CommandAbortedError('COMMAND_TIMEOUT', `Command timed out after ${opts.timeoutMs} ms: ${argv.join(' ')}`, { timeoutMs: opts.timeoutMs })), opts.timeoutMs));
+    }
+    const onAbort = () => stop(new CommandAbortedError('COMMAND_ABORTED', `Command aborted: ${argv.join(' ')}`));
+    if (opts.signal?.aborted) onAbort();
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+
+    child.on('error', (e) => {
+      timers.forEach(clearTimeout);
+      reject(e);
+    });
+    // 'exit', not 'close': a background process the command left behind may
+    // keep the pipes open; its output after our exit is not this command's.
+    child.on('exit', (code, signal) => {
+      timers.forEach(clearTimeout);
+      opts.signal?.removeEventListener('abort', onAbort);
+      setImmediate(() => {
+        child.stdout!.destroy();
+        child.stderr!.destroy();
+        (child.stdio[3] as Readable).destroy();
+        if (aborted) return reject(aborted);
+        const exitCode = code ?? (signal ? 128 : 125);
+        const failure = status.split('\n').map(statusError).find(Boolean);
+        if (failure && exitCode === 125) {
+          return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
+        }
+        if (failure && failure.syscall === 'chdir') {
+          return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
+        }
+        let stderr = err.text();
+        if (failure && failure.syscall === 'execve') stderr += `lockstep: ${argv[0]}: ${failure.message}\n`;
+        const sig = exitCode > 128 && exitCode < 160 ? signalName(exitCode - 128) : undefined;
+        resolve({ exitCode, stdout: out.text(), stderr, signal: sig, truncated: out.truncated || err.truncated, durationMs: performance.now() - started });
+      });
+    });
+  });
+}
+
+export interface SpawnOptions {
+  cwd?: string | undefined;
+  env?: Record<string, string> | undefined;
+  /** Paths inside the sandbox for the process's output (default /dev/null). */
+  stdoutPath?: string | undefined;
+  stderrPath?: string | undefined;
+}
+
+/** Starts argv detached inside the sandbox (a child of its init); returns its pid inside the sandbox. */
+export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOptions = {}): Promise<number> {
+  for (const [field, p] of [['stdoutPath', opts.stdoutPath], ['stderrPath', opts.stderrPath]] as const) {
+    if (p !== undefined && (typeof p !== 'string' || !p.startsWith('/'))) throw new InvalidArgumentError(field, 'an absolute path inside the sandbox', p);
+  }
+  const args = [
+    'enter',
+    '--pid',
+    String(target.initPid),
+    '--status-fd',
+    '3',
+    '--detach',
+    '--cwd',
+    opts.cwd ?? '/workspace',
+    '--stdout',
+    opts.stdoutPath ?? '/dev/null',
+    '--stderr',
+    opts.stderrPath ?? opts.stdoutPath ?? '/dev/null',
+    ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]),
+    ...envArgs(target, opts.env),
+    '--',
+    ...argv,
+  ];
+  const child = spawn(helperPath, args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe'] });
+  let status = '';
+  let stderr = '';
+  (child.stdio[3] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
+  child.stderr!.on('data', (b: Buffer) => (stderr += b.toString('utf8')));
+  return new Promise((resolve, reject) => {
+    child.on('error', reject);
+    (child.stdio[3] as Readable).on('close', () => {
+      const lines = status.split('\n').filter(Boolean);
+      const failure = lines.map(statusError).find(Boolean);
+      if (failure) {
+        if (failure.syscall === 'execve') return reject(new InvalidArgumentError('command[0]', 'a program that exists in the sandbox', argv[0]));
+        if (failure.syscall === 'chdir') return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
+        return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot start the process: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
+      }
+      const pidLine = lines.map((l) => JSON.parse(l) as { nsPid?: number }).find((o) => o.nsPid);
+      if (!pidLine?.nsPid) return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot start the process: ${stderr.trim() || 'no pid reported'}`, new Error(stderr) as NativeErrorLike));
+      resolve(pidLine.nsPid);
+    });
+  });
+}
+
+const SIGNALS: Record<number, string> = { 1: 'SIGHUP', 2: 'SIGINT', 6: 'SIGABRT', 9: 'SIGKILL', 11: 'SIGSEGV', 13: 'SIGPIPE', 15: 'SIGTERM' };
+function signalName(n: number): string | undefined {
+  return SIGNALS[n];
+}

@@ -1,0 +1,23 @@
+/** Verb: remove a sandbox and everything it owns (processes, mounts, layers, checkpoints, cgroup). */
+import fs from 'node:fs';
+import type { Engine } from '../engine.js';
+
+export async function removeSandbox(engine: Engine, id: string): Promise<void> {
+  const { catalog } = engine;
+  // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
+  catalog.updateSandbox(id, { state: 'removing' });
+  await engine.runtime.destroy(id);
+  for (const ckpt of catalog.checkpointsOf(id)) {
+    engine.layers.deleteLayer(ckpt.layer_id);
+    fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
+  }
+  catalog.tx(() => {
+    for (const ckpt of catalog.checkpointsOf(id)) {
+      catalog.deleteCheckpointRow(ckpt.id);
+      catalog.deleteLayerRow(ckpt.layer_id);
+    }
+    catalog.deleteLayerRow(`upper_${id}`);
+    catalog.deleteSandboxRow(id);
+  });
+  engine.images.collectGarbage();
+}
