@@ -23,7 +23,7 @@ import { reap, type ReapReport } from './reaper.js';
 import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
-import { sleep } from './host/proc.js';
+import { mountPropagation, mountsUnder, sleep } from './host/proc.js';
 
 export interface OpenOptions {
   /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */
@@ -72,6 +72,7 @@ export class Lockstep {
     const log = opts.logger ?? createLogger();
     const catalog = new Catalog(paths.catalog);
     const layers = LayerStore.open(paths);
+    ensureSharedRunFolder(paths.sandboxesRun);
     const supervisor = new Supervisor(paths);
     await supervisor.ensureRunning();
     const cgroups = opts.cgroups ?? detectCgroups();
@@ -159,6 +160,7 @@ export class Lockstep {
     } catch {
       /* not empty or not there */
     }
+    for (const m of mountsUnder(this.engine.paths.run)) native().unmount(m, true);
     LayerStore.unmount(this.engine.paths);
     if (opts.deleteFiles) fs.rmSync(this.home, { recursive: true, force: true });
   }
@@ -166,4 +168,15 @@ export class Lockstep {
   private assertOpen(): void {
     if (this.closed) throw new HostError('MANAGER_CLOSED', 'This Lockstep manager has been closed');
   }
+}
+
+/**
+ * The sandboxes' run folder is a shared mount, so that roots and network
+ * namespaces mounted there later also appear in the CRIU service's mount
+ * namespace (a slave of the host's).
+ */
+function ensureSharedRunFolder(dir: string): void {
+  const propagation = mountPropagation(dir);
+  if (propagation === 'shared') return;
+  native().makeSharedMount(dir, propagation === undefined);
 }

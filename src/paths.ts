@@ -46,6 +46,5 @@ export class StatePaths {
   sandboxRun(id: string) { return path.join(this.sandboxesRun, id); }
   sandboxRoot(id: string) { return path.join(this.sandboxRun(id), 'root'); }
   sandboxDev(id: string) { return path.join(this.sandboxRun(id), 'dev'); }
-  sandboxNetns(id: string) { return path.join(this.sandboxRun(id), 'netns'); }
   sandboxLock(id: string) { return path.join(this.sandboxRun(id), 'lock'); }
 }

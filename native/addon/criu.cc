@@ -9,7 +9,13 @@
 // small thread pool is never parked on it.
 #include <criu.h>
 #include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <memory>
 #include <string>
@@ -53,6 +59,7 @@ struct CriuRequest {
   std::vector<std::pair<std::string, std::string>> joinNs;
   std::vector<std::pair<int, std::string>> inheritFds;
   std::vector<std::string> cgroupProcs;  // restore: cgroup.procs files the new root task joins
+  bool emptyNetns = false;               // the network namespace holds only loopback: not dumped, made anew
 };
 
 struct CriuResult {
@@ -115,9 +122,32 @@ thread_local int tl_notify_errno = 0;
 // rest of the tree yet: moving it into the sandbox's cgroups here puts every
 // restored process there, without CRIU dumping or restoring cgroup state
 // (which costs tens of milliseconds per call).
+// Brings loopback up in the network namespace of pid. Runs on the call's own
+// thread, which exits afterwards, so its setns never leaks into Node.
+int LoopbackUp(int pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
+  UniqueFd ns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns.valid() || ::setns(ns.get(), CLONE_NEWNET) != 0) return -1;
+  UniqueFd sk(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!sk.valid()) return -1;
+  struct ifreq ifr;
+  std::memset(&ifr, 0, sizeof(ifr));
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  ifr.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+  return ::ioctl(sk.get(), SIOCSIFFLAGS, &ifr);
+}
+
 int OnNotify(char* action, criu_notify_arg_t na) {
   if (tl_request == nullptr || std::string(action) != "setup-namespaces") return 0;
   int pid = criu_notify_pid(na);
+  // The sandbox's network is loopback only, so instead of CRIU dumping and
+  // restoring it (which runs ip and iptables-save several times), restore
+  // makes an empty namespace and we bring loopback up before sockets are
+  // restored into it.
+  if (tl_request->emptyNetns && LoopbackUp(pid) != 0) {
+    tl_notify_errno = errno;
+    return -1;
+  }
   std::string line = std::to_string(pid) + "\n";
   for (const auto& procs : tl_request->cgroupProcs) {
     UniqueFd fd(::open(procs.c_str(), O_WRONLY | O_CLOEXEC));
@@ -194,6 +224,9 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
   for (const auto& f : req.inheritFds) criu_local_add_inherit_fd(opts, f.first, f.second.c_str());
 
   if (req.op == "dump") {
+    // With an empty network namespace, CRIU records the namespace but not its
+    // contents (no ip/iptables-save runs); restore creates it empty again.
+    if (req.emptyNetns) criu_local_set_empty_ns(opts, CLONE_NEWNET);
     criu_local_set_pid(opts, req.pid);
     criu_local_set_leave_running(opts, req.leaveRunning);
     res->ret = criu_local_dump(opts);
@@ -201,11 +234,12 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
   } else if (req.op == "restore") {
     tl_request = &req;
     tl_notify_errno = 0;
-    if (!req.cgroupProcs.empty()) criu_local_set_notify_cb(opts, OnNotify);
+    if (req.emptyNetns) criu_local_set_empty_ns(opts, CLONE_NEWNET);
+    if (!req.cgroupProcs.empty() || req.emptyNetns) criu_local_set_notify_cb(opts, OnNotify);
     res->ret = criu_local_restore(opts);
     tl_request = nullptr;
     if (res->ret < 0 && tl_notify_errno) {
-      res->failure = {tl_notify_errno, "write(cgroup.procs)", req.cgroupProcs.front(), "while placing restored tasks"};
+      res->failure = {tl_notify_errno, "setup-namespaces", req.imagesDir, "while placing restored tasks in the sandbox"};
       return;
     }
     if (res->ret < 0) res->failure = {-res->ret, "criu restore", req.imagesDir, req.logFile};
@@ -251,6 +285,7 @@ static Napi::Value Criu(const Napi::CallbackInfo& info) {
   r.enableFs = GetStrings(o, "enableFs");
   r.joinNs = GetPairs(o, "joinNs");
   r.cgroupProcs = GetStrings(o, "cgroupProcs");
+  r.emptyNetns = GetBool(o, "emptyNetns", false);
   for (const auto& p : GetPairs(o, "inheritFds")) r.inheritFds.emplace_back(std::stoi(p.first), p.second);
   Napi::Promise promise = call->deferred.Promise();
 

@@ -102,7 +102,37 @@ static Napi::Value MountTmpfs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// makeSharedMount(path): bind-mounts path onto itself (if needed) and marks
+// it shared, so mounts made under it propagate to slave namespaces (the CRIU
+// service's).
+static Napi::Value MakeSharedMount(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = StringArg(info, 0, "path");
+  bool bind = BoolArg(info, 1, true);
+  if (bind && ::mount(path.c_str(), path.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+    ThrowSystemError(env, errno, "mount(MS_BIND)", path);
+    return env.Undefined();
+  }
+  if (::mount(nullptr, path.c_str(), nullptr, MS_SHARED, nullptr) != 0) {
+    ThrowSystemError(env, errno, "mount(MS_SHARED)", path);
+  }
+  return env.Undefined();
+}
+
+// bindMount(source, target)
+static Napi::Value BindMount(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string source = StringArg(info, 0, "source");
+  std::string target = StringArg(info, 1, "target");
+  if (::mount(source.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+    ThrowSystemError(env, errno, "mount(MS_BIND)", target);
+  }
+  return env.Undefined();
+}
+
 void InitMounts(Napi::Env env, Napi::Object exports) {
+  exports.Set("makeSharedMount", Napi::Function::New(env, MakeSharedMount));
+  exports.Set("bindMount", Napi::Function::New(env, BindMount));
   exports.Set("mountOverlay", Napi::Function::New(env, MountOverlay));
   exports.Set("unmount", Napi::Function::New(env, Unmount));
   exports.Set("filesystemType", Napi::Function::New(env, FilesystemType));

@@ -183,7 +183,7 @@ static void exec_in_path(char **argv, char **envp) {
 /* ---- argument parsing --------------------------------------------------- */
 
 struct opts {
-  const char *root, *hostname, *init, *cwd, *stdout_path, *stderr_path, *socket_path, *pidfile, *dev, *netns;
+  const char *root, *hostname, *init, *cwd, *stdout_path, *stderr_path, *socket_path, *pidfile, *dev;
   char *cgroups[MAX_LIST];
   int ncgroups;
   char *envs[MAX_LIST * 4 + 1];
@@ -197,9 +197,9 @@ struct opts {
 static void usage(void) {
   fprintf(stderr,
           "usage: lockstep-helper supervise --socket PATH --pidfile PATH\n"
-          "       lockstep-helper create --root DIR --dev DIR --netns FILE --hostname NAME [--init PATH] "
+          "       lockstep-helper create --root DIR --dev DIR --hostname NAME [--init PATH] "
           "[--cgroup PROCS]... [--env K=V]...\n"
-          "       lockstep-helper netns --netns FILE\n"
+          "       lockstep-helper prepare --dev DIR\n"
           "       lockstep-helper enter --pid PID [--cgroup PROCS]... [--cwd DIR] [--env K=V]... "
           "[--status-fd N] [--detach --stdout PATH --stderr PATH] -- CMD [ARG...]\n");
   exit(2);
@@ -218,7 +218,6 @@ static void parse(int argc, char **argv, struct opts *o) {
     } else if (strcmp(a, "--root") == 0) o->root = NEXT();
     else if (strcmp(a, "--hostname") == 0) o->hostname = NEXT();
     else if (strcmp(a, "--dev") == 0) o->dev = NEXT();
-    else if (strcmp(a, "--netns") == 0) o->netns = NEXT();
     else if (strcmp(a, "--init") == 0) o->init = NEXT();
     else if (strcmp(a, "--cwd") == 0) o->cwd = NEXT();
     else if (strcmp(a, "--stdout") == 0) o->stdout_path = NEXT();
@@ -252,6 +251,24 @@ struct devnode {
 static const struct devnode devnodes[] = {{"null", 1, 3},    {"zero", 1, 5}, {"full", 1, 7},
                                           {"random", 1, 8},  {"urandom", 1, 9}, {"tty", 5, 0}};
 
+/* Loopback up in the calling process's (new) network namespace: a sandbox
+ * has no other network. */
+static int loopback_up(int errfd) {
+  int sk = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (sk < 0) {
+    report_error_fd(errfd, errno, "socket", NULL);
+    return -1;
+  }
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof(ifr));
+  strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  ifr.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+  int r = ioctl(sk, SIOCSIFFLAGS, &ifr);
+  if (r != 0) report_error_fd(errfd, errno, "ioctl(SIOCSIFFLAGS)", "lo");
+  close(sk);
+  return r;
+}
+
 /* Runs as pid 1 of the new pid namespace, in the new mount namespace. Any
  * failure is reported on errfd and ends the child. */
 static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
@@ -273,6 +290,7 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   if (mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, NULL) != 0) FAIL("mount(remount /dev)", path);
 
   if (o->hostname && sethostname(o->hostname, strlen(o->hostname)) != 0) FAIL("sethostname", o->hostname);
+  if (loopback_up(errfd) != 0) _exit(1);
 
   /* pivot_root(".", ".") stacks the old root under the new one; detaching it
    * leaves the sandbox with no path back to the host (runc does the same). */
@@ -334,53 +352,17 @@ static int prepare_dev(const char *dir, int errfd) {
   return 0;
 }
 
-/* A new network namespace with only loopback up, pinned by a bind mount on
- * FILE so that it outlives the processes in it: a rollback restores the
- * process tree into the same namespace, and CRIU need not dump it. */
-static int make_netns(const char *file, int errfd) {
-  int fd = open(file, O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    report_error_fd(errfd, errno, "open", file);
-    return -1;
-  }
-  close(fd);
-  if (unshare(CLONE_NEWNET) != 0) {
-    report_error_fd(errfd, errno, "unshare(CLONE_NEWNET)", NULL);
-    return -1;
-  }
-  int sk = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (sk < 0) {
-    report_error_fd(errfd, errno, "socket", NULL);
-    return -1;
-  }
-  struct ifreq ifr;
-  memset(&ifr, 0, sizeof(ifr));
-  strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-  ifr.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
-  if (ioctl(sk, SIOCSIFFLAGS, &ifr) != 0) {
-    report_error_fd(errfd, errno, "ioctl(SIOCSIFFLAGS)", "lo");
-    close(sk);
-    return -1;
-  }
-  close(sk);
-  if (mount("/proc/self/ns/net", file, NULL, MS_BIND, NULL) != 0) {
-    report_error_fd(errfd, errno, "mount(bind netns)", file);
-    return -1;
-  }
-  return 0;
-}
-
-static int cmd_netns(const struct opts *o) {
-  if (!o->netns) usage();
-  if (make_netns(o->netns, 1) != 0) return 1;
-  writef(1, "{\"netns\":\"ok\"}\n");
+/* What a restored (forked) sandbox needs before CRIU runs: its /dev folder. */
+static int cmd_prepare(const struct opts *o) {
+  if (!o->dev) usage();
+  if (prepare_dev(o->dev, 1) != 0) return 1;
+  writef(1, "{\"prepared\":true}\n");
   return 0;
 }
 
 static int cmd_create(const struct opts *o) {
-  if (!o->root || !o->dev || !o->netns) usage();
+  if (!o->root || !o->dev) usage();
   if (prepare_dev(o->dev, 1) != 0) return 1;
-  if (make_netns(o->netns, 1) != 0) return 1;
   int bad = join_cgroups((char **)o->cgroups, o->ncgroups);
   if (bad >= 0) {
     report_error_fd(1, errno, "write(cgroup.procs)", o->cgroups[bad]);
@@ -391,7 +373,7 @@ static int cmd_create(const struct opts *o) {
     report_error_fd(1, errno, "pipe2", NULL);
     return 1;
   }
-  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID) != 0) {
+  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0) {
     report_error_fd(1, errno, "unshare", NULL);
     return 1;
   }
@@ -585,7 +567,8 @@ static void handle_request(int conn) {
     i += strlen(&buf[i]) + 1;
   }
   tokens[nt] = NULL;
-  bool daemon_mode = nt >= 3 && strcmp(tokens[0], "daemon") == 0;
+  bool isolated = nt >= 3 && strcmp(tokens[0], "daemon-isolated") == 0;
+  bool daemon_mode = nt >= 3 && (strcmp(tokens[0], "daemon") == 0 || isolated);
   bool run_mode = nt >= 2 && strcmp(tokens[0], "run") == 0;
   if (!daemon_mode && !run_mode) {
     writef(conn, "{\"error\":{\"code\":\"EINVAL\",\"errno\":-22,\"syscall\":\"supervise\"}}\n");
@@ -604,6 +587,18 @@ static void handle_request(int conn) {
     setsid();
     int devnull = open("/dev/null", O_RDONLY);
     dup2(devnull, 0);
+    if (isolated) {
+      /* The CRIU service runs in a mount namespace of its own whose /run is
+       * a tmpfs: CRIU then caches its kernel-feature probe there
+       * (/run/criu.kdat) instead of redoing it on every request. The
+       * namespace is a slave of the host's, so sandbox mounts made later
+       * (on the shared run folder) still appear in it. */
+      if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0 ||
+          mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=16m") != 0) {
+        report_error_fd(conn, errno, "unshare/mount(/run)", "/run");
+        _exit(1);
+      }
+    }
     if (daemon_mode) {
       int log = open(tokens[1], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
       if (log < 0) {
@@ -718,7 +713,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "supervise") == 0) return cmd_supervise(&o);
   if (strcmp(argv[1], "create") == 0) return cmd_create(&o);
   if (strcmp(argv[1], "enter") == 0) return cmd_enter(&o);
-  if (strcmp(argv[1], "netns") == 0) return cmd_netns(&o);
+  if (strcmp(argv[1], "prepare") == 0) return cmd_prepare(&o);
   usage();
   return 2;
 }

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { dumpOptions, fsyncTree, processImageBytes } from './process-image.js';
+import { dumpOptions, processImageBytes } from './process-image.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
@@ -101,10 +101,9 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       cgroups.thaw(cg);
       t.frozenMs = performance.now() - frozenAt;
     }
-    // Durable before the record: the images' files, then the btrfs
-    // transaction that holds the snapshot.
+    // Durable before the record: one btrfs commit covers the snapshot and
+    // every file of the process image (they live on the same filesystem).
     const tp = performance.now();
-    fsyncTree(imagesDir);
     layers.sync();
     t.persistMs = performance.now() - tp;
     engine.fault('checkpoint:persisted');

@@ -51,7 +51,7 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
   const workDir = path.join(engine.paths.scratch, opId);
   try {
     runtime.prepare(id, { memoryBytes: parent.memory_bytes ?? undefined, pids: parent.pids_max ?? undefined });
-    await runtime.makeNetns(id);
+    await runtime.prepareForRestore(id);
     engine.fault('fork:prepared');
     layers.resetUpperTo(id, ckpt.layer_id);
     runtime.mountRoot(hostOf(engine, child));

@@ -3,9 +3,10 @@
  * restorable cheaply, in one place so dump and restore agree:
  * - /dev is a bind mount of a host folder, declared external ("dev"), so
  *   CRIU does not archive it on every dump;
- * - the network namespace is pinned on the host and joined on restore;
- *   network locking is skipped (the namespace is loopback-only and its
- *   sockets are frozen with the tree);
+ * - the network namespace holds only loopback, so CRIU records it "empty"
+ *   (no ip/iptables-save runs) and restore makes a new one, whose loopback
+ *   the addon brings up before sockets are restored; network locking is
+ *   skipped (nothing outside can reach the namespace);
  * - cgroups are not dumped: restored tasks are put into the sandbox's cgroup
  *   by the addon when CRIU reports the new root task ("setup-namespaces").
  */
@@ -24,6 +25,7 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
     leaveRunning: true,
     freezeCgroup: engine.cgroups.freezerPath(engine.runtime.cgroupName(row.id)),
     extMounts: [['/dev', 'dev']],
+    emptyNetns: true,
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
@@ -39,7 +41,7 @@ export function restoreOptions(engine: Engine, sandboxId: string, imagesDir: str
     workDir,
     root: engine.paths.sandboxRoot(sandboxId),
     extMounts: [['dev', engine.paths.sandboxDev(sandboxId)]],
-    joinNs: [['net', engine.paths.sandboxNetns(sandboxId)]],
+    emptyNetns: true,
     cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(sandboxId)),
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
@@ -52,22 +54,4 @@ export function processImageBytes(dir: string): number {
   let total = 0;
   for (const f of fs.readdirSync(dir)) total += fs.statSync(path.join(dir, f)).size;
   return total;
-}
-
-/** fsync every file of a folder, then the folder. */
-export function fsyncTree(dir: string): void {
-  for (const f of fs.readdirSync(dir)) {
-    const fd = fs.openSync(path.join(dir, f), 'r');
-    try {
-      fs.fsyncSync(fd);
-    } finally {
-      fs.closeSync(fd);
-    }
-  }
-  const d = fs.openSync(dir, 'r');
-  try {
-    fs.fsyncSync(d);
-  } finally {
-    fs.closeSync(d);
-  }
 }

@@ -5,7 +5,6 @@
  * the protocol. Failures carry the tail of CRIU's own log.
  */
 import fs from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { native, type CriuRequest } from '../native/binding.js';
 import { CriuError, HostError } from '../errors.js';
@@ -32,20 +31,18 @@ export function criuLogTail(file: string, lines = 25): string {
   return [...new Set([...errors.slice(-10), ...tail])].join('\n');
 }
 
-function socketAnswers(socket: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const c = net.connect(socket);
-    c.on('connect', () => {
-      c.destroy();
-      resolve(true);
-    });
-    c.on('error', () => resolve(false));
-  });
+/** The service socket is SOCK_SEQPACKET, so liveness is checked with a real RPC (version). */
+async function serviceVersion(socket: string): Promise<number | undefined> {
+  if (!fs.existsSync(socket)) return undefined;
+  try {
+    return await native().criu({ op: 'version', serviceAddress: socket });
+  } catch {
+    return undefined;
+  }
 }
 
 /** Client of the state directory's CRIU service. */
 export class CriuService {
-  private version: number | undefined;
   constructor(
     private readonly paths: StatePaths,
     private readonly supervisor: Supervisor,
@@ -55,32 +52,26 @@ export class CriuService {
     return this.paths.criuSocket;
   }
 
-  /** Starts the service when needed and checks its version (once per process). */
+  /** Starts the service when needed and checks its version (once per process while it answers). */
   async ensureRunning(): Promise<number> {
-    if (!(await socketAnswers(this.paths.criuSocket))) {
+    let v = await serviceVersion(this.paths.criuSocket);
+    if (v === undefined) {
       const bin = criuBinary();
       if (!fs.existsSync(bin)) {
         throw new HostError('CRIU_NOT_INSTALLED', `CRIU is not installed at ${bin}: run scripts/provision-host.sh (npm run setup) as root`);
       }
-      try {
-        fs.unlinkSync(this.paths.criuSocket);
-      } catch {
-        /* not there */
+      fs.rmSync(this.paths.criuSocket, { force: true });
+      await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket], { isolatedRun: true });
+      for (let i = 0; i < 400 && v === undefined; i++) {
+        await sleep(5);
+        v = await serviceVersion(this.paths.criuSocket);
       }
-      await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket]);
-      for (let i = 0; i < 400 && !(await socketAnswers(this.paths.criuSocket)); i++) await sleep(5);
-      if (!(await socketAnswers(this.paths.criuSocket))) {
-        throw new CriuError('CRIU_UNAVAILABLE', 'The CRIU service did not start', criuLogTail(this.paths.criuLog));
-      }
+      if (v === undefined) throw new CriuError('CRIU_UNAVAILABLE', 'The CRIU service did not start', criuLogTail(this.paths.criuLog));
     }
-    if (this.version === undefined) {
-      const v = await native().criu({ op: 'version', serviceAddress: this.paths.criuSocket });
-      if (v < MIN_CRIU_VERSION) {
-        throw new HostError('CRIU_TOO_OLD', `CRIU ${formatVersion(v)} is too old: Lockstep needs 4.0 or later (Debian 12's 3.17 fails on current kernels; see docs)`);
-      }
-      this.version = v;
+    if (v < MIN_CRIU_VERSION) {
+      throw new HostError('CRIU_TOO_OLD', `CRIU ${formatVersion(v)} is too old: Lockstep needs 4.0 or later (Debian 12's 3.17 fails on current kernels; see docs)`);
     }
-    return this.version;
+    return v;
   }
 
   async dump(req: Omit<CriuRequest, 'op' | 'serviceAddress'> & { imagesDir: string; pid: number }): Promise<void> {
@@ -98,7 +89,7 @@ export class CriuService {
     try {
       return await native().criu({ ...req, op: 'restore', serviceAddress: this.paths.criuSocket, logFile });
     } catch (e) {
-      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}: ${(e as Error).message}`, criuLogTail(path.join(req.imagesDir, logFile)), e);
+      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}: ${(e as Error).message}`, criuLogTail(path.join(req.workDir ?? req.imagesDir, logFile)), e);
     }
   }
 }

@@ -50,3 +50,16 @@ export function mountsUnder(prefix: string): string[] {
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Propagation of a mount point: "shared", "slave", "private", or undefined when it is not a mount point. */
+export function mountPropagation(mountPoint: string): 'shared' | 'slave' | 'private' | undefined {
+  const text = fs.readFileSync('/proc/self/mountinfo', 'utf8');
+  let found: 'shared' | 'slave' | 'private' | undefined;
+  for (const line of text.split('\n')) {
+    const fields = line.split(' ');
+    if (fields[4] !== mountPoint) continue;
+    const optional = fields.slice(6, fields.indexOf('-'));
+    found = optional.some((f) => f.startsWith('shared:')) ? 'shared' : optional.some((f) => f.startsWith('master:')) ? 'slave' : 'private';
+  }
+  return found;
+}

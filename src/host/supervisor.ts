@@ -88,9 +88,12 @@ export class Supervisor {
     return request(this.paths.supervisorSocket, ['run', ...argv], timeoutMs);
   }
 
-  /** Starts a long-lived child of the supervisor, logging to logFile. */
-  async daemon(logFile: string, argv: string[]): Promise<number> {
-    const text = await request(this.paths.supervisorSocket, ['daemon', logFile, ...argv]);
+  /**
+   * Starts a long-lived child of the supervisor, logging to logFile.
+   * `isolatedRun` gives it a mount namespace of its own with a tmpfs /run.
+   */
+  async daemon(logFile: string, argv: string[], opts: { isolatedRun?: boolean } = {}): Promise<number> {
+    const text = await request(this.paths.supervisorSocket, [opts.isolatedRun ? 'daemon-isolated' : 'daemon', logFile, ...argv]);
     return parseHelperAnswer<{ pid: number }>(text, `starting ${argv[0]}`).pid;
   }
 

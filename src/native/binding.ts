@@ -34,6 +34,7 @@ export interface CriuRequest {
   skipMounts?: string[];
   joinNs?: [string, string][];
   cgroupProcs?: string[];
+  emptyNetns?: boolean;
 }
 
 /** The addon's surface. Errors thrown carry code, errno, syscall and path. */
@@ -41,6 +42,8 @@ export interface NativeBinding {
   mountOverlay(target: string, lowers: string[], upper: string, work: string): void;
   mountTmpfs(target: string, options: string): void;
   unmount(target: string, detach?: boolean): boolean;
+  makeSharedMount(path: string, bind?: boolean): void;
+  bindMount(source: string, target: string): void;
   filesystemType(path: string): number;
   subvolumeCreate(path: string): void;
   subvolumeSnapshot(source: string, dest: string, readonly: boolean): void;

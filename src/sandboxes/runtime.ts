@@ -116,8 +116,6 @@ export class SandboxRuntime {
       this.paths.sandboxRoot(host.id),
       '--dev',
       this.paths.sandboxDev(host.id),
-      '--netns',
-      this.paths.sandboxNetns(host.id),
       '--hostname',
       host.hostname,
       ...this.cgroups.procsFiles(this.cgroupName(host.id)).flatMap((f) => ['--cgroup', f]),
@@ -129,12 +127,10 @@ export class SandboxRuntime {
     return { pid, start };
   }
 
-  /** A fresh loopback-only network namespace pinned at the sandbox's netns file (forks). */
-  async makeNetns(id: string): Promise<void> {
-    const file = this.paths.sandboxNetns(id);
-    if (mountsUnder(file).includes(file)) return;
-    const answer = await this.supervisor.run([helperPath, 'netns', '--netns', file]);
-    parseHelperAnswer(answer, `creating the network of sandbox ${id}`);
+  /** The /dev folder of a sandbox CRIU will restore into (forks); its network namespace is made by the restore. */
+  async prepareForRestore(id: string): Promise<void> {
+    const answer = await this.supervisor.run([helperPath, 'prepare', '--dev', this.paths.sandboxDev(id)]);
+    parseHelperAnswer(answer, `preparing sandbox ${id}`);
   }
 
   /** Kills every process of the sandbox (idempotent). */

@@ -9,6 +9,10 @@ import type { Engine } from '../engine.js';
 import { isAlive } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
 import { SandboxFiles } from './files.js';
+import { checkpointSandbox, checkpointInfo, type CheckpointInfo, type CheckpointOptions } from '../checkpoints/checkpoint.js';
+import { ownCheckpoint, rollbackSandbox, type RollbackCore } from '../checkpoints/rollback.js';
+import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
+import { deleteCheckpoint } from '../checkpoints/tree.js';
 
 export interface SandboxInfo {
   id: string;
@@ -136,6 +140,38 @@ export class Sandbox {
   async freeze(): Promise<void> {
     const row = this.core.runningRow();
     await this.core.engine.cgroups.freeze(this.core.engine.runtime.cgroupName(row.id));
+  }
+
+  /** Takes an aligned checkpoint of the filesystem layer and the process tree. */
+  async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
+    const engine = this.core.engine;
+    return engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
+  }
+
+  /** Restores files and processes to a checkpoint of this sandbox, as one step. */
+  async rollback(checkpointId: string): Promise<RollbackCore> {
+    const engine = this.core.engine;
+    return engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId));
+  }
+
+  /** Starts independent sandboxes from a checkpoint of this sandbox; one result per fork. */
+  async fork(checkpointId: string, opts: ForkOptions = {}): Promise<ForkResult[]> {
+    const engine = this.core.engine;
+    const count = validateForkCount(opts.count);
+    const row = this.core.row();
+    const ckpt = ownCheckpoint(engine, row, checkpointId);
+    return forkSandbox(engine, row, ckpt, count, opts.onProgress ? { onProgress: opts.onProgress } : {});
+  }
+
+  /** This sandbox's checkpoints, oldest first. */
+  checkpoints(): CheckpointInfo[] {
+    return this.core.checkpoints().map(checkpointInfo);
+  }
+
+  /** Deletes a checkpoint; its children are re-attached to its parent. */
+  async deleteCheckpoint(checkpointId: string): Promise<void> {
+    const engine = this.core.engine;
+    await engine.withSandboxLock(this.id, async () => deleteCheckpoint(engine, this.core.row(), checkpointId));
   }
 
   async thaw(): Promise<void> {

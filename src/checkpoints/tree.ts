@@ -1,0 +1,72 @@
+/**
+ * The checkpoint tree of a sandbox (parent links, plus the forks started
+ * from its checkpoints): deleting a node and drawing the tree for `lockstep log`.
+ */
+import fs from 'node:fs';
+import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
+import type { Engine } from '../engine.js';
+import { NotFoundError } from '../errors.js';
+
+/** Deletes a checkpoint of this sandbox. Its children move up to its parent; its layer and process image are freed. */
+export function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): void {
+  const ckpt = engine.catalog.checkpoint(checkpointId);
+  if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', checkpointId);
+  const { catalog } = engine;
+  catalog.tx(() => {
+    catalog.reparentCheckpoints(ckpt.id, ckpt.parent_id);
+    if (row.head_checkpoint_id === ckpt.id) catalog.updateSandbox(row.id, { head_checkpoint_id: ckpt.parent_id });
+    catalog.deleteCheckpointRow(ckpt.id);
+    catalog.deleteLayerRow(ckpt.layer_id);
+  });
+  // Files go after the commit: a crash in between leaves only orphans, which the reaper removes.
+  engine.layers.deleteLayer(ckpt.layer_id);
+  fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
+  engine.images.collectGarbage();
+}
+
+export interface TreeNode {
+  checkpoint: CheckpointRow;
+  children: TreeNode[];
+  forks: SandboxRow[];
+}
+
+/** Builds the forest of a sandbox's checkpoints. */
+export function checkpointForest(engine: Engine, sandboxId: string): TreeNode[] {
+  const rows = engine.catalog.checkpointsOf(sandboxId);
+  const nodes = new Map(rows.map((r) => [r.id, { checkpoint: r, children: [] as TreeNode[], forks: [] as SandboxRow[] }]));
+  const forks = engine.catalog.allSandboxes().filter((s) => s.forked_from && nodes.has(s.forked_from));
+  for (const f of forks) nodes.get(f.forked_from!)!.forks.push(f);
+  const roots: TreeNode[] = [];
+  for (const n of nodes.values()) {
+    const parent = n.checkpoint.parent_id ? nodes.get(n.checkpoint.parent_id) : undefined;
+    if (parent) parent.children.push(n);
+    else roots.push(n);
+  }
+  return roots;
+}
+
+/** Text drawing of the tree: the head is marked with "*", forks with "⑂". */
+export function drawTree(engine: Engine, sandbox: SandboxRow, opts: { color?: boolean } = {}): string {
+  const bold = (s: string) => (opts.color ? `\x1b[1m${s}\x1b[0m` : s);
+  const dim = (s: string) => (opts.color ? `\x1b[2m${s}\x1b[0m` : s);
+  const lines: string[] = [`${bold(sandbox.id)} ${dim(`(image ${sandbox.image}, branch ${sandbox.branch_id})`)}`];
+  const walk = (n: TreeNode, prefix: string, last: boolean) => {
+    const c = n.checkpoint;
+    const head = sandbox.head_checkpoint_id === c.id ? ' *' : '';
+    const t = JSON.parse(c.timings) as { totalMs?: number };
+    const label = c.label ? ` "${c.label}"` : '';
+    const when = new Date(c.created_at).toISOString().replace('T', ' ').slice(0, 19);
+    lines.push(`${prefix}${last ? '└─' : '├─'} ${bold(c.id)}${label}${head} ${dim(`${when}${t.totalMs ? ` · ${t.totalMs.toFixed(1)} ms` : ''}`)}`);
+    const childPrefix = prefix + (last ? '   ' : '│  ');
+    const items: (TreeNode | SandboxRow)[] = [...n.children, ...n.forks];
+    items.forEach((it, i) => {
+      const isLast = i === items.length - 1;
+      if ('checkpoint' in it) walk(it, childPrefix, isLast);
+      else lines.push(`${childPrefix}${isLast ? '└─' : '├─'} ⑂ fork ${bold(it.id)} ${dim(`(${it.state})`)}`);
+    });
+  };
+  const roots = checkpointForest(engine, sandbox.id);
+  roots.forEach((r, i) => walk(r, '', i === roots.length - 1));
+  if (!roots.length) lines.push(dim('   (no checkpoints)'));
+  return lines.join('\n');
+}
