@@ -117,30 +117,15 @@ export class ImageStore {
     return this.build(name, progress ? { progress } : {});
   }
 
+  /** Builds a recipe into the build cache only (used by setup); no state directory needed. */
+  static async cacheRecipe(name: string, progress: ProgressFn = () => undefined): Promise<string> {
+    validateImageName(name);
+    if (!listRecipes().includes(name)) throw new NotFoundError('image', name);
+    return buildIntoCache(name, progress);
+  }
+
   private async cachedBuild(name: string, progress: ProgressFn): Promise<string> {
-    const cacheRoot = path.join(buildCacheDir(), 'images');
-    const dir = path.join(cacheRoot, `${name}-${recipeHash(name)}`);
-    if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
-    fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
-    const tmp = fs.mkdtempSync(path.join(cacheRoot, `.build-${name}-`));
-    try {
-      const rootfs = path.join(tmp, 'rootfs');
-      fs.mkdirSync(rootfs, { mode: 0o755 });
-      progress(`building image ${name} from sandbox-images/${name}/build.sh (first time only)`);
-      const child = execFile('bash', [path.join(recipesDir(), name, 'build.sh'), rootfs], { maxBuffer: 64 * 1024 * 1024 });
-      child.stderr?.on('data', (d: Buffer) => {
-        for (const line of String(d).split('\n')) if (line.trim()) progress(line.trim());
-      });
-      const code: number = await new Promise((resolve) => child.on('close', (c) => resolve(c ?? 1)));
-      if (code !== 0) throw new HostError('IMAGE_BUILD_FAILED', `sandbox-images/${name}/build.sh exited with ${code}`);
-      fs.writeFileSync(path.join(tmp, '.complete'), new Date().toISOString());
-      fs.rmSync(dir, { recursive: true, force: true });
-      fs.renameSync(tmp, dir);
-      return path.join(dir, 'rootfs');
-    } catch (e) {
-      fs.rmSync(tmp, { recursive: true, force: true });
-      throw e;
-    }
+    return buildIntoCache(name, progress);
   }
 
   /** Imports a Docker image (docker:REF) as NAME. */
@@ -226,5 +211,34 @@ async function copyTree(from: string, to: string): Promise<void> {
     fs.rmSync(to, { recursive: true, force: true });
     fs.mkdirSync(to, { mode: 0o755 });
     await execFileAsync('cp', ['-a', '--', `${from}/.`, to]);
+  }
+}
+
+/** Runs a recipe into the build cache keyed by the recipe's hash; a finished entry is reused. */
+async function buildIntoCache(name: string, progress: ProgressFn): Promise<string> {
+  {
+    const cacheRoot = path.join(buildCacheDir(), 'images');
+    const dir = path.join(cacheRoot, `${name}-${recipeHash(name)}`);
+    if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
+    fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
+    const tmp = fs.mkdtempSync(path.join(cacheRoot, `.build-${name}-`));
+    try {
+      const rootfs = path.join(tmp, 'rootfs');
+      fs.mkdirSync(rootfs, { mode: 0o755 });
+      progress(`building image ${name} from sandbox-images/${name}/build.sh (first time only)`);
+      const child = execFile('bash', [path.join(recipesDir(), name, 'build.sh'), rootfs], { maxBuffer: 64 * 1024 * 1024 });
+      child.stderr?.on('data', (d: Buffer) => {
+        for (const line of String(d).split('\n')) if (line.trim()) progress(line.trim());
+      });
+      const code: number = await new Promise((resolve) => child.on('close', (c) => resolve(c ?? 1)));
+      if (code !== 0) throw new HostError('IMAGE_BUILD_FAILED', `sandbox-images/${name}/build.sh exited with ${code}`);
+      fs.writeFileSync(path.join(tmp, '.complete'), new Date().toISOString());
+      fs.rmSync(dir, { recursive: true, force: true });
+      fs.renameSync(tmp, dir);
+      return path.join(dir, 'rootfs');
+    } catch (e) {
+      fs.rmSync(tmp, { recursive: true, force: true });
+      throw e;
+    }
   }
 }

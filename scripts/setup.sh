@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Everything `npm test`, `npm run demo` and `npm run bench` need, on a fresh
+# clone of a fresh Debian 12 machine, as root: host packages and CRIU 4.x
+# (scripts/provision-host.sh), npm dependencies, the native addon and its
+# helper executables, the TypeScript build, and the base image in the build
+# cache. Each step checks first and is skipped when already done, so a second
+# run takes well under 5 seconds.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [[ $(id -u) -ne 0 ]]; then
+	echo "lockstep: setup needs root (it installs host packages and manages namespaces, cgroups and mounts)" >&2
+	exit 1
+fi
+
+# 1. Host packages, CRIU in its private prefix.
+bash scripts/provision-host.sh
+
+# true when any file under the given paths is newer than the stamp file
+newer_than() {
+	local stamp=$1
+	shift
+	[[ ! -e $stamp ]] && return 0
+	[[ -n $(find "$@" -newer "$stamp" -print -quit 2>/dev/null) ]]
+}
+
+# 2. npm dependencies (npm ci keeps package-lock.json authoritative).
+if [[ ! -d node_modules ]] || newer_than node_modules/.package-lock.json package.json package-lock.json; then
+	log "installing npm dependencies"
+	npm ci --no-audit --no-fund >&2
+fi
+
+# 3. Native addon, helper and init.
+if [[ ! -x build/Release/lockstep-helper || ! -x build/Release/lockstep-init ]] ||
+	newer_than build/Release/lockstep.node binding.gyp native; then
+	log "building the native addon and helpers"
+	npx --no-install node-gyp rebuild >&2
+fi
+
+# 4. TypeScript.
+if newer_than dist/.tsbuildinfo src test bench demo tsconfig.json package.json; then
+	log "compiling TypeScript"
+	npx --no-install tsc -p tsconfig.json
+	touch dist/.tsbuildinfo
+fi
+
+# 5. The base image in the build cache (tests and the demo copy it in by hard links).
+node dist/src/cli/main.js image cache base

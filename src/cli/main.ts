@@ -1,0 +1,310 @@
+#!/usr/bin/env node
+/**
+ * The `lockstep` command: a thin layer over the library. It parses
+ * arguments, calls one Lockstep method, and prints the result (stable JSON
+ * with --json). See `lockstep help`.
+ */
+import fs from 'node:fs';
+import { Lockstep } from '../lockstep.js';
+import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } from './output.js';
+import { envFlags, intFlag, need, parse, splitCommand } from './args.js';
+import { runDoctor } from '../host/doctor.js';
+import { drawTree } from '../checkpoints/tree.js';
+import { ImageStore, validateImageName } from '../images/image-store.js';
+import { InvalidArgumentError } from '../errors.js';
+
+const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for AI agents
+
+usage: lockstep <command> [options]
+
+sandboxes
+  create [--image NAME] [--memory MIB] [--pids N] [--env K=V]... [--json]
+  exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]
+  spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]
+  ls [--json]
+  rm ID [--json]
+
+checkpoints
+  checkpoint ID [--label L] [--json]
+  rollback ID CHECKPOINT [--json]
+  fork ID CHECKPOINT [--count N] [--json]
+  checkpoints ID [--json]
+  log ID
+
+images
+  image build NAME [--force]      build from sandbox-images/NAME
+  image ls [--json]
+  image rm NAME
+  image import docker:REF [--name NAME]
+  image export NAME docker:REF
+  image cache NAME                build a recipe into the build cache only
+
+host
+  doctor [--json]
+
+The state directory is /var/lib/lockstep, or LOCKSTEP_HOME when set.
+Exit codes: 0 ok, 1 failure, 2 bad usage or input, 3 not found, 4 conflict
+(busy, in use, refused), 5 host problem (CRIU, kernel, privileges); exec
+exits with the command's own exit code.`;
+
+type Handler = (argv: string[]) => Promise<number>;
+
+async function withLockstep<T>(fn: (ls: Lockstep) => Promise<T>): Promise<T> {
+  const ls = await Lockstep.open();
+  try {
+    return await fn(ls);
+  } finally {
+    await ls.close();
+  }
+}
+
+const commands: Record<string, Handler> = {
+  async help() {
+    process.stdout.write(HELP + '\n');
+    return EXIT.ok;
+  },
+
+  async doctor(argv) {
+    const { values } = parse(argv, { json: { type: 'boolean' } }, 'lockstep doctor [--json]');
+    const checks = await runDoctor();
+    const failed = checks.filter((c) => !c.ok && !c.optional);
+    if (values.json) printJson({ ok: failed.length === 0, checks });
+    else {
+      const color = useColor();
+      for (const c of checks) {
+        const mark = c.ok ? (color ? '\x1b[32m✔\x1b[0m' : 'PASS') : c.optional ? (color ? '\x1b[33m!\x1b[0m' : 'WARN') : color ? '\x1b[31m✘\x1b[0m' : 'FAIL';
+        process.stdout.write(`${mark} ${c.name.padEnd(14)} ${c.detail}${!c.ok && c.fix ? `\n  ${' '.repeat(14)} → ${c.fix}` : ''}\n`);
+      }
+    }
+    return failed.length ? EXIT.host : EXIT.ok;
+  },
+
+  async create(argv) {
+    const usage = 'lockstep create [--image NAME] [--memory MIB] [--pids N] [--env K=V]... [--json]';
+    const { values, positionals } = parse(argv, { image: { type: 'string' }, memory: { type: 'string' }, pids: { type: 'string' }, env: { type: 'string', multiple: true }, json: { type: 'boolean' } }, usage);
+    need(positionals, 0, usage);
+    return withLockstep(async (ls) => {
+      const sb = await ls.create({ image: values.image, memoryMb: intFlag(values.memory, 'memory'), pids: intFlag(values.pids, 'pids'), envs: envFlags(values.env) });
+      if (values.json) printJson({ id: sb.id });
+      else process.stdout.write(`${sb.id}\n`);
+      return EXIT.ok;
+    });
+  },
+
+  async exec(argv) {
+    const usage = 'lockstep exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]';
+    const [flags, cmd] = splitCommand(argv);
+    const { values, positionals } = parse(flags, { cwd: { type: 'string' }, env: { type: 'string', multiple: true }, timeout: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const [id] = need(positionals, 1, usage);
+    if (!cmd.length) throw new InvalidArgumentError('command', 'a command after "--"', '');
+    return withLockstep(async (ls) => {
+      const sb = ls.get(id!);
+      const r = await sb.commands.run(cmd, {
+        cwd: values.cwd,
+        env: envFlags(values.env),
+        timeoutMs: intFlag(values.timeout, 'timeout'),
+        onStdout: values.json ? undefined : (s) => process.stdout.write(s),
+        onStderr: values.json ? undefined : (s) => process.stderr.write(s),
+      });
+      if (values.json) printJson({ exitCode: r.exitCode, stdout: r.stdout, stderr: r.stderr });
+      return r.exitCode;
+    });
+  },
+
+  async spawn(argv) {
+    const usage = 'lockstep spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]';
+    const [flags, cmd] = splitCommand(argv);
+    const { values, positionals } = parse(flags, { cwd: { type: 'string' }, env: { type: 'string', multiple: true }, stdout: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const [id] = need(positionals, 1, usage);
+    if (!cmd.length) throw new InvalidArgumentError('command', 'a command after "--"', '');
+    return withLockstep(async (ls) => {
+      const pid = await ls.get(id!).commands.spawn(cmd, { cwd: values.cwd, env: envFlags(values.env), stdoutPath: values.stdout });
+      if (values.json) printJson({ pid });
+      else process.stdout.write(`${pid}\n`);
+      return EXIT.ok;
+    });
+  },
+
+  async ls(argv) {
+    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, 'lockstep ls [--json]');
+    need(positionals, 0, 'lockstep ls [--json]');
+    return withLockstep(async (ls) => {
+      const list = ls.list();
+      if (values.json) printJson(list);
+      else process.stdout.write(table(['ID', 'IMAGE', 'STATE', 'HEAD', 'CREATED'], list.map((s) => [s.id, s.image, s.state, s.headCheckpointId ?? '-', s.createdAt])) + '\n');
+      return EXIT.ok;
+    });
+  },
+
+  async rm(argv) {
+    const usage = 'lockstep rm ID [--json]';
+    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const [id] = need(positionals, 1, usage);
+    return withLockstep(async (ls) => {
+      await ls.remove(id!);
+      if (values.json) printJson({ id, removed: true });
+      return EXIT.ok;
+    });
+  },
+
+  async checkpoint(argv) {
+    const usage = 'lockstep checkpoint ID [--label L] [--json]';
+    const { values, positionals } = parse(argv, { label: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const [id] = need(positionals, 1, usage);
+    return withLockstep(async (ls) => {
+      const ck = await ls.get(id!).checkpoint({ label: values.label });
+      if (values.json) printJson(ck);
+      else process.stdout.write(`${ck.id}  (${ck.timings.totalMs?.toFixed(1)} ms, frozen ${ck.timings.frozenMs?.toFixed(1)} ms)\n`);
+      return EXIT.ok;
+    });
+  },
+
+  async rollback(argv) {
+    const usage = 'lockstep rollback ID CHECKPOINT [--json]';
+    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const [id, ckpt] = need(positionals, 2, usage);
+    return withLockstep(async (ls) => {
+      const r = await ls.get(id!).rollback(ckpt!);
+      if (values.json) printJson(r);
+      else process.stdout.write(`${id} rolled back to ${ckpt} (${r.timings.totalMs.toFixed(1)} ms)\n`);
+      return EXIT.ok;
+    });
+  },
+
+  async fork(argv) {
+    const usage = 'lockstep fork ID CHECKPOINT [--count N] [--json]';
+    const { values, positionals } = parse(argv, { count: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const [id, ckpt] = need(positionals, 2, usage);
+    return withLockstep(async (ls) => {
+      const progress = new Progress(values.json === true);
+      const results = await ls.get(id!).fork(ckpt!, { count: intFlag(values.count, 'count') ?? 1, onProgress: (d, n) => progress.update(`forking: ${d}/${n} ready`) });
+      progress.done();
+      const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
+      const errors = results.flatMap((r) => (r.ok ? [] : [r.error]));
+      if (values.json) printJson({ ids, errors });
+      else {
+        for (const i of ids) process.stdout.write(`${i}\n`);
+        for (const e of errors) process.stderr.write(`lockstep: a fork failed: ${e.message}\n`);
+      }
+      return errors.length && !ids.length ? EXIT.failure : EXIT.ok;
+    });
+  },
+
+  async checkpoints(argv) {
+    const usage = 'lockstep checkpoints ID [--json]';
+    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const [id] = need(positionals, 1, usage);
+    return withLockstep(async (ls) => {
+      const sb = ls.get(id!);
+      const list = sb.checkpoints();
+      const head = sb.info().headCheckpointId;
+      if (values.json) printJson(list);
+      else process.stdout.write(table(['ID', 'PARENT', 'LABEL', 'CREATED', 'MS', ''], list.map((c) => [c.id, c.parentId ?? '-', c.label ?? '', c.createdAt, c.timings.totalMs?.toFixed(1) ?? '', c.id === head ? 'HEAD' : ''])) + '\n');
+      return EXIT.ok;
+    });
+  },
+
+  async log(argv) {
+    const usage = 'lockstep log ID';
+    const { positionals } = parse(argv, {}, usage);
+    const [id] = need(positionals, 1, usage);
+    return withLockstep(async (ls) => {
+      ls.get(id!);
+      process.stdout.write(drawTree(ls.engine, ls.engine.catalog.sandbox(id!)!, { color: useColor() }) + '\n');
+      return EXIT.ok;
+    });
+  },
+
+  async image(argv) {
+    const [sub, ...rest] = argv;
+    const usage = 'lockstep image build NAME | ls | rm NAME | import docker:REF [--name NAME] | export NAME docker:REF | cache NAME';
+    switch (sub) {
+      case 'build': {
+        const { values, positionals } = parse(rest, { force: { type: 'boolean' }, json: { type: 'boolean' } }, 'lockstep image build NAME [--force]');
+        const [name] = need(positionals, 1, 'lockstep image build NAME [--force]');
+        return withLockstep(async (ls) => {
+          const progress = new Progress(values.json === true);
+          const row = await ls.images.build(name!, { force: values.force === true, progress: (m) => progress.update(m) });
+          progress.done();
+          if (values.json) printJson(row);
+          else process.stdout.write(`${row.name}  ${(row.size_bytes / 1e6).toFixed(1)} MB\n`);
+          return EXIT.ok;
+        });
+      }
+      case 'ls': {
+        const { values } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image ls [--json]');
+        return withLockstep(async (ls) => {
+          const rows = ls.images.list();
+          if (values.json) printJson(rows.map((r) => ({ name: r.name, source: r.source, sizeBytes: r.size_bytes, createdAt: new Date(r.created_at).toISOString() })));
+          else process.stdout.write(table(['NAME', 'SIZE', 'SOURCE'], rows.map((r) => [r.name, `${(r.size_bytes / 1e6).toFixed(1)} MB`, r.source])) + '\n');
+          return EXIT.ok;
+        });
+      }
+      case 'rm': {
+        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image rm NAME');
+        const [name] = need(positionals, 1, 'lockstep image rm NAME');
+        return withLockstep(async (ls) => {
+          const r = ls.images.remove(name!);
+          if (values.json) printJson({ name, ...r });
+          else if (r.pending) process.stdout.write(`${name} is still used by sandboxes or checkpoints: hidden now, deleted when the last of them goes\n`);
+          return EXIT.ok;
+        });
+      }
+      case 'import': {
+        const { values, positionals } = parse(rest, { name: { type: 'string' }, json: { type: 'boolean' } }, 'lockstep image import docker:REF [--name NAME]');
+        const [src] = need(positionals, 1, 'lockstep image import docker:REF [--name NAME]');
+        const ref = dockerRef(src!);
+        const name = values.name ?? ref.replace(/^.*\//, '').replace(/[:@].*$/, '').toLowerCase();
+        return withLockstep(async (ls) => {
+          const row = await ls.images.importFromDocker(ref, validateImageName(name, 'name'));
+          if (values.json) printJson({ name: row.name, source: row.source, sizeBytes: row.size_bytes });
+          else process.stdout.write(`${row.name}\n`);
+          return EXIT.ok;
+        });
+      }
+      case 'export': {
+        const { positionals } = parse(rest, {}, 'lockstep image export NAME docker:REF');
+        const [name, dst] = need(positionals, 2, 'lockstep image export NAME docker:REF');
+        return withLockstep(async (ls) => {
+          await ls.images.exportToDocker(name!, dockerRef(dst!));
+          return EXIT.ok;
+        });
+      }
+      case 'cache': {
+        const { positionals } = parse(rest, {}, 'lockstep image cache NAME');
+        const [name] = need(positionals, 1, 'lockstep image cache NAME');
+        const progress = new Progress();
+        await ImageStore.cacheRecipe(name!, (m) => progress.update(m));
+        progress.done();
+        return EXIT.ok;
+      }
+      default:
+        throw new UsageError(`unknown image command ${JSON.stringify(sub ?? '')}\nusage: ${usage}`);
+    }
+  },
+};
+
+function dockerRef(s: string): string {
+  if (!s.startsWith('docker:') || s.length <= 'docker:'.length) throw new InvalidArgumentError('image reference', '"docker:REPO[:TAG]"', s);
+  return s.slice('docker:'.length);
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const [cmd, ...rest] = argv;
+  const json = rest.includes('--json') && !(cmd === 'exec' && rest.indexOf('--json') > rest.indexOf('--') && rest.includes('--'));
+  if (!cmd || cmd === '--help' || cmd === '-h') return commands.help!([]);
+  const handler = commands[cmd];
+  try {
+    if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
+    return await handler(rest);
+  } catch (e) {
+    return reportError(e, json);
+  }
+}
+
+const invokedDirectly = process.argv[1] && fs.realpathSync(process.argv[1]) === fs.realpathSync(new URL(import.meta.url).pathname);
+if (invokedDirectly) {
+  main(process.argv.slice(2)).then((code) => {
+    process.exitCode = code;
+  });
+}

@@ -1,0 +1,98 @@
+/**
+ * Host checks for `lockstep doctor`: each says pass or fail and, on a
+ * failure, what to do about it.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { native, helperPath, initPath } from '../native/binding.js';
+import { criuBinary, formatVersion, MIN_CRIU_VERSION } from './criu-service.js';
+import { detectCgroups } from './cgroups.js';
+import { DockerEngine } from '../images/docker.js';
+import { resolveHome } from '../paths.js';
+import { FS_MAGIC } from '../native/binding.js';
+
+export interface Check {
+  name: string;
+  ok: boolean;
+  detail: string;
+  fix?: string;
+  /** A failed optional check does not fail `lockstep doctor`. */
+  optional?: boolean;
+}
+
+function kernelAtLeast(release: string, major: number, minor: number): boolean {
+  const [a, b] = release.split('.').map((x) => parseInt(x, 10));
+  return a! > major || (a === major && b! >= minor);
+}
+
+export async function runDoctor(home = resolveHome()): Promise<Check[]> {
+  const checks: Check[] = [];
+  const add = (name: string, ok: boolean, detail: string, fix?: string) => checks.push(fix && !ok ? { name, ok, detail, fix } : { name, ok, detail });
+
+  const release = os.release();
+  add('kernel', kernelAtLeast(release, 5, 14), `Linux ${release}`, 'Lockstep needs Linux 5.14 or later (openat2, pidfd, cgroup.kill, close_range)');
+  add('root', process.getuid?.() === 0, process.getuid?.() === 0 ? 'running as root' : `running as uid ${process.getuid?.()}`, 'run lockstep as root');
+
+  const filesystems = fs.readFileSync('/proc/filesystems', 'utf8');
+  add('overlayfs', /\toverlay$/m.test(filesystems), /\toverlay$/m.test(filesystems) ? 'overlay filesystem available' : 'overlay missing', 'load the overlay module: modprobe overlay');
+  const nsMissing = ['pid', 'mnt', 'uts', 'ipc', 'net'].filter((n) => !fs.existsSync(`/proc/self/ns/${n}`));
+  add('namespaces', nsMissing.length === 0, nsMissing.length ? `missing: ${nsMissing.join(', ')}` : 'pid, mount, uts, ipc and net namespaces', 'use a kernel built with namespace support');
+
+  try {
+    const cg = detectCgroups();
+    add('cgroups', true, cg.version === 2 ? 'cgroup v2 (unified): memory, pids, freeze' : 'cgroup v1: pids, memory and freezer hierarchies');
+  } catch (e) {
+    add('cgroups', false, (e as Error).message, 'mount the pids, memory and freezer cgroup v1 controllers, or cgroup v2');
+  }
+
+  const builtOk = fs.existsSync(helperPath) && fs.existsSync(initPath);
+  let addonOk = false;
+  try {
+    native();
+    addonOk = true;
+  } catch {
+    /* reported below */
+  }
+  add('native build', builtOk && addonOk, builtOk && addonOk ? 'addon, helper and init built' : 'native parts missing', 'run `npm run setup` as root');
+
+  const criu = criuBinary();
+  if (!fs.existsSync(criu)) {
+    add('criu', false, `${criu} not found`, 'run scripts/provision-host.sh (installs CRIU 4.x from Debian 13 into /opt/lockstep/criu)');
+  } else if (addonOk) {
+    try {
+      const v = await native().criu({ op: 'version', serviceBinary: criu });
+      add('criu version', v >= MIN_CRIU_VERSION, `CRIU ${formatVersion(v)}`, 'Lockstep needs CRIU 4.0 or later; Debian 12 ships 3.17, which fails on current kernels');
+      // `criu check` is diagnostic only: its exit status decides, its last line is shown.
+      try {
+        const out = execFileSync(criu, ['check'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+        add('criu check', true, `criu check: ${out.trim().split('\n').pop()}`);
+      } catch (e) {
+        const err = e as { stdout?: string; stderr?: string };
+        add('criu check', false, `criu check failed: ${(err.stderr ?? err.stdout ?? '').trim().split('\n').pop()}`, 'run `criu check --all` for details');
+      }
+    } catch (e) {
+      add('criu version', false, (e as Error).message, 'check that /opt/lockstep/bin/criu runs');
+    }
+  }
+
+  let mkfs = false;
+  try {
+    execFileSync('mkfs.btrfs', ['--version'], { stdio: 'ignore' });
+    mkfs = true;
+  } catch {
+    /* missing */
+  }
+  const btrfsKernel = /\tbtrfs$/m.test(filesystems) || fs.existsSync('/sys/fs/btrfs');
+  let homeFs = 'not created yet';
+  try {
+    homeFs = addonOk && native().filesystemType(fs.existsSync(home) ? home : '/') === FS_MAGIC.btrfs ? 'btrfs (subvolumes in place)' : 'not btrfs: a loop-mounted btrfs image file holds the layers';
+  } catch {
+    /* ignore */
+  }
+  add('layer store', mkfs && btrfsKernel, `btrfs snapshots; state directory ${home}: ${homeFs}`, 'install btrfs-progs and make sure the btrfs module loads');
+
+  const docker = await new DockerEngine().ping();
+  checks.push({ name: 'docker engine', ok: docker, optional: true, detail: docker ? 'reachable at /var/run/docker.sock' : 'not reachable (needed only for image import/export)', ...(docker ? {} : { fix: 'start one: scripts/start-dockerd.sh' }) });
+  return checks;
+}
