@@ -15,6 +15,7 @@ import type { StatePaths } from './paths.js';
 import type { SandboxRuntime, SandboxHost } from './sandboxes/runtime.js';
 import type { FaultHook } from './faults.js';
 import type { Logger } from './log.js';
+import type { AgentState } from './agent-state/agent-state.js';
 import { native } from './native/binding.js';
 import { InvalidStateError } from './errors.js';
 import { sleep } from './host/proc.js';
@@ -30,6 +31,7 @@ export interface Engine {
   runtime: SandboxRuntime;
   log: Logger;
   fault: FaultHook;
+  agent: AgentState;
   /** Serialises operations on one sandbox, within this process and across processes. */
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
 }

@@ -20,6 +20,8 @@ import { createLogger, type Logger } from './log.js';
 import { native } from './native/binding.js';
 import { HostError, InvalidArgumentError } from './errors.js';
 import { reap, type ReapReport } from './reaper.js';
+import { AgentState } from './agent-state/agent-state.js';
+import { migrateAgentState } from './agent-state/schema.js';
 import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
@@ -70,7 +72,7 @@ export class Lockstep {
     }
 
     const log = opts.logger ?? createLogger();
-    const catalog = new Catalog(paths.catalog);
+    const catalog = new Catalog(paths.catalog, [migrateAgentState]);
     const layers = LayerStore.open(paths);
     ensureSharedRunFolder(paths.sandboxesRun);
     const supervisor = new Supervisor(paths);
@@ -92,6 +94,7 @@ export class Lockstep {
       runtime,
       log,
       fault: opts.fault ?? envFaultHook(),
+      agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       withSandboxLock: (id, fn, o) => locks.with(id, fn, o?.timeoutMs),
     };
     let reaped: ReapReport | null = null;

@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Engine } from './engine.js';
 import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
-import { restoreSandboxTo } from './checkpoints/rollback.js';
+import { commitRollback, restoreSandboxTo } from './checkpoints/rollback.js';
 import { isAlive, startTime, mountsUnder } from './host/proc.js';
 import { native } from './native/binding.js';
 
@@ -49,15 +49,13 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       // The old tree was being killed: the only consistent state left is the checkpoint.
       try {
         const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
-        catalog.tx(() => {
-          catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: payload.branchId ?? row.branch_id });
-          catalog.endOperation(op.id);
-        });
+        commitRollback(engine, row, ckpt, op.id, pid, payload.branchId ?? row.branch_id);
       } catch (e) {
         engine.log.error({ err: e, sandboxId: row.id }, 'roll-forward of an interrupted rollback failed');
         await runtime.killProcesses(row.id).catch(() => undefined);
         catalog.tx(() => {
           catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: payload.branchId ?? row.branch_id });
+          engine.agent.onRollback(row, ckpt, op.id);
           catalog.endOperation(op.id);
         });
       }

@@ -10,9 +10,12 @@ import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.j
 import { InvalidArgumentError, InvalidStateError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { dumpOptions, processImageBytes } from './process-image.js';
+import { AgentState } from '../agent-state/agent-state.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
+  /** The agent's context at this point, in one of the supported formats (stored with msgpackr, shared prefixes once). */
+  context?: unknown;
   signal?: AbortSignal | undefined;
 }
 
@@ -67,6 +70,7 @@ export function validateLabel(label: unknown): string | null {
 
 export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: CheckpointOptions = {}, txHook?: CheckpointTxHook): Promise<CheckpointInfo> {
   const label = validateLabel(opts.label);
+  const context = opts.context === undefined ? undefined : AgentState.validateContext(opts.context);
   if (row.state !== 'running' || !row.init_pid) throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running`, { sandboxId: row.id });
   opts.signal?.throwIfAborted();
   const { catalog, layers, cgroups, runtime, paths } = engine;
@@ -113,7 +117,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     let committed!: CheckpointRow;
     catalog.tx(() => {
       const fresh = catalog.sandbox(row.id)!;
-      const extra = txHook ? txHook(fresh, checkpointId) : { contextId: null, ledgerCursor: 0 };
+      const extra = txHook ? txHook(fresh, checkpointId) : engine.agent.onCheckpoint(fresh, checkpointId, context);
       if (extra.contextBytes !== undefined) sizes.contextBytes = extra.contextBytes;
       catalog.insertLayer(layerId, 'checkpoint', row.id);
       committed = {

@@ -62,6 +62,7 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     catalog.tx(() => {
       catalog.insertLayer(`upper_${id}`, 'upper', id);
       catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null });
+      engine.agent.onFork(parent, ckpt, catalog.sandbox(id)!);
       onCreated?.(catalog.sandbox(id)!);
       catalog.endOperation(opId);
     });

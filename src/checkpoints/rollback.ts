@@ -17,6 +17,8 @@ import type { Engine } from '../engine.js';
 import { hostOf } from '../engine.js';
 import { startTime } from '../host/proc.js';
 import { restoreOptions } from './process-image.js';
+import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
+import { SandboxFiles } from '../sandboxes/files.js';
 
 export interface RollbackTimings {
   killMs: number;
@@ -79,13 +81,25 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   }
 }
 
-export async function rollbackSandbox(
-  engine: Engine,
-  row: SandboxRow,
-  checkpointId: string,
-  txHook?: (fresh: SandboxRow, ckpt: CheckpointRow, newBranchId: string) => void,
-): Promise<RollbackCore> {
+/** The rollback's commit: the sandbox row and the agent's timeline, in one transaction. */
+export function commitRollback(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, pid: number, branchId: string) {
+  const { catalog } = engine;
+  return catalog.tx(() => {
+    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer });
+    const parts = engine.agent.onRollback(row, ckpt, opId);
+    catalog.endOperation(opId);
+    return parts;
+  });
+}
+
+/** What rollback returns: the restored process and timings, plus the agent's report. */
+export type RollbackReport = RollbackCore & AgentRollbackReport;
+
+export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpointId: string, options: RollbackAgentOptions = {}): Promise<RollbackReport> {
+  const opts = validateRollbackOptions(options);
   const ckpt = ownCheckpoint(engine, row, checkpointId);
+  // Policy first: a refused rollback changes nothing.
+  const { warnings } = engine.agent.checkRollback(row, ckpt, opts.policy ?? 'warn');
   const { catalog } = engine;
   await engine.criu.ensureRunning();
   const opId = newId('op');
@@ -104,19 +118,23 @@ export async function rollbackSandbox(
     log.error({ err: e }, 'rollback failed after the old tree was killed');
     catalog.tx(() => {
       catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
+      engine.agent.onRollback(row, ckpt, opId);
       catalog.endOperation(opId);
     });
     throw e;
   }
   const tc = performance.now();
-  catalog.tx(() => {
-    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer });
-    txHook?.(catalog.sandbox(row.id)!, ckpt, branchId);
-    catalog.endOperation(opId);
-  });
+  const parts = commitRollback(engine, row, ckpt, opId, pid, branchId);
   t.commitMs = performance.now() - tc;
   t.totalMs = performance.now() - t0;
   engine.fault('rollback:committed');
   log.info({ timings: t }, 'rollback committed');
-  return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, timings: t as RollbackTimings };
+
+  // Verdicts are bound to file content: hash the files they were about, as restored.
+  const files = new SandboxFiles(() => engine.paths.sandboxRoot(row.id));
+  const hashes = new Map<string, string | null>();
+  for (const p of engine.agent.verdictPaths(row.id)) hashes.set(p, await files.hash(p).catch(() => null));
+  const fresh = catalog.sandbox(row.id)!;
+  const report = engine.agent.report(fresh, ckpt, { ...parts, warnings }, hashes, opts);
+  return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, timings: t as RollbackTimings, ...report };
 }

@@ -17,6 +17,7 @@ export function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: 
     if (row.head_checkpoint_id === ckpt.id) catalog.updateSandbox(row.id, { head_checkpoint_id: ckpt.parent_id });
     catalog.deleteCheckpointRow(ckpt.id);
     catalog.deleteLayerRow(ckpt.layer_id);
+    engine.agent.onCheckpointDeleted(ckpt);
   });
   // Files go after the commit: a crash in between leaves only orphans, which the reaper removes.
   engine.layers.deleteLayer(ckpt.layer_id);

@@ -13,6 +13,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   }
   catalog.tx(() => {
     for (const ckpt of catalog.checkpointsOf(id)) {
+      engine.agent.onCheckpointDeleted(ckpt);
       catalog.deleteCheckpointRow(ckpt.id);
       catalog.deleteLayerRow(ckpt.layer_id);
     }

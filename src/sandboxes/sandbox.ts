@@ -4,13 +4,20 @@
  * Lockstep verbs (checkpoint, rollback, fork) as methods.
  */
 import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
-import { InvalidArgumentError, InvalidStateError } from '../errors.js';
+import { InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { isAlive } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
-import { SandboxFiles } from './files.js';
+import { SandboxFiles, type FileEntry } from './files.js';
+import type { AgentContext } from '../context/formats.js';
+import type { EffectRecord, EffectSpec, BeginResult, Resolution, CompensationResult } from '../effects/effect-ledger.js';
+import type { JsonValue } from '../effects/idempotency.js';
+import type { Observation } from '../provenance/observations.js';
+import type { Verdict, StaleVerdict } from '../provenance/verdicts.js';
+import type { RollbackAgentOptions } from '../agent-state/agent-state.js';
+import type { RollbackReport } from '../checkpoints/rollback.js';
 import { checkpointSandbox, checkpointInfo, type CheckpointInfo, type CheckpointOptions } from '../checkpoints/checkpoint.js';
-import { ownCheckpoint, rollbackSandbox, type RollbackCore } from '../checkpoints/rollback.js';
+import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint } from '../checkpoints/tree.js';
 
@@ -48,16 +55,47 @@ export function sandboxInfo(row: SandboxRow): SandboxInfo {
   };
 }
 
+/** Options every observed call takes: the agent's tool-call id, for provenance. */
+export interface Provenance {
+  toolCallId?: string | undefined;
+}
+
+function validateToolCallId(id: unknown): string | undefined {
+  if (id === undefined) return undefined;
+  if (typeof id !== 'string' || id.length === 0 || id.length > 200) throw new InvalidArgumentError('toolCallId', 'a string of 1-200 characters', id);
+  return id;
+}
+
+/** A command's result plus the id of the observation it was recorded as. */
+export interface ObservedRunResult extends RunResult {
+  observationId: string;
+}
+
 /** Command execution inside one sandbox. */
 export class SandboxCommands {
   constructor(private readonly sandbox: SandboxCore) {}
 
-  /** Runs a command; a string runs through /bin/sh -c. Resolves with the exit code, never rejects on a non-zero one. */
-  async run(cmd: string | string[], opts: RunOptions = {}): Promise<RunResult> {
+  /**
+   * Runs a command; a string runs through /bin/sh -c. Resolves with the exit
+   * code (never rejects on a non-zero one) and the id of the observation it
+   * was recorded as, tagged with the branch, the checkpoint epoch and the
+   * tool-call id.
+   */
+  async run(cmd: string | string[], opts: RunOptions & Provenance = {}): Promise<ObservedRunResult> {
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
     if (typeof cmd === 'string' && cmd.trim() === '') throw new InvalidArgumentError('command', 'a non-empty command', cmd);
     validateCommand(argv, opts);
-    return runCommand(this.sandbox.enterTarget(), argv, opts);
+    const toolCallId = validateToolCallId(opts.toolCallId);
+    const row = this.sandbox.runningRow();
+    const result = await runCommand(this.sandbox.enterTarget(), argv, opts);
+    const obs = this.sandbox.engine.agent.observe(row, {
+      kind: 'command',
+      subject: typeof cmd === 'string' ? cmd : argv.join(' '),
+      exitCode: result.exitCode,
+      summary: (result.stdout + result.stderr).slice(0, 500),
+      ...(toolCallId ? { toolCallId } : {}),
+    });
+    return { ...result, observationId: obs.id };
   }
 
   /** Starts a background process that belongs to the sandbox (checkpoints capture it); returns its pid inside the sandbox. */
@@ -110,6 +148,124 @@ export class SandboxCore {
   }
 }
 
+/** Files of a sandbox, with every read, write and listing recorded as an observation. */
+export class ObservedFiles {
+  constructor(
+    private readonly sandbox: SandboxCore,
+    private readonly raw: SandboxFiles,
+  ) {}
+
+  private record(kind: 'file-read' | 'file-write' | 'file-list', path: string, extra: { contentHash?: string; summary?: string }, p: Provenance): string {
+    const toolCallId = validateToolCallId(p.toolCallId);
+    return this.sandbox.engine.agent.observe(this.sandbox.row(), { kind, subject: path, ...extra, ...(toolCallId ? { toolCallId } : {}) }).id;
+  }
+
+  /** Reads a file; returns its bytes, their sha256 and the observation id. */
+  async read(path: string, p: Provenance = {}): Promise<{ content: Buffer; sha256: string; observationId: string }> {
+    const r = await this.raw.read(path);
+    return { ...r, observationId: this.record('file-read', path, { contentHash: r.sha256 }, p) };
+  }
+
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number } & Provenance = {}): Promise<{ sha256: string; bytes: number; observationId: string }> {
+    const r = await this.raw.write(path, data, opts.mode !== undefined ? { mode: opts.mode } : {});
+    return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
+  }
+
+  async list(path: string, p: Provenance = {}): Promise<FileEntry[] & { observationId?: string }> {
+    const entries = await this.raw.list(path);
+    return Object.assign(entries, { observationId: this.record('file-list', path, { summary: entries.map((e) => e.name).join(' ').slice(0, 500) }, p) });
+  }
+
+  async exists(path: string): Promise<boolean> {
+    return this.raw.exists(path);
+  }
+
+  async remove(path: string, p: Provenance = {}): Promise<void> {
+    await this.raw.remove(path);
+    this.record('file-write', path, { summary: 'removed' }, p);
+  }
+
+  async mkdir(path: string): Promise<void> {
+    await this.raw.mkdir(path);
+  }
+
+  /** Content hash of a file, or null if it does not exist (not recorded). */
+  async hash(path: string): Promise<string | null> {
+    return this.raw.hash(path);
+  }
+}
+
+/** The effect ledger seen from one sandbox: intents recorded before side effects run. */
+export class SandboxEffects {
+  constructor(private readonly sandbox: SandboxCore) {}
+
+  private ctx() {
+    return this.sandbox.engine.agent.effectContext(this.sandbox.row());
+  }
+  private get ledger() {
+    return this.sandbox.engine.agent.effects;
+  }
+
+  /** Records the intent durably; returns the recorded output instead if this effect already committed. */
+  begin(spec: EffectSpec): BeginResult {
+    return this.ledger.begin(this.ctx(), spec);
+  }
+  commit(effectId: string, output?: JsonValue): void {
+    this.ledger.commit(effectId, output);
+  }
+  fail(effectId: string, err: unknown, opts: { definite: boolean }): void {
+    this.ledger.fail(effectId, err, opts);
+  }
+  /** begin → fn → commit/fail; after a rollback or in a fork, a committed effect returns its recorded output without running fn. */
+  run<T extends JsonValue | undefined | void>(spec: EffectSpec, fn: () => T | Promise<T>): Promise<T> {
+    return this.ledger.run(this.ctx(), spec, fn);
+  }
+  resolveUnknown(effectId: string, resolution: Resolution): EffectRecord {
+    return this.ledger.resolveUnknown(effectId, resolution);
+  }
+  /** Runs compensations in reverse order of commit. */
+  compensate(effectIds: string[], runner: (effect: EffectRecord) => Promise<JsonValue | undefined>): Promise<CompensationResult[]> {
+    return this.ledger.compensate(effectIds, runner);
+  }
+  list(): EffectRecord[] {
+    return this.ledger.list(this.sandbox.id);
+  }
+  get(effectId: string): EffectRecord {
+    const e = this.ledger.get(effectId);
+    if (!this.list().some((x) => x.id === e.id)) throw new NotFoundError('effect', effectId);
+    return e;
+  }
+}
+
+/** Verdicts a caller records about files ("the scan passed"), bound to the file's content hash. */
+export class SandboxVerdicts {
+  constructor(
+    private readonly sandbox: SandboxCore,
+    private readonly files: SandboxFiles,
+  ) {}
+
+  /** Records a verdict about a file as it is now. */
+  async record(input: { path: string; verdict: string } & Provenance): Promise<Verdict> {
+    if (typeof input.verdict !== 'string' || !input.verdict || input.verdict.length > 500) throw new InvalidArgumentError('verdict', 'a string of 1-500 characters', input.verdict);
+    const row = this.sandbox.row();
+    const hash = await this.files.hash(input.path);
+    if (hash === null) throw new InvalidArgumentError('path', 'an existing file in the sandbox', input.path);
+    const toolCallId = validateToolCallId(input.toolCallId);
+    return this.sandbox.engine.agent.verdicts.record({ sandboxId: row.id, branchId: row.branch_id, path: input.path, contentHash: hash, verdict: input.verdict, ...(toolCallId ? { toolCallId } : {}) });
+  }
+
+  list(): Verdict[] {
+    return this.sandbox.engine.agent.verdicts.list(this.sandbox.id);
+  }
+
+  /** Verdicts whose file no longer has the content they were made on. */
+  async stale(): Promise<StaleVerdict[]> {
+    const hashes = new Map<string, string | null>();
+    for (const p of this.sandbox.engine.agent.verdictPaths(this.sandbox.id)) hashes.set(p, await this.files.hash(p).catch(() => null));
+    return this.sandbox.engine.agent.verdicts.staleVerdicts(this.sandbox.id, (p) => hashes.get(p) ?? null);
+  }
+}
+
 export interface ForkOptions {
   count?: number | undefined;
   signal?: AbortSignal | undefined;
@@ -120,7 +276,9 @@ export interface ForkOptions {
 export class Sandbox {
   readonly id: string;
   readonly commands: SandboxCommands;
-  readonly files: SandboxFiles;
+  readonly files: ObservedFiles;
+  readonly effects: SandboxEffects;
+  readonly verdicts: SandboxVerdicts;
   /** @internal */
   readonly core: SandboxCore;
 
@@ -129,7 +287,10 @@ export class Sandbox {
     this.id = id;
     this.core = new SandboxCore(engine, id);
     this.commands = new SandboxCommands(this.core);
-    this.files = this.core.files();
+    const raw = this.core.files();
+    this.files = new ObservedFiles(this.core, raw);
+    this.effects = new SandboxEffects(this.core);
+    this.verdicts = new SandboxVerdicts(this.core, raw);
   }
 
   info(): SandboxInfo {
@@ -142,16 +303,31 @@ export class Sandbox {
     await this.core.engine.cgroups.freeze(this.core.engine.runtime.cgroupName(row.id));
   }
 
-  /** Takes an aligned checkpoint of the filesystem layer and the process tree. */
+  /** Observations recorded in this sandbox (stale ones included on request). */
+  observations(opts: { includeStale?: boolean } = {}): Observation[] {
+    return this.core.engine.agent.observations.list(this.id, opts);
+  }
+
+  /** Takes an aligned checkpoint: filesystem layer, process tree, the agent's context and the ledger cursor, atomically. */
   async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
     const engine = this.core.engine;
     return engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
   }
 
-  /** Restores files and processes to a checkpoint of this sandbox, as one step. */
-  async rollback(checkpointId: string): Promise<RollbackCore> {
+  /**
+   * Restores files, processes and the agent's context to a checkpoint of this
+   * sandbox, as one step; reports the observations that went stale and the
+   * effects that cannot be taken back.
+   */
+  async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
-    return engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId));
+    return engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
+  }
+
+  /** The context snapshot stored with a checkpoint (null if none). */
+  context(checkpointId: string): AgentContext | null {
+    const ckpt = ownCheckpoint(this.core.engine, this.core.row(), checkpointId);
+    return ckpt.context_id ? this.core.engine.agent.contexts.get(ckpt.context_id) : null;
   }
 
   /** Starts independent sandboxes from a checkpoint of this sandbox; one result per fork. */

@@ -1,0 +1,158 @@
+/**
+ * The agent's side of an aligned checkpoint, over the catalog's database:
+ * context snapshots, observations (provenance), verdicts bound to file
+ * content, and the effect ledger. The checkpoint, rollback and fork verbs
+ * call in here inside their own catalog transactions, so a checkpoint is
+ * {layer, process image, context, ledger cursor} atomically.
+ */
+import type Database from 'better-sqlite3';
+import type { CheckpointRow, Catalog, SandboxRow } from '../catalog/catalog.js';
+import { ContextStore } from '../context/context-store.js';
+import { appendRecoveryNote, validateContext, type AgentContext } from '../context/formats.js';
+import { buildRecoverySummary, type RecoverySummary } from '../context/recovery.js';
+import { EffectLedger, checkRollbackPolicy, type EffectContext, type EffectRecord, type RollbackPolicy, type RollbackWarning } from '../effects/effect-ledger.js';
+import { ObservationLog, type Observation, type ObservationInput } from '../provenance/observations.js';
+import { VerdictLog, type StaleVerdict } from '../provenance/verdicts.js';
+import { InvalidArgumentError } from '../errors.js';
+
+export interface RollbackAgentOptions {
+  /** 'warn' (default) reports irreversible effects the rollback cannot take back; 'refuse' blocks the rollback. */
+  policy?: RollbackPolicy | undefined;
+  /** Why the abandoned attempt failed, in a sentence. */
+  failure?: string | undefined;
+  /** General knowledge from the abandoned attempt that stays valid. */
+  lessons?: string[] | undefined;
+}
+
+/** What a rollback reports about the agent's side. */
+export interface AgentRollbackReport {
+  /** The context snapshot taken at the checkpoint (null if none was given then). */
+  context: AgentContext | null;
+  /** The same context with the recovery summary appended in its own format (null for bytes or no context). */
+  contextWithRecovery: AgentContext | null;
+  staleObservations: Observation[];
+  effectsAfter: EffectRecord[];
+  staleVerdicts: StaleVerdict[];
+  warnings: RollbackWarning[];
+  recoverySummary: RecoverySummary;
+}
+
+export function validateRollbackOptions(opts: RollbackAgentOptions): RollbackAgentOptions {
+  if (opts.policy !== undefined && opts.policy !== 'warn' && opts.policy !== 'refuse') throw new InvalidArgumentError('policy', '"warn" or "refuse"', opts.policy);
+  if (opts.failure !== undefined && (typeof opts.failure !== 'string' || opts.failure.length > 4000)) throw new InvalidArgumentError('failure', 'a string of at most 4000 characters', opts.failure);
+  if (opts.lessons !== undefined) {
+    if (!Array.isArray(opts.lessons) || opts.lessons.length > 100) throw new InvalidArgumentError('lessons', 'an array of at most 100 strings', opts.lessons);
+    opts.lessons.forEach((l, i) => {
+      if (typeof l !== 'string' || l.length > 2000) throw new InvalidArgumentError(`lessons[${i}]`, 'a string of at most 2000 characters', l);
+    });
+  }
+  return opts;
+}
+
+/** Facade over the four agent-state stores. */
+export class AgentState {
+  readonly contexts: ContextStore;
+  readonly observations: ObservationLog;
+  readonly verdicts: VerdictLog;
+  readonly effects: EffectLedger;
+
+  constructor(
+    db: Database.Database,
+    private readonly catalog: Catalog,
+    opts: { owner: boolean },
+  ) {
+    this.contexts = new ContextStore(db);
+    this.observations = new ObservationLog(db);
+    this.verdicts = new VerdictLog(db);
+    // Only the manager that holds the state directory exclusively (and so
+    // ran the reaper) may turn effects left pending by a crash into unknown.
+    this.effects = opts.owner ? EffectLedger.open(db) : new EffectLedger(db);
+  }
+
+  /** isAncestorOrSelf(target) for the checkpoint tree. */
+  ancestry(targetCheckpointId: string): (id: string) => boolean {
+    const set = new Set(this.catalog.ancestry(targetCheckpointId));
+    return (id: string) => set.has(id);
+  }
+
+  effectContext(row: SandboxRow): EffectContext {
+    return { sandboxId: row.id, lineageId: row.lineage_id, branchId: row.branch_id, epochCheckpointId: row.head_checkpoint_id };
+  }
+
+  observe(row: SandboxRow, o: Omit<ObservationInput, 'sandboxId' | 'branchId' | 'lineageId' | 'epochCheckpointId'>): Observation {
+    return this.observations.record({ ...o, sandboxId: row.id, branchId: row.branch_id, lineageId: row.lineage_id, epochCheckpointId: row.head_checkpoint_id });
+  }
+
+  /** Inside the checkpoint transaction: store the context, seal observations and effects, read the ledger cursor. */
+  onCheckpoint(row: SandboxRow, checkpointId: string, context: AgentContext | undefined): { contextId: string | null; ledgerCursor: number; contextBytes?: number } {
+    let contextId: string | null = null;
+    let contextBytes: number | undefined;
+    if (context) {
+      const put = this.contexts.put(context);
+      contextId = put.contextId;
+      contextBytes = put.storedBytes;
+    }
+    this.observations.seal(row.id, checkpointId);
+    this.effects.seal(row.id, checkpointId);
+    return { contextId, ledgerCursor: this.effects.cursor(row.id), ...(contextBytes !== undefined ? { contextBytes } : {}) };
+  }
+
+  /** Before anything is touched: the effects a rollback would leave behind, checked against the policy (may throw). */
+  checkRollback(row: SandboxRow, target: CheckpointRow, policy: RollbackPolicy): { effectsAfter: EffectRecord[]; warnings: RollbackWarning[] } {
+    const effectsAfter = this.effects.effectsAfter(row.id, target.id, this.ancestry(target.id));
+    const warnings = checkRollbackPolicy(effectsAfter, policy);
+    return { effectsAfter, warnings };
+  }
+
+  /** Inside the rollback's commit transaction: mark the abandoned timeline. */
+  onRollback(row: SandboxRow, target: CheckpointRow, rollbackId: string): { staleObservations: Observation[]; effectsAfter: EffectRecord[] } {
+    const isAnc = this.ancestry(target.id);
+    const staleObservations = this.observations.applyRollback(row.id, target.id, isAnc, rollbackId);
+    const effectsAfter = this.effects.applyRollback(row.id, target.id, isAnc, rollbackId);
+    return { staleObservations, effectsAfter };
+  }
+
+  /** After the rollback: stale verdicts, the stored context and the recovery summary. */
+  report(
+    row: SandboxRow,
+    target: CheckpointRow,
+    parts: { staleObservations: Observation[]; effectsAfter: EffectRecord[]; warnings: RollbackWarning[] },
+    hashes: Map<string, string | null>,
+    opts: RollbackAgentOptions,
+  ): AgentRollbackReport {
+    const staleVerdicts = this.verdicts.staleVerdicts(row.id, (p) => hashes.get(p) ?? null);
+    const context = target.context_id ? this.contexts.get(target.context_id) : null;
+    const recoverySummary = buildRecoverySummary({
+      ...(opts.failure !== undefined ? { failure: opts.failure } : {}),
+      ...(opts.lessons !== undefined ? { lessons: opts.lessons } : {}),
+      staleObservations: parts.staleObservations,
+      effectsAfter: parts.effectsAfter,
+      staleVerdicts,
+      targetCheckpoint: target.label ? { id: target.id, label: target.label } : { id: target.id },
+    });
+    const contextWithRecovery = context && context.format !== 'bytes' ? appendRecoveryNote(context, recoverySummary.text) : null;
+    return { context, contextWithRecovery, staleObservations: parts.staleObservations, effectsAfter: parts.effectsAfter, staleVerdicts, warnings: parts.warnings, recoverySummary };
+  }
+
+  /** Paths of verdicts recorded for a sandbox (their files are hashed after a rollback). */
+  verdictPaths(sandboxId: string): string[] {
+    return [...new Set(this.verdicts.list(sandboxId).map((v) => v.path))];
+  }
+
+  /** Inside a fork's commit transaction: the child inherits the parent's history up to the checkpoint. */
+  onFork(parent: SandboxRow, ckpt: CheckpointRow, child: SandboxRow): void {
+    const isAnc = this.ancestry(ckpt.id);
+    this.observations.inheritForFork(parent.id, ckpt.id, child.id, child.branch_id, isAnc);
+    this.effects.inheritForFork(parent.id, ckpt.id, child.id, isAnc);
+    this.verdicts.inheritForFork(parent.id, child.id, child.branch_id);
+  }
+
+  /** When a checkpoint goes, its context snapshot goes too (shared items stay while used). */
+  onCheckpointDeleted(ckpt: CheckpointRow): void {
+    if (ckpt.context_id) this.contexts.delete(ckpt.context_id);
+  }
+
+  static validateContext(ctx: unknown): AgentContext {
+    return validateContext(ctx);
+  }
+}
