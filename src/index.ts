@@ -1,6 +1,6 @@
 /** Public API of Lockstep. */
 export { Lockstep, type OpenOptions } from './lockstep.js';
-export { Sandbox, SandboxCommands, ObservedFiles, SandboxEffects, SandboxVerdicts, type SandboxInfo, type ForkOptions, type Provenance, type ObservedRunResult } from './sandboxes/sandbox.js';
+export { Sandbox, SandboxCommands, CommandHandle, ObservedFiles, SandboxEffects, SandboxVerdicts, type SandboxInfo, type ForkOptions, type Provenance, type ObservedRunResult } from './sandboxes/sandbox.js';
 export type { CreateOptions } from './sandboxes/create.js';
 export type { RunOptions, RunResult, SpawnOptions } from './sandboxes/commands.js';
 export { PathEscapeError, FileNotFoundError, type FileEntry } from './sandboxes/files.js';

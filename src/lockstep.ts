@@ -103,7 +103,9 @@ export class Lockstep {
       if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length) log.warn({ reaped }, 'cleaned up after a previous manager');
       native().flock(lockFd, false); // downgrade: other managers may now share the directory
     }
-    return new Lockstep(engine, lockFd, reaped);
+    const ls = new Lockstep(engine, lockFd, reaped);
+    if (exclusive) await ls.sweepExpired();
+    return ls;
   }
 
   get images(): ImageStore {
@@ -135,6 +137,14 @@ export class Lockstep {
     this.assertOpen();
     this.engine.catalog.requireSandbox(id, tenant);
     await this.engine.withSandboxLock(id, () => removeSandbox(this.engine, id));
+  }
+
+  /** Removes sandboxes whose lifetime (create's timeoutMs) has passed; returns their ids. */
+  async sweepExpired(now = Date.now()): Promise<string[]> {
+    this.assertOpen();
+    const expired = this.engine.catalog.allSandboxes().filter((s) => s.expires_at !== null && s.expires_at <= now && s.state !== 'removing');
+    for (const s of expired) await this.engine.withSandboxLock(s.id, () => removeSandbox(this.engine, s.id)).catch((err) => this.engine.log.warn({ err, sandboxId: s.id }, 'could not remove an expired sandbox'));
+    return expired.map((s) => s.id);
   }
 
   /** Closes the catalog and releases the state directory; sandboxes keep running. Idempotent. */

@@ -39,6 +39,8 @@ export interface SandboxRow {
   env: string;
   metadata: string;
   created_at: number;
+  /** When the sandbox is removed automatically (ms since the epoch), or null. */
+  expires_at: number | null;
 }
 
 export interface CheckpointRow {
@@ -66,7 +68,7 @@ export interface OperationRow {
   started_at: number;
 }
 
-const SCHEMA_VERSION = 1;
+const SCHEMA_VERSION = 2;
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS images (
@@ -94,7 +96,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   forked_from TEXT,
   env TEXT NOT NULL DEFAULT '{}',
   metadata TEXT NOT NULL DEFAULT '{}',
-  created_at INTEGER NOT NULL
+  created_at INTEGER NOT NULL,
+  expires_at INTEGER
 );
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant);
 CREATE TABLE IF NOT EXISTS layers (
@@ -154,6 +157,9 @@ export class Catalog {
   private migrate(): void {
     this.db.transaction(() => {
       this.db.exec(SCHEMA);
+      // v2: sandbox lifetimes. Catalogs made by v1 lack the column.
+      const cols = this.db.prepare('PRAGMA table_info(sandboxes)').all() as { name: string }[];
+      if (!cols.some((c) => c.name === 'expires_at')) this.db.exec('ALTER TABLE sandboxes ADD COLUMN expires_at INTEGER');
       for (const m of this.extraMigrations) m(this.db);
       this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
     })();
@@ -229,9 +235,9 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
-          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at)
+          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
-          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at)`,
+          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at)`,
       )
       .run(row);
   }

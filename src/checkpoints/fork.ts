@@ -42,6 +42,7 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     head_checkpoint_id: null,
     forked_from: ckpt.id,
     created_at: Date.now(),
+    expires_at: parent.expires_at,
   };
   catalog.tx(() => {
     catalog.insertSandbox(child);

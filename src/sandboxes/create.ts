@@ -16,6 +16,8 @@ export interface CreateOptions {
   metadata?: Record<string, string> | undefined;
   hostname?: string | undefined;
   tenant?: string | null | undefined;
+  /** Lifetime: the sandbox is removed this many milliseconds after creation (like E2B's timeoutMs). */
+  timeoutMs?: number | undefined;
 }
 
 export const LIMITS = {
@@ -36,6 +38,9 @@ export function validateCreateOptions(opts: CreateOptions): Required<Pick<Create
   const image = validateImageName(opts.image ?? 'base');
   const memoryMb = intInRange('memoryMb', opts.memoryMb, LIMITS.memoryMb.min, LIMITS.memoryMb.max, LIMITS.memoryMb.default);
   const pids = intInRange('pids', opts.pids, LIMITS.pids.min, LIMITS.pids.max, LIMITS.pids.default);
+  if (opts.timeoutMs !== undefined && (typeof opts.timeoutMs !== 'number' || !Number.isInteger(opts.timeoutMs) || opts.timeoutMs < 1000 || opts.timeoutMs > 30 * 24 * 3600 * 1000)) {
+    throw new InvalidArgumentError('timeoutMs', 'an integer number of milliseconds from 1000 to 30 days', opts.timeoutMs);
+  }
   if (opts.hostname !== undefined && (typeof opts.hostname !== 'string' || !/^[a-zA-Z0-9][a-zA-Z0-9-]{0,62}$/.test(opts.hostname))) {
     throw new InvalidArgumentError('hostname', 'a host name of letters, digits and "-" (at most 63)', opts.hostname);
   }
@@ -74,6 +79,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     env: JSON.stringify(opts.envs ?? {}),
     metadata: JSON.stringify(opts.metadata ?? {}),
     created_at: Date.now(),
+    expires_at: opts.timeoutMs ? Date.now() + opts.timeoutMs : null,
   };
   // The row goes in first, marked "creating": after a crash the reaper finds
   // it and removes whatever part of the sandbox exists.

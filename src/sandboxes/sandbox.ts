@@ -4,9 +4,9 @@
  * Lockstep verbs (checkpoint, rollback, fork) as methods.
  */
 import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
-import { InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
+import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { isAlive } from '../host/proc.js';
+import { isAlive, namespacePid, sleep } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
 import { SandboxFiles, type FileEntry } from './files.js';
 import type { AgentContext } from '../context/formats.js';
@@ -20,6 +20,7 @@ import { checkpointSandbox, checkpointInfo, type CheckpointInfo, type Checkpoint
 import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint } from '../checkpoints/tree.js';
+import { removeSandbox } from './remove.js';
 
 export interface SandboxInfo {
   id: string;
@@ -35,6 +36,7 @@ export interface SandboxInfo {
   tenant: string | null;
   metadata: Record<string, string>;
   createdAt: string;
+  expiresAt: string | null;
 }
 
 export function sandboxInfo(row: SandboxRow): SandboxInfo {
@@ -52,6 +54,7 @@ export function sandboxInfo(row: SandboxRow): SandboxInfo {
     tenant: row.tenant,
     metadata: JSON.parse(row.metadata),
     createdAt: new Date(row.created_at).toISOString(),
+    expiresAt: row.expires_at === null ? null : new Date(row.expires_at).toISOString(),
   };
 }
 
@@ -81,7 +84,11 @@ export class SandboxCommands {
    * was recorded as, tagged with the branch, the checkpoint epoch and the
    * tool-call id.
    */
-  async run(cmd: string | string[], opts: RunOptions & Provenance = {}): Promise<ObservedRunResult> {
+  run(cmd: string | string[], opts: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background: true }): Promise<CommandHandle>;
+  run(cmd: string | string[], opts?: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: false | undefined }): Promise<ObservedRunResult>;
+  async run(cmd: string | string[], options: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: boolean | undefined } = {}): Promise<ObservedRunResult | CommandHandle> {
+    const opts = options.envs && !options.env ? { ...options, env: options.envs } : options;
+    if (opts.background) return this.background(cmd, opts);
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
     if (typeof cmd === 'string' && cmd.trim() === '') throw new InvalidArgumentError('command', 'a non-empty command', cmd);
     validateCommand(argv, opts);
@@ -96,6 +103,19 @@ export class SandboxCommands {
       ...(toolCallId ? { toolCallId } : {}),
     });
     return { ...result, observationId: obs.id };
+  }
+
+  /**
+   * Starts cmd in the background as part of the sandbox's process tree and
+   * returns a handle. Its exit code is written by a /bin/sh wrapper to
+   * /run/lockstep/exit/<pid> inside the sandbox, where wait() finds it.
+   */
+  private async background(cmd: string | string[], opts: RunOptions & Provenance): Promise<CommandHandle> {
+    const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
+    validateCommand(argv, opts);
+    const wrapped = ['/bin/sh', '-c', 'mkdir -p /run/lockstep/exit; "$@"; echo $? > /run/lockstep/exit/$$', 'lockstep-bg', ...argv];
+    const pid = await spawnDetached(this.sandbox.enterTarget(), wrapped, { cwd: opts.cwd, env: opts.env });
+    return new CommandHandle(this.sandbox, pid, opts.signal);
   }
 
   /** Starts a background process that belongs to the sandbox (checkpoints capture it); returns its pid inside the sandbox. */
@@ -145,6 +165,51 @@ export class SandboxCore {
       this.runningRow();
       return this.engine.paths.sandboxRoot(this.id);
     });
+  }
+}
+
+/** A background command: wait for it, or kill it. */
+export class CommandHandle {
+  constructor(
+    private readonly sandbox: SandboxCore,
+    /** pid inside the sandbox */
+    readonly pid: number,
+    signal?: AbortSignal,
+  ) {
+    signal?.addEventListener('abort', () => void this.kill().catch(() => undefined), { once: true });
+  }
+
+  private hostPid(): number | undefined {
+    const cg = this.sandbox.engine.runtime.cgroupName(this.sandbox.id);
+    return this.sandbox.engine.cgroups.pids(cg).find((p) => namespacePid(p) === this.pid);
+  }
+
+  /** Resolves when the command has exited, with its exit code (null if it was killed before reporting one). */
+  async wait(opts: { timeoutMs?: number } = {}): Promise<{ exitCode: number | null }> {
+    const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
+    while (this.hostPid() !== undefined) {
+      if (Date.now() > deadline) throw new CommandAbortedError('COMMAND_TIMEOUT', `Background command ${this.pid} still running after ${opts.timeoutMs} ms`);
+      await sleep(20);
+    }
+    const raw = this.sandbox.files();
+    try {
+      const { content } = await raw.read(`/run/lockstep/exit/${this.pid}`);
+      return { exitCode: Number(content.toString().trim()) };
+    } catch {
+      return { exitCode: null };
+    }
+  }
+
+  /** Sends a signal (default SIGKILL) to the command. False if it had already exited. */
+  async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<boolean> {
+    const pid = this.hostPid();
+    if (pid === undefined) return false;
+    try {
+      process.kill(pid, signal);
+      return true;
+    } catch {
+      return false;
+    }
   }
 }
 
@@ -295,6 +360,13 @@ export class Sandbox {
 
   info(): SandboxInfo {
     return sandboxInfo(this.core.row());
+  }
+
+  /** Removes the sandbox with everything it owns (E2B's kill). */
+  async kill(): Promise<void> {
+    const engine = this.core.engine;
+    engine.catalog.requireSandbox(this.id);
+    await engine.withSandboxLock(this.id, () => removeSandbox(engine, this.id));
   }
 
   /** Freezes every process of the sandbox (cgroup freezer). */
