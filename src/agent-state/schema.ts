@@ -8,7 +8,7 @@ import type { Database } from 'better-sqlite3';
 import { InvalidStateError } from '../errors.js';
 
 /** Version of the agent-state tables; bump with a new step in MIGRATIONS. */
-export const AGENT_STATE_SCHEMA_VERSION = 1;
+export const AGENT_STATE_SCHEMA_VERSION = 2;
 
 // Every statement is idempotent (IF NOT EXISTS). No PRAGMA journal_mode, VACUUM or exclusive
 // locking: the owner of the connection decides those, and they fail inside transactions.
@@ -126,7 +126,13 @@ CREATE TABLE IF NOT EXISTS agent_effect_views (
 ) WITHOUT ROWID;
 `;
 
-const MIGRATIONS: readonly string[] = [V1];
+// v2: the process that runs an effect through run() (pid:start-time), so
+// that only attempts interrupted by that process's death become unknown;
+// attempts begun through begin() are run by the caller and stay pending
+// until the caller settles them.
+const V2 = `ALTER TABLE agent_effects ADD COLUMN runner TEXT;`;
+
+const MIGRATIONS: readonly string[] = [V1, V2];
 
 /** Creates or upgrades every agent-state table; idempotent and safe inside the caller's transaction. */
 export function migrateAgentState(db: Database): void {

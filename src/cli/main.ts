@@ -12,6 +12,7 @@ import { runDoctor } from '../host/doctor.js';
 import { drawTree } from '../checkpoints/tree.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
 import { InvalidArgumentError } from '../errors.js';
+import { agentCommands } from './agent-commands.js';
 
 const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for AI agents
 
@@ -25,11 +26,17 @@ sandboxes
   rm ID [--json]
 
 checkpoints
-  checkpoint ID [--label L] [--json]
-  rollback ID CHECKPOINT [--json]
+  checkpoint ID [--label L] [--context FILE --context-format F] [--json]
+  rollback ID CHECKPOINT [--policy warn|refuse] [--failure TEXT] [--lesson TEXT]... [--json]
   fork ID CHECKPOINT [--count N] [--json]
   checkpoints ID [--json]
   log ID
+
+effects
+  effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable]
+  effect commit ID EFFECT_ID --output JSON
+  effect fail ID EFFECT_ID --error TEXT [--definite]
+  effects ID [--json]
 
 images
   image build NAME [--force]      build from sandbox-images/NAME
@@ -143,30 +150,6 @@ const commands: Record<string, Handler> = {
     return withLockstep(async (ls) => {
       await ls.remove(id!);
       if (values.json) printJson({ id, removed: true });
-      return EXIT.ok;
-    });
-  },
-
-  async checkpoint(argv) {
-    const usage = 'lockstep checkpoint ID [--label L] [--json]';
-    const { values, positionals } = parse(argv, { label: { type: 'string' }, json: { type: 'boolean' } }, usage);
-    const [id] = need(positionals, 1, usage);
-    return withLockstep(async (ls) => {
-      const ck = await ls.get(id!).checkpoint({ label: values.label });
-      if (values.json) printJson(ck);
-      else process.stdout.write(`${ck.id}  (${ck.timings.totalMs?.toFixed(1)} ms, frozen ${ck.timings.frozenMs?.toFixed(1)} ms)\n`);
-      return EXIT.ok;
-    });
-  },
-
-  async rollback(argv) {
-    const usage = 'lockstep rollback ID CHECKPOINT [--json]';
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
-    const [id, ckpt] = need(positionals, 2, usage);
-    return withLockstep(async (ls) => {
-      const r = await ls.get(id!).rollback(ckpt!);
-      if (values.json) printJson(r);
-      else process.stdout.write(`${id} rolled back to ${ckpt} (${r.timings.totalMs.toFixed(1)} ms)\n`);
       return EXIT.ok;
     });
   },
@@ -293,7 +276,7 @@ export async function main(argv: string[]): Promise<number> {
   const [cmd, ...rest] = argv;
   const json = rest.includes('--json') && !(cmd === 'exec' && rest.indexOf('--json') > rest.indexOf('--') && rest.includes('--'));
   if (!cmd || cmd === '--help' || cmd === '-h') return commands.help!([]);
-  const handler = commands[cmd];
+  const handler = commands[cmd] ?? agentCommands[cmd];
   try {
     if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
     return await handler(rest);

@@ -15,6 +15,7 @@
  * cannot be called inside a transaction; each of their steps commits on its own.
  */
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import type BetterSqlite3 from 'better-sqlite3';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../errors.js';
 import { migrateAgentState } from '../agent-state/schema.js';
@@ -222,7 +223,9 @@ export class EffectLedger {
         commit_order = ?, settled_at = ? WHERE id = ?`),
       settleFailed: db.prepare(`UPDATE agent_effects SET status = ?, definite = ?, error = ?, settled_at = ? WHERE id = ?`),
       markCompensated: db.prepare(`UPDATE agent_effects SET status = 'compensated', compensated_by = ? WHERE id = ?`),
-      recover: db.prepare(`UPDATE agent_effects SET status = 'unknown', error = ? WHERE status = 'pending' RETURNING *`),
+      runnersPending: db.prepare(`SELECT DISTINCT runner FROM agent_effects WHERE status = 'pending' AND runner IS NOT NULL`).pluck(),
+      recover: db.prepare(`UPDATE agent_effects SET status = 'unknown', error = ? WHERE status = 'pending' AND runner = ? RETURNING *`),
+      setRunner: db.prepare(`UPDATE agent_effects SET runner = ? WHERE id = ?`),
       seal: db.prepare(`UPDATE agent_effects SET sealed_by = ?
         WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`),
       abandon: db.prepare(`UPDATE agent_effects SET abandoned_by = ? WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`),
@@ -281,7 +284,11 @@ export class EffectLedger {
    * unknown outcome unless the error carries `definite: true`, then rethrown.
    */
   async run<T extends JsonValue | undefined | void>(ctx: EffectContext, spec: EffectSpec, fn: () => T | Promise<T>): Promise<T> {
-    const b = this.begin(ctx, spec);
+    const b = this.db.transaction(() => {
+      const r = this.begin(ctx, spec);
+      if (!r.replayed) this.stmt.setRunner.run(currentRunner(), r.effectId);
+      return r;
+    })();
     if (b.replayed) return b.output as T;
     let output: T;
     try {
@@ -311,10 +318,18 @@ export class EffectLedger {
     })();
   }
 
-  /** Turns every pending attempt into unknown; call once when the owning process opens the ledger. */
-  recoverAfterCrash(): EffectRecord[] {
-    const note = JSON.stringify({ name: 'Interrupted', message: 'The process recording this effect stopped before its outcome was recorded' });
-    return (this.stmt.recover.all(note) as EffectRow[]).map(toRecord);
+  /**
+   * Turns pending attempts whose run() process has died into unknown (a crash
+   * between begin and commit). Attempts begun through begin() belong to the
+   * caller and stay pending until it settles them.
+   */
+  recoverAfterCrash(isRunnerAlive: (runner: string) => boolean = runnerAlive): EffectRecord[] {
+    const note = JSON.stringify({ name: 'Interrupted', message: 'The process running this effect stopped before its outcome was recorded' });
+    const out: EffectRecord[] = [];
+    for (const runner of this.stmt.runnersPending.all() as string[]) {
+      if (!isRunnerAlive(runner)) out.push(...(this.stmt.recover.all(note, runner) as EffectRow[]).map(toRecord));
+    }
+    return out;
   }
 
   /** Seals the sandbox's unsealed effects into a new checkpoint (called in the checkpoint transaction). */
@@ -670,4 +685,24 @@ function memo(pred: (id: string) => boolean): (id: string) => boolean {
     if (v === undefined) cache.set(id, (v = pred(id)));
     return v;
   };
+}
+
+/** This process as "pid:start-time" (the start time tells a reused pid apart). */
+export function currentRunner(): string {
+  return `${process.pid}:${processStart(process.pid) ?? 0}`;
+}
+
+function processStart(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]);
+  } catch {
+    return undefined;
+  }
+}
+
+/** True while the process that recorded "pid:start-time" is still running. */
+export function runnerAlive(runner: string): boolean {
+  const [pid, start] = runner.split(':').map(Number);
+  return pid !== undefined && start !== undefined && processStart(pid) === start;
 }

@@ -69,22 +69,45 @@ test('begin records the intent before the effect runs', (t) => {
   t.is(again.replayed && again.output, null, 'a null output replays as null, not undefined');
 });
 
-test('a crash between begin and commit leaves an unknown effect that is never retried blindly', async (t) => {
+test('a crash while run() is executing the effect leaves it unknown, never retried blindly', async (t) => {
   const { db, file } = openDb(t);
   const before = new EffectLedger(db);
-  const b = before.begin(root, pay);
-  db.close(); // the process dies here
+  let started!: () => void;
+  const inFlight = new Promise<void>((r) => (started = r));
+  void before.run(root, pay, () => {
+    started();
+    return new Promise<never>(() => undefined); // the payment is in flight...
+  });
+  await inFlight;
+  const [pending] = before.list(root.sandboxId);
+  db.close(); // ...when the process dies
 
   const db2 = new Database(file);
   t.teardown(() => db2.close());
-  const after = EffectLedger.open(db2);
-  t.like(after.get(b.effectId), { status: 'unknown', error: { name: 'Interrupted' } });
+  const after = new EffectLedger(db2);
+  t.deepEqual(after.recoverAfterCrash(() => true).length, 0, 'a live runner is left alone');
+  after.recoverAfterCrash(() => false); // the runner process is gone
+  t.like(after.get(pending!.id), { status: 'unknown', error: { name: 'Interrupted' } });
   const err = t.throws(() => after.begin(root, pay), { code: 'EFFECT_OUTCOME_UNKNOWN', instanceOf: EffectOutcomeUnknownError });
-  t.is((err as EffectOutcomeUnknownError).effect.id, b.effectId);
+  t.is((err as EffectOutcomeUnknownError).effect.id, pending!.id);
 
   const w = world('x');
   await t.throwsAsync(after.run(root, pay, w.fn), { code: 'EFFECT_OUTCOME_UNKNOWN' });
   t.is(w.calls, 0);
+});
+
+test('an effect begun by a caller stays pending across manager restarts and blocks a blind retry', (t) => {
+  const { db, file } = openDb(t);
+  const b = new EffectLedger(db).begin(root, pay);
+  db.close();
+  const db2 = new Database(file);
+  t.teardown(() => db2.close());
+  const after = EffectLedger.open(db2);
+  t.like(after.get(b.effectId), { status: 'pending' });
+  t.throws(() => after.begin(root, pay), { code: 'EFFECT_OUTCOME_UNKNOWN' });
+  after.commit(b.effectId, { paid: true });
+  const again = after.begin(root, pay);
+  t.true(again.replayed);
 });
 
 test('an operator settles an unknown effect: committed replays, failed allows a new attempt', async (t) => {
