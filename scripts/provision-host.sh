@@ -56,6 +56,23 @@ PROVIDED=(
 	"$LIBCRIU_DIR/libcriu.so.2" "$LIBCRIU_DIR/libcriu.so" "$LIBCRIU_DIR/include/criu.h"
 )
 
+# ---- host tuning (every run; a read and at most one write) -----------------
+# CRIU walks the kernel's global conntrack hash table twice per dump (it dumps
+# conntrack entries of the sandbox's network namespace, even an empty one):
+# with the 262144 buckets the kernel picks for a 24 GiB machine that costs
+# ~9 ms per walk, more than half of an idle sandbox's checkpoint; 16384
+# buckets cost ~0.6 ms (measured, docs/ARCHITECTURE.md). The table resizes
+# live and this host runs Docker with --iptables=false. Not persistent across
+# reboots; set LOCKSTEP_KEEP_CONNTRACK_HASHSIZE=1 to leave the host's value.
+CT_HASHSIZE=/sys/module/nf_conntrack/parameters/hashsize
+CT_TARGET=16384
+if [[ -z ${LOCKSTEP_KEEP_CONNTRACK_HASHSIZE:-} && -w $CT_HASHSIZE && $(id -u) -eq 0 ]]; then
+	read -r ct_now <"$CT_HASHSIZE" || ct_now=0
+	if ((ct_now > CT_TARGET)); then
+		echo "$CT_TARGET" >"$CT_HASHSIZE" && echo "[provision] conntrack hash table: $ct_now -> $CT_TARGET buckets (faster CRIU dumps)" >&2
+	fi
+fi
+
 # ---- fast path: no forks --------------------------------------------------
 all_present() {
 	local p line=""

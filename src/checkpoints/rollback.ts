@@ -77,7 +77,7 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
     engine.fault('rollback:restored');
     return pid;
   } finally {
-    fs.rmSync(workDir, { recursive: true, force: true });
+    if (!process.env.LOCKSTEP_KEEP_CRIU_LOGS) fs.rmSync(workDir, { recursive: true, force: true });
   }
 }
 

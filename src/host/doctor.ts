@@ -92,6 +92,19 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
   }
   add('layer store', mkfs && btrfsKernel, `btrfs snapshots; state directory ${home}: ${homeFs}`, 'install btrfs-progs and make sure the btrfs module loads');
 
+  try {
+    const buckets = Number(fs.readFileSync('/proc/sys/net/netfilter/nf_conntrack_buckets', 'utf8'));
+    checks.push({
+      name: 'conntrack',
+      ok: buckets <= 16384,
+      optional: true,
+      detail: `${buckets} conntrack buckets${buckets > 16384 ? `: CRIU walks them twice per checkpoint (~${((buckets / 262144) * 18).toFixed(0)} ms)` : ''}`,
+      ...(buckets > 16384 ? { fix: 'echo 16384 > /sys/module/nf_conntrack/parameters/hashsize (scripts/provision-host.sh does)' } : {}),
+    });
+  } catch {
+    /* no conntrack in this kernel: nothing to walk */
+  }
+
   const docker = await new DockerEngine().ping();
   checks.push({ name: 'docker engine', ok: docker, optional: true, detail: docker ? 'reachable at /var/run/docker.sock' : 'not reachable (needed only for image import/export)', ...(docker ? {} : { fix: 'start one: scripts/start-dockerd.sh' }) });
   return checks;
