@@ -14,7 +14,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Engine } from './engine.js';
 import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
-import { commitRollback, restoreSandboxTo } from './checkpoints/rollback.js';
+import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/rollback.js';
+import { hasStandbyFor } from './checkpoints/standby.js';
 import { isAlive, startTime, mountsUnder } from './host/proc.js';
 import { native } from './native/binding.js';
 
@@ -34,7 +35,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     if (op.kind === 'checkpoint') {
       if (!catalog.checkpoint(payload.checkpointId!)) discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
       try {
-        cgroups.thaw(runtime.cgroupName(op.sandbox_id));
+        cgroups.thaw(runtime.cgroupName(catalog.sandbox(op.sandbox_id)?.instance ?? op.sandbox_id));
       } catch {
         /* sandbox gone */
       }
@@ -48,11 +49,22 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       }
       // The old tree was being killed: the only consistent state left is the checkpoint.
       try {
+        const standby = (payload as { standby?: string | null }).standby;
+        if (standby && row.instance !== standby && row.standby_instance === standby && hasStandbyFor(row, ckpt.id)) {
+          const { oldInstance } = await swapInStandby(engine, row, ckpt, op.id, payload.branchId ?? row.branch_id, {});
+          await runtime.destroy(oldInstance).catch(() => undefined);
+          continue;
+        }
+        if (standby && row.instance === standby) {
+          // The swap had committed; only the journal entry was left.
+          catalog.endOperation(op.id);
+          continue;
+        }
         const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
         commitRollback(engine, row, ckpt, op.id, pid, payload.branchId ?? row.branch_id);
       } catch (e) {
         engine.log.error({ err: e, sandboxId: row.id }, 'roll-forward of an interrupted rollback failed');
-        await runtime.killProcesses(row.id).catch(() => undefined);
+        await runtime.killProcesses(row.instance).catch(() => undefined);
         catalog.tx(() => {
           catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: payload.branchId ?? row.branch_id });
           engine.agent.onRollback(row, ckpt, op.id);
@@ -72,7 +84,8 @@ export async function reap(engine: Engine): Promise<ReapReport> {
 
   for (const row of catalog.allSandboxes()) {
     if (row.state === 'creating' || row.state === 'removing') {
-      await runtime.destroy(row.id).catch(() => undefined);
+      await runtime.destroy(row.instance ?? row.id).catch(() => undefined);
+      if (row.standby_instance) await runtime.destroy(row.standby_instance).catch(() => undefined);
       for (const ckpt of catalog.checkpointsOf(row.id)) discardCheckpointFiles(engine, ckpt.id, ckpt.layer_id);
       catalog.tx(() => {
         for (const ckpt of catalog.checkpointsOf(row.id)) {
@@ -85,19 +98,24 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       report.sandboxes.push(row.id);
     } else if (row.state === 'running') {
       try {
-        cgroups.thaw(runtime.cgroupName(row.id));
+        cgroups.thaw(runtime.cgroupName(row.instance));
       } catch {
         /* no cgroup */
       }
       const alive = row.init_pid !== null && isAlive(row.init_pid) && startTime(row.init_pid) === row.init_start;
+      // A warm standby whose processes are gone is of no use: drop it.
+      if (row.standby_instance && !(row.standby_pid !== null && isAlive(row.standby_pid) && startTime(row.standby_pid) === row.standby_start)) {
+        await runtime.destroy(row.standby_instance).catch(() => undefined);
+        catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
+      }
       if (!alive) {
-        await runtime.killProcesses(row.id).catch(() => undefined);
+        await runtime.killProcesses(row.instance).catch(() => undefined);
         catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null });
       }
     }
   }
 
-  const known = new Set(catalog.allSandboxes().map((r) => r.id));
+  const known = catalog.instanceKeys();
   // Run folders and their mounts.
   for (const id of safeReaddir(paths.sandboxesRun)) {
     if (!known.has(id)) {

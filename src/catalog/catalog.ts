@@ -41,6 +41,17 @@ export interface SandboxRow {
   created_at: number;
   /** When the sandbox is removed automatically (ms since the epoch), or null. */
   expires_at: number | null;
+  /**
+   * Key of the host resources (run folder, writable layer, cgroup) of the
+   * running instance. It starts as the sandbox id; a rollback to a warm
+   * standby swaps in the standby's key.
+   */
+  instance: string;
+  /** A frozen, already-restored instance of standby_checkpoint, or null. */
+  standby_instance: string | null;
+  standby_checkpoint: string | null;
+  standby_pid: number | null;
+  standby_start: number | null;
 }
 
 export interface CheckpointRow {
@@ -68,7 +79,7 @@ export interface OperationRow {
   started_at: number;
 }
 
-const SCHEMA_VERSION = 2;
+const SCHEMA_VERSION = 3;
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS images (
@@ -97,7 +108,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   env TEXT NOT NULL DEFAULT '{}',
   metadata TEXT NOT NULL DEFAULT '{}',
   created_at INTEGER NOT NULL,
-  expires_at INTEGER
+  expires_at INTEGER,
+  instance TEXT,
+  standby_instance TEXT,
+  standby_checkpoint TEXT,
+  standby_pid INTEGER,
+  standby_start INTEGER
 );
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant);
 CREATE TABLE IF NOT EXISTS layers (
@@ -160,6 +176,11 @@ export class Catalog {
       // v2: sandbox lifetimes. Catalogs made by v1 lack the column.
       const cols = this.db.prepare('PRAGMA table_info(sandboxes)').all() as { name: string }[];
       if (!cols.some((c) => c.name === 'expires_at')) this.db.exec('ALTER TABLE sandboxes ADD COLUMN expires_at INTEGER');
+      // v3: instances and warm standbys.
+      for (const [col, type] of [['instance', 'TEXT'], ['standby_instance', 'TEXT'], ['standby_checkpoint', 'TEXT'], ['standby_pid', 'INTEGER'], ['standby_start', 'INTEGER']] as const) {
+        if (!cols.some((c) => c.name === col)) this.db.exec(`ALTER TABLE sandboxes ADD COLUMN ${col} ${type}`);
+      }
+      this.db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
       for (const m of this.extraMigrations) m(this.db);
       this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
     })();
@@ -184,6 +205,16 @@ export class Catalog {
     return row;
   }
   /** The image of an existing sandbox or checkpoint, even if it was removed (hidden) since. */
+  /** Every instance key the catalog knows (current and standby), for the reaper. */
+  instanceKeys(): Set<string> {
+    const keys = new Set<string>();
+    for (const r of this.allSandboxes()) {
+      keys.add(r.instance ?? r.id);
+      if (r.standby_instance) keys.add(r.standby_instance);
+    }
+    return keys;
+  }
+
   liveImageOrHidden(name: string): ImageRow {
     const row = this.image(name);
     if (!row) throw new NotFoundError('image', name);
@@ -235,9 +266,9 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
-          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at)
+          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
-          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at)`,
+          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance)`,
       )
       .run(row);
   }

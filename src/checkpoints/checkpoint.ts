@@ -74,7 +74,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
   if (row.state !== 'running' || !row.init_pid) throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running`, { sandboxId: row.id });
   opts.signal?.throwIfAborted();
   const { catalog, layers, cgroups, runtime, paths } = engine;
-  const cg = runtime.cgroupName(row.id);
+  const cg = runtime.cgroupName(row.instance);
   const checkpointId = newId('ckpt');
   const layerId = newId('lyr');
   const opId = newId('op');
@@ -94,7 +94,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     t.freezeMs = frozenAt - t0;
     engine.fault('checkpoint:frozen');
     try {
-      layers.snapshotUpper(row.id, layerId);
+      layers.snapshotUpper(row.instance, layerId);
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');

@@ -43,6 +43,11 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     forked_from: ckpt.id,
     created_at: Date.now(),
     expires_at: parent.expires_at,
+    instance: id,
+    standby_instance: null,
+    standby_checkpoint: null,
+    standby_pid: null,
+    standby_start: null,
   };
   catalog.tx(() => {
     catalog.insertSandbox(child);

@@ -23,7 +23,7 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
     imagesDir,
     pid: row.init_pid!,
     leaveRunning: true,
-    freezeCgroup: engine.cgroups.freezerPath(engine.runtime.cgroupName(row.id)),
+    freezeCgroup: engine.cgroups.freezerPath(engine.runtime.cgroupName(row.instance)),
     extMounts: [['/dev', 'dev']],
     emptyNetns: true,
     networkLock: b.criuNetworkLocks.skip,
@@ -33,16 +33,16 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
   };
 }
 
-export function restoreOptions(engine: Engine, sandboxId: string, imagesDir: string, workDir: string): CriuRequest & { imagesDir: string } {
+export function restoreOptions(engine: Engine, instance: string, imagesDir: string, workDir: string): CriuRequest & { imagesDir: string } {
   const b = native();
   return {
     op: 'restore',
     imagesDir,
     workDir,
-    root: engine.paths.sandboxRoot(sandboxId),
-    extMounts: [['dev', engine.paths.sandboxDev(sandboxId)]],
+    root: engine.paths.sandboxRoot(instance),
+    extMounts: [['dev', engine.paths.sandboxDev(instance)]],
     emptyNetns: true,
-    cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(sandboxId)),
+    cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(instance)),
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
     logLevel: Number(process.env.LOCKSTEP_CRIU_LOG_LEVEL ?? 2),

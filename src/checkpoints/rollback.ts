@@ -19,6 +19,8 @@ import { startTime } from '../host/proc.js';
 import { restoreOptions } from './process-image.js';
 import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
 import { SandboxFiles } from '../sandboxes/files.js';
+import { dropStandby, hasStandbyFor } from './standby.js';
+import type { RollbackWarning } from '../effects/effect-ledger.js';
 
 export interface RollbackTimings {
   killMs: number;
@@ -35,6 +37,8 @@ export interface RollbackCore {
   branchId: string;
   previousBranchId: string;
   pid: number;
+  /** "standby": a warm standby of the checkpoint was swapped in; "restore": CRIU restored the tree. */
+  path: 'standby' | 'restore';
   timings: RollbackTimings;
 }
 
@@ -53,13 +57,13 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   const { runtime, layers, catalog } = engine;
   let m = performance.now();
   catalog.setOperationPhase(opId, 'killing');
-  await runtime.killProcesses(row.id);
+  await runtime.killProcesses(row.instance);
   t.killMs = performance.now() - m;
   engine.fault('rollback:killed');
 
   m = performance.now();
-  runtime.unmountRoot(row.id);
-  layers.resetUpperTo(row.id, ckpt.layer_id);
+  runtime.unmountRoot(row.instance);
+  layers.resetUpperTo(row.instance, ckpt.layer_id);
   t.layerMs = performance.now() - m;
   engine.fault('rollback:layer-reset');
 
@@ -72,7 +76,7 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   const workDir = path.join(engine.paths.scratch, opId);
   fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
   try {
-    const pid = await engine.criu.restore(restoreOptions(engine, row.id, engine.paths.processImage(ckpt.id), workDir));
+    const pid = await engine.criu.restore(restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), workDir));
     t.restoreMs = performance.now() - m;
     engine.fault('rollback:restored');
     return pid;
@@ -81,11 +85,40 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   }
 }
 
+/**
+ * The swap path: the current tree is killed and the frozen standby of the
+ * checkpoint becomes the sandbox's instance in the commit transaction; it
+ * is thawed right after. Returns the new init pid and the old instance key,
+ * whose resources the caller removes afterwards.
+ */
+export async function swapInStandby(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, branchId: string, t: Partial<RollbackTimings>) {
+  const { runtime, catalog, cgroups } = engine;
+  const key = row.standby_instance!;
+  let m = performance.now();
+  catalog.setOperationPhase(opId, 'killing');
+  await runtime.killProcesses(row.instance);
+  t.killMs = performance.now() - m;
+  engine.fault('rollback:killed');
+  m = performance.now();
+  const parts = commitRollback(engine, row, ckpt, opId, row.standby_pid!, branchId, {
+    instance: key,
+    standby_instance: null,
+    standby_checkpoint: null,
+    standby_pid: null,
+    standby_start: null,
+  });
+  cgroups.thaw(runtime.cgroupName(key));
+  t.layerMs = 0;
+  t.mountMs = 0;
+  t.restoreMs = performance.now() - m;
+  return { parts, pid: row.standby_pid!, oldInstance: row.instance };
+}
+
 /** The rollback's commit: the sandbox row and the agent's timeline, in one transaction. */
-export function commitRollback(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, pid: number, branchId: string) {
+export function commitRollback(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, pid: number, branchId: string, extra: Partial<SandboxRow> = {}) {
   const { catalog } = engine;
   return catalog.tx(() => {
-    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer });
+    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer, ...extra });
     const parts = engine.agent.onRollback(row, ckpt, opId);
     catalog.endOperation(opId);
     return parts;
@@ -106,9 +139,23 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   const branchId = newId('br');
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
-  catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId }) });
+  const standby = hasStandbyFor(row, ckpt.id) ? row.standby_instance : null;
+  catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }) });
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
+  if (standby) {
+    const { parts, pid, oldInstance } = await swapInStandby(engine, row, ckpt, opId, branchId, t);
+    t.commitMs = 0;
+    t.totalMs = performance.now() - t0;
+    engine.fault('rollback:committed');
+    log.info({ timings: t }, 'rollback committed (warm standby)');
+    const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
+    // The old instance goes after the caller has its answer (queued behind this call's lock).
+    void engine.withSandboxLock(row.id, () => engine.runtime.destroy(oldInstance)).catch((err) => log.warn({ err }, 'removing the replaced instance'));
+    return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, path: 'standby', timings: t as RollbackTimings, ...report };
+  }
+  // A standby of another checkpoint is stale once the tree it belongs with is replaced.
+  await dropStandby(engine, row.id);
   let pid: number;
   try {
     pid = await restoreSandboxTo(engine, row, ckpt, opId, t);
@@ -130,11 +177,22 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   engine.fault('rollback:committed');
   log.info({ timings: t }, 'rollback committed');
 
-  // Verdicts are bound to file content: hash the files they were about, as restored.
-  const files = new SandboxFiles(() => engine.paths.sandboxRoot(row.id));
+  const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
+  return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, path: 'restore', timings: t as RollbackTimings, ...report };
+}
+
+/** Verdicts are bound to file content: hash the files they were about, as restored, then build the agent's report. */
+async function agentReport(
+  engine: Engine,
+  row: SandboxRow,
+  ckpt: CheckpointRow,
+  parts: ReturnType<typeof commitRollback>,
+  warnings: RollbackWarning[],
+  opts: RollbackAgentOptions,
+): Promise<AgentRollbackReport> {
+  const fresh = engine.catalog.sandbox(row.id)!;
+  const files = new SandboxFiles(() => engine.paths.sandboxRoot(fresh.instance));
   const hashes = new Map<string, string | null>();
   for (const p of engine.agent.verdictPaths(row.id)) hashes.set(p, await files.hash(p).catch(() => null));
-  const fresh = catalog.sandbox(row.id)!;
-  const report = engine.agent.report(fresh, ckpt, { ...parts, warnings }, hashes, opts);
-  return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, timings: t as RollbackTimings, ...report };
+  return engine.agent.report(fresh, ckpt, { ...parts, warnings }, hashes, opts);
 }

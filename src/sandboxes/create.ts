@@ -80,6 +80,11 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     metadata: JSON.stringify(opts.metadata ?? {}),
     created_at: Date.now(),
     expires_at: opts.timeoutMs ? Date.now() + opts.timeoutMs : null,
+    instance: id,
+    standby_instance: null,
+    standby_checkpoint: null,
+    standby_pid: null,
+    standby_start: null,
   };
   // The row goes in first, marked "creating": after a crash the reaper finds
   // it and removes whatever part of the sandbox exists.

@@ -6,7 +6,9 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
   // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
   catalog.updateSandbox(id, { state: 'removing' });
-  await engine.runtime.destroy(id);
+  const row = catalog.sandbox(id);
+  await engine.runtime.destroy(row?.instance ?? id);
+  if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);
   for (const ckpt of catalog.checkpointsOf(id)) {
     engine.layers.deleteLayer(ckpt.layer_id);
     fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });

@@ -21,6 +21,7 @@ import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint } from '../checkpoints/tree.js';
 import { removeSandbox } from './remove.js';
+import { prepareStandby, standbyEnabled } from '../checkpoints/standby.js';
 
 export interface SandboxInfo {
   id: string;
@@ -151,7 +152,7 @@ export class SandboxCore {
     const row = this.runningRow();
     return {
       initPid: row.init_pid!,
-      cgroupProcs: this.engine.cgroups.procsFiles(this.engine.runtime.cgroupName(row.id)),
+      cgroupProcs: this.engine.cgroups.procsFiles(this.engine.runtime.cgroupName(row.instance)),
       baseEnv: JSON.parse(row.env) as Record<string, string>,
     };
   }
@@ -162,8 +163,7 @@ export class SandboxCore {
 
   files(): SandboxFiles {
     return new SandboxFiles(() => {
-      this.runningRow();
-      return this.engine.paths.sandboxRoot(this.id);
+      return this.engine.paths.sandboxRoot(this.runningRow().instance);
     });
   }
 }
@@ -180,7 +180,7 @@ export class CommandHandle {
   }
 
   private hostPid(): number | undefined {
-    const cg = this.sandbox.engine.runtime.cgroupName(this.sandbox.id);
+    const cg = this.sandbox.engine.runtime.cgroupName(this.sandbox.row().instance);
     return this.sandbox.engine.cgroups.pids(cg).find((p) => namespacePid(p) === this.pid);
   }
 
@@ -372,7 +372,7 @@ export class Sandbox {
   /** Freezes every process of the sandbox (cgroup freezer). */
   async freeze(): Promise<void> {
     const row = this.core.runningRow();
-    await this.core.engine.cgroups.freeze(this.core.engine.runtime.cgroupName(row.id));
+    await this.core.engine.cgroups.freeze(this.core.engine.runtime.cgroupName(row.instance));
   }
 
   /** Observations recorded in this sandbox (stale ones included on request). */
@@ -383,7 +383,18 @@ export class Sandbox {
   /** Takes an aligned checkpoint: filesystem layer, process tree, the agent's context and the ledger cursor, atomically. */
   async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
     const engine = this.core.engine;
-    return engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
+    const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
+    if (standbyEnabled()) {
+      // In the background, behind this sandbox's lock: a later rollback to this checkpoint becomes a swap.
+      const ckpt = engine.catalog.checkpoint(info.id)!;
+      void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
+    }
+    return info;
+  }
+
+  /** Resolves once background work queued for this sandbox (warm standby, cleanup) is done. */
+  async settled(): Promise<void> {
+    await this.core.engine.withSandboxLock(this.id, async () => undefined);
   }
 
   /**
@@ -393,7 +404,13 @@ export class Sandbox {
    */
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
-    return engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
+    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
+    if (standbyEnabled()) {
+      // Agents often fail the same step again: keep a standby of the target ready.
+      const ckpt = engine.catalog.checkpoint(report.checkpointId)!;
+      void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
+    }
+    return report;
   }
 
   /** The context snapshot stored with a checkpoint (null if none). */
@@ -424,6 +441,6 @@ export class Sandbox {
 
   async thaw(): Promise<void> {
     const row = this.core.row();
-    this.core.engine.cgroups.thaw(this.core.engine.runtime.cgroupName(row.id));
+    this.core.engine.cgroups.thaw(this.core.engine.runtime.cgroupName(row.instance));
   }
 }

@@ -1,0 +1,71 @@
+/**
+ * Warm standby: after a checkpoint, a second instance of the sandbox is
+ * restored from it in the background and frozen at once. A later rollback to
+ * that checkpoint then needs no CRIU restore at all: it kills the current
+ * tree, swaps the standby in (one catalog transaction) and thaws it. This is
+ * what makes "undo the last step" take a few milliseconds on a stock kernel.
+ *
+ * The standby runs for the moment between CRIU resuming it and the freeze
+ * (well under a millisecond of work for a sleeping tree); whatever it does
+ * then lands in its own writable layer, which becomes the sandbox's layer
+ * on swap, so files and processes stay consistent with each other.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
+import type { Engine } from '../engine.js';
+import { hostOf } from '../engine.js';
+import { isAlive, startTime } from '../host/proc.js';
+import { restoreOptions } from './process-image.js';
+
+/** STANDBY=off disables it (memory-tight hosts); on by default. */
+export function standbyEnabled(): boolean {
+  return process.env.LOCKSTEP_STANDBY !== 'off';
+}
+
+/** True when the sandbox has a live standby for this checkpoint. */
+export function hasStandbyFor(row: SandboxRow, checkpointId: string): boolean {
+  return row.standby_checkpoint === checkpointId && row.standby_instance !== null && row.standby_pid !== null && isAlive(row.standby_pid) && startTime(row.standby_pid) === row.standby_start;
+}
+
+/** Removes the sandbox's standby, if any (idempotent). */
+export async function dropStandby(engine: Engine, sandboxId: string): Promise<void> {
+  const row = engine.catalog.sandbox(sandboxId);
+  if (!row?.standby_instance) return;
+  engine.catalog.updateSandbox(sandboxId, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
+  await engine.runtime.destroy(row.standby_instance);
+}
+
+/**
+ * Restores a frozen standby of `ckpt` for the sandbox. Call it under the
+ * sandbox's lock. A failure only costs the fast path: rollback falls back to
+ * a CRIU restore.
+ */
+export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: CheckpointRow): Promise<void> {
+  const row = engine.catalog.sandbox(sandboxId);
+  if (!row || row.state !== 'running' || hasStandbyFor(row, ckpt.id)) return;
+  await dropStandby(engine, sandboxId);
+  const key = `${sandboxId}.${randomBytes(3).toString('hex')}`;
+  const { runtime, layers, cgroups } = engine;
+  const workDir = path.join(engine.paths.scratch, `standby-${key}`);
+  try {
+    runtime.prepare(key, { memoryBytes: row.memory_bytes ?? undefined, pids: row.pids_max ?? undefined });
+    await runtime.prepareForRestore(key);
+    layers.resetUpperTo(key, ckpt.layer_id);
+    runtime.mountRoot({ ...hostOf(engine, row), id: key, runtimeLayer: ckpt.runtime_layer });
+    fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
+    const pid = await engine.criu.restore(restoreOptions(engine, key, engine.paths.processImage(ckpt.id), workDir));
+    await cgroups.freeze(runtime.cgroupName(key));
+    // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.
+    const fresh = engine.catalog.sandbox(sandboxId);
+    if (!fresh || fresh.state !== 'running') throw new Error('sandbox changed while its standby was prepared');
+    engine.catalog.updateSandbox(sandboxId, { standby_instance: key, standby_checkpoint: ckpt.id, standby_pid: pid, standby_start: startTime(pid) ?? null });
+    engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
+  } catch (e) {
+    engine.log.info({ err: e, sandboxId }, 'warm standby not prepared; rollback will restore with CRIU');
+    await runtime.destroy(key).catch(() => undefined);
+  } finally {
+    fs.rmSync(workDir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,76 @@
+/**
+ * What every route handler shares: the manager, the tenant of the request,
+ * the in-flight operations, metrics, quotas and idempotency.
+ */
+import type Database from 'better-sqlite3';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Lockstep } from '../lockstep.js';
+import type { Sandbox } from '../sandboxes/sandbox.js';
+import type { Tenant } from '../tenants/tenants.js';
+import { QuotaGate } from '../tenants/quotas.js';
+import type { ServerMetrics } from './metrics.js';
+import type { OperationTracker } from './operations.js';
+import type { IdempotencyStore, StoredResponse } from './idempotency.js';
+import { HttpError } from './errors.js';
+
+/** Per-request state set by the hooks. */
+export interface RequestState {
+  tenant: Tenant;
+  idempotency?: { key: string; hash: string; stored: boolean };
+  /** A stored response to replay; set only on routes that replay themselves (config.replaysItself). */
+  replay?: StoredResponse;
+}
+
+/** Shared by the route modules. */
+export class ApiContext {
+  readonly gate = new QuotaGate();
+  private readonly states = new WeakMap<FastifyRequest, RequestState>();
+
+  constructor(
+    readonly lockstep: Lockstep,
+    readonly metrics: ServerMetrics,
+    readonly operations: OperationTracker,
+    readonly idempotency: IdempotencyStore,
+  ) {}
+
+  get db(): Database.Database {
+    return this.lockstep.engine.catalog.db;
+  }
+
+  setState(req: FastifyRequest, s: RequestState): void {
+    this.states.set(req, s);
+  }
+
+  state(req: FastifyRequest): RequestState {
+    const s = this.states.get(req);
+    if (!s) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token>');
+    return s;
+  }
+
+  tenant(req: FastifyRequest): Tenant {
+    return this.state(req).tenant;
+  }
+
+  /** The request's sandbox (params.id), if the tenant owns it; SANDBOX_NOT_FOUND otherwise. */
+  sandbox(req: FastifyRequest): Sandbox {
+    const id = (req.params as { id: string }).id;
+    return this.lockstep.get(id, this.tenant(req).name);
+  }
+
+  /**
+   * Runs a long operation tracked for graceful shutdown; its signal aborts on
+   * shutdown past the deadline, or when the client goes away if `abortOnDisconnect`.
+   */
+  operation<T>(kind: string, reply: FastifyReply, fn: (signal: AbortSignal) => Promise<T>, opts: { abortOnDisconnect?: boolean } = {}): Promise<T> {
+    if (this.operations.isDraining) throw new HttpError(503, 'SERVER_SHUTTING_DOWN', 'The server is shutting down; retry on its successor');
+    let linked: AbortSignal | undefined;
+    if (opts.abortOnDisconnect) {
+      const c = new AbortController();
+      reply.raw.once('close', () => {
+        if (!reply.raw.writableFinished) c.abort(new Error('client went away'));
+      });
+      linked = c.signal;
+    }
+    return this.operations.run(kind, fn, linked);
+  }
+}

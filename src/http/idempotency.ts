@@ -1,0 +1,127 @@
+/**
+ * Idempotency-Key on POST: the first successful response is stored per
+ * (tenant, key) with a hash of method, path and body, and replayed for
+ * retries for 24 hours. The same key with a different request is refused
+ * (IDEMPOTENCY_KEY_REUSED); the same key while the first request is still
+ * running is refused too (IDEMPOTENCY_KEY_IN_PROGRESS, retry later).
+ *
+ * Only 2xx responses are stored: an error left nothing behind (or nothing a
+ * retry would duplicate), so a retry after one runs the request again.
+ */
+import type Database from 'better-sqlite3';
+import { createHash } from 'node:crypto';
+import { HttpError } from './errors.js';
+
+/** How long a stored response is replayed. */
+export const IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000;
+const KEY = /^[\x21-\x7e]{1,255}$/;
+
+/** A stored response. */
+export interface StoredResponse {
+  status: number;
+  body: string;
+  /** The request asked for a stream; body holds the JSON of its final result. */
+  streamed: boolean;
+}
+
+/** Creates the idempotency table (idempotent). */
+export function migrateIdempotency(db: Database.Database): void {
+  db.exec(`
+CREATE TABLE IF NOT EXISTS http_idempotency (
+  tenant       TEXT NOT NULL,
+  key          TEXT NOT NULL,
+  request_hash TEXT NOT NULL,
+  status       INTEGER NOT NULL,
+  body         TEXT NOT NULL,
+  streamed     INTEGER NOT NULL DEFAULT 0,
+  created_at   INTEGER NOT NULL,
+  PRIMARY KEY (tenant, key)
+);
+CREATE INDEX IF NOT EXISTS http_idempotency_created ON http_idempotency(created_at);`);
+}
+
+/** Hash of what makes two requests "the same": method, path with query, and body. */
+export function requestHash(method: string, url: string, body: unknown): string {
+  const h = createHash('sha256').update(method).update('\n').update(url).update('\n');
+  if (Buffer.isBuffer(body)) h.update('b').update(body);
+  else if (body !== undefined) h.update('j').update(canonical(body));
+  return h.digest('hex');
+}
+
+function canonical(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonical).join(',')}]`;
+  if (v && typeof v === 'object') {
+    return `{${Object.keys(v)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonical((v as Record<string, unknown>)[k])}`)
+      .join(',')}}`;
+  }
+  return JSON.stringify(v) ?? 'null';
+}
+
+export function validateIdempotencyKey(key: unknown): string {
+  if (typeof key !== 'string' || !KEY.test(key)) {
+    throw new HttpError(400, 'INVALID_ARGUMENT', 'Invalid Idempotency-Key: expected 1-255 printable ASCII characters', { field: 'Idempotency-Key' });
+  }
+  return key;
+}
+
+/** Stored responses in SQLite, plus the keys whose first request is still running. */
+export class IdempotencyStore {
+  private readonly inFlight = new Map<string, string>();
+
+  constructor(
+    private readonly db: Database.Database,
+    private readonly clock: () => number = Date.now,
+  ) {
+    migrateIdempotency(db);
+  }
+
+  /**
+   * Before running a request: the stored response to replay, or undefined
+   * (then the key is held until release()). Throws on reuse or concurrency.
+   */
+  claim(tenant: string, key: string, hash: string): StoredResponse | undefined {
+    const id = `${tenant}\n${key}`;
+    const held = this.inFlight.get(id);
+    if (held !== undefined) {
+      if (held !== hash) throw reused(key);
+      throw new HttpError(409, 'IDEMPOTENCY_KEY_IN_PROGRESS', `A request with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`, { field: 'Idempotency-Key' });
+    }
+    const row = this.db.prepare('SELECT request_hash, status, body, streamed, created_at FROM http_idempotency WHERE tenant = ? AND key = ?').get(tenant, key) as
+      | { request_hash: string; status: number; body: string; streamed: number; created_at: number }
+      | undefined;
+    if (row && row.created_at > this.clock() - IDEMPOTENCY_TTL_MS) {
+      if (row.request_hash !== hash) throw reused(key);
+      return { status: row.status, body: row.body, streamed: row.streamed === 1 };
+    }
+    this.inFlight.set(id, hash);
+    return undefined;
+  }
+
+  /** Stores the response of a claimed key. */
+  store(tenant: string, key: string, hash: string, res: StoredResponse): void {
+    this.db
+      .prepare('INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
+      .run(tenant, key, hash, res.status, res.body, res.streamed ? 1 : 0, this.clock());
+  }
+
+  /** Ends the claim (after store(), or after a failure, which is not stored). */
+  release(tenant: string, key: string): void {
+    this.inFlight.delete(`${tenant}\n${key}`);
+  }
+
+  /** Deletes expired responses; returns how many. */
+  sweep(): number {
+    return this.db.prepare('DELETE FROM http_idempotency WHERE created_at <= ?').run(this.clock() - IDEMPOTENCY_TTL_MS).changes;
+  }
+
+  /** Forgets a tenant's keys (when the tenant is removed). */
+  forgetTenant(tenant: string): void {
+    this.db.prepare('DELETE FROM http_idempotency WHERE tenant = ?').run(tenant);
+  }
+}
+
+function reused(key: string): HttpError {
+  return new HttpError(409, 'IDEMPOTENCY_KEY_REUSED', `Idempotency-Key ${JSON.stringify(key)} was already used for a different request`, { field: 'Idempotency-Key' });
+}

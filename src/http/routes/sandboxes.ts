@@ -1,0 +1,57 @@
+/** Routes: create, list, get and delete sandboxes; the caller's tenant. */
+import type { FastifyInstance } from 'fastify';
+import { LIMITS } from '../../sandboxes/create.js';
+import { checkQuota, tenantUsage } from '../../tenants/quotas.js';
+import type { ApiContext } from '../context.js';
+import * as S from '../schemas.js';
+
+interface CreateBody {
+  image?: string;
+  memoryMb?: number;
+  pids?: number;
+  envs?: Record<string, string>;
+  timeoutMs?: number;
+  metadata?: Record<string, string>;
+}
+
+export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
+  const tags = ['sandboxes'];
+
+  app.post<{ Body: CreateBody }>(
+    '/sandboxes',
+    { schema: { tags, summary: 'Create a sandbox', body: S.createBody, response: { 201: S.sandboxInfo, ...S.errors(409, 413, 429) } } },
+    async (req, reply) => {
+      const tenant = ctx.tenant(req);
+      const sb = await ctx.gate.run(tenant.name, async () => {
+        checkQuota(ctx.db, tenant, { count: 1, memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default });
+        return ctx.lockstep.create({ ...req.body, tenant: tenant.name });
+      });
+      req.log = req.log.child({ sandboxId: sb.id });
+      req.log.info('sandbox created');
+      return reply.code(201).send(sb.info());
+    },
+  );
+
+  app.get('/sandboxes', { schema: { tags, summary: "List the tenant's sandboxes", response: { 200: S.arrayOf(S.sandboxInfo, 'Sandboxes, oldest first'), ...S.errors() } } }, async (req) => {
+    return ctx.lockstep.list(ctx.tenant(req).name);
+  });
+
+  app.get('/sandboxes/:id', { schema: { tags, summary: 'Get a sandbox', params: S.sandboxParams, response: { 200: S.sandboxInfo, ...S.errors() } } }, async (req) => {
+    return ctx.sandbox(req).info();
+  });
+
+  app.delete<{ Params: { id: string } }>(
+    '/sandboxes/:id',
+    { schema: { tags, summary: 'Remove a sandbox with its processes, files and checkpoints', params: S.sandboxParams, response: { 200: S.anyObject('{id, removed: true}'), ...S.errors(409) } } },
+    async (req) => {
+      const tenant = ctx.tenant(req);
+      await ctx.lockstep.remove(req.params.id, tenant.name);
+      return { id: req.params.id, removed: true };
+    },
+  );
+
+  app.get('/tenant', { schema: { tags: ['tenant'], summary: 'The calling tenant: its quotas and what it uses', response: { 200: S.anyObject('{name, maxSandboxes, maxMemoryMb, usage: {sandboxes, memoryMb}}'), ...S.errors() } } }, async (req) => {
+    const t = ctx.tenant(req);
+    return { ...t, usage: tenantUsage(ctx.db, t.name) };
+  });
+}

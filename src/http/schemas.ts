@@ -1,0 +1,215 @@
+/**
+ * JSON schemas of the API's inputs (validated by fastify with
+ * additionalProperties: false) and of its outputs (for the OpenAPI document
+ * only: responses are serialised with JSON.stringify, see server.ts).
+ */
+import { CONTEXT_FORMATS } from '../context/formats.js';
+import { LIMITS } from '../sandboxes/create.js';
+import { MAX_FORKS } from '../checkpoints/fork.js';
+
+type Schema = Record<string, unknown>;
+
+const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
+
+export const errorBody: Schema = {
+  type: 'object',
+  description: 'Every error: a stable code, a sentence, and the offending input when there is one',
+  properties: {
+    error: {
+      type: 'object',
+      properties: { code: { type: 'string' }, message: { type: 'string' }, field: { type: 'string' } },
+      required: ['code', 'message'],
+    },
+  },
+  required: ['error'],
+};
+
+/** Error responses every authenticated route can give. */
+export function errors(...statuses: number[]): Record<number, Schema> {
+  const out: Record<number, Schema> = {};
+  for (const s of [400, 401, 404, ...statuses, 500]) out[s] = { ...errorBody, description: STATUS_TEXT[s] ?? 'Error' };
+  return out;
+}
+
+const STATUS_TEXT: Record<number, string> = {
+  400: 'Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input)',
+  401: 'Missing or unknown bearer token',
+  404: 'No such sandbox, checkpoint, effect or file for this tenant (another tenant\'s look exactly like missing ones)',
+  409: 'Conflict with the current state (busy, refused, outcome unknown, idempotency key reused or in progress)',
+  413: 'Body too large',
+  415: 'Unsupported Content-Type',
+  429: 'A tenant quota would be exceeded (QUOTA_EXCEEDED)',
+  503: 'The server is shutting down',
+  504: 'The command timed out (COMMAND_TIMEOUT)',
+  500: 'Internal error (details only in the server log)',
+};
+
+const str = (maxLength: number, extra: Schema = {}): Schema => ({ type: 'string', minLength: 1, maxLength, ...extra });
+const int = (minimum: number, maximum: number, description?: string): Schema => ({ type: 'integer', minimum, maximum, ...(description ? { description } : {}) });
+const bool = (description: string): Schema => ({ type: 'boolean', description });
+const flag = (description: string): Schema => ({ type: 'string', enum: ['true', 'false'], description });
+const envs: Schema = { type: 'object', propertyNames: { pattern: ENV_NAME, maxLength: 256 }, additionalProperties: { type: 'string', maxLength: 131072 }, maxProperties: 256, description: 'Environment variables' };
+const toolCallId = str(200, { description: "The agent's tool-call id, recorded with the observation" });
+const anyJson: Schema = { description: 'Any JSON value' };
+
+export const sandboxId = str(64, { pattern: '^sbx_[a-z0-9]+$', description: 'Sandbox id' });
+export const checkpointId = str(64, { pattern: '^ckpt_[a-z0-9]+$', description: 'Checkpoint id' });
+export const effectId = str(64, { pattern: '^eff_[0-9a-f]+$', description: 'Effect id' });
+
+export const sandboxParams: Schema = { type: 'object', properties: { id: sandboxId }, required: ['id'], additionalProperties: false };
+export const checkpointParams: Schema = { type: 'object', properties: { id: sandboxId, ckpt: checkpointId }, required: ['id', 'ckpt'], additionalProperties: false };
+export const effectParams: Schema = { type: 'object', properties: { id: sandboxId, effectId }, required: ['id', 'effectId'], additionalProperties: false };
+export const pidParams: Schema = { type: 'object', properties: { id: sandboxId, pid: { type: 'string', pattern: '^[1-9][0-9]{0,8}$', description: 'pid inside the sandbox' } }, required: ['id', 'pid'], additionalProperties: false };
+
+const obj = (properties: Record<string, Schema>, required: string[] = [], description?: string): Schema => ({
+  type: 'object',
+  properties,
+  required,
+  additionalProperties: false,
+  ...(description ? { description } : {}),
+});
+
+// ---------------------------------------------------------------- inputs
+
+export const createBody = obj({
+  image: str(64, { pattern: '^[a-z0-9][a-z0-9._-]*$', description: 'Image name (default "base")' }),
+  memoryMb: int(LIMITS.memoryMb.min, LIMITS.memoryMb.max, `Memory limit in MiB (default ${LIMITS.memoryMb.default})`),
+  pids: int(LIMITS.pids.min, LIMITS.pids.max, `Most processes (default ${LIMITS.pids.default})`),
+  envs,
+  timeoutMs: int(1000, 30 * 24 * 3600 * 1000, 'Lifetime: the sandbox is removed this long after creation'),
+  metadata: { type: 'object', additionalProperties: { type: 'string', maxLength: 1024 }, maxProperties: 64, description: 'Free-form string labels' },
+});
+
+export const runBody = obj(
+  {
+    cmd: {
+      oneOf: [
+        str(131072, { description: 'Run through /bin/sh -c' }),
+        { type: 'array', items: { type: 'string', maxLength: 131072 }, minItems: 1, maxItems: 4096, description: 'argv, run directly' },
+      ],
+    },
+    cwd: str(4096, { pattern: '^/', description: 'Working directory (default /workspace)' }),
+    envs,
+    timeoutMs: int(1, 24 * 3600 * 1000, 'Kill the command after this long (504 COMMAND_TIMEOUT)'),
+    toolCallId,
+    background: bool('Start it in the background and return its pid at once'),
+  },
+  ['cmd'],
+);
+
+export const waitBody = obj({ timeoutMs: int(1, 24 * 3600 * 1000) });
+export const killBody = obj({ signal: { type: 'string', enum: ['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2'] } });
+
+export const pathQuery = (extra: Record<string, Schema> = {}): Schema =>
+  obj({ path: str(4096, { description: 'Path inside the sandbox (relative paths are under /workspace)' }), toolCallId, ...extra }, ['path']);
+
+export const readQuery = pathQuery({ encoding: { type: 'string', enum: ['utf8', 'base64'], description: 'Default: utf8 when the bytes are valid UTF-8, else base64' } });
+export const existsQuery = obj({ path: str(4096) }, ['path']);
+
+export const writeJsonBody = obj(
+  {
+    content: { type: 'string', maxLength: 16 * 1024 * 1024 },
+    encoding: { type: 'string', enum: ['utf8', 'base64'], description: 'Encoding of content (default utf8)' },
+    mode: int(0, 0o7777, 'File mode (default 0644)'),
+    toolCallId,
+  },
+  ['content'],
+);
+
+const contextSchema: Schema = {
+  type: ['object', 'array'],
+  description: `The agent's context: a whole context object {format: ${CONTEXT_FORMATS.join('|')}, ...}, or with contextFormat just its messages/items array. For "bytes", data is base64.`,
+};
+
+export const checkpointBody = obj({
+  label: { type: 'string', maxLength: 200, pattern: '^[^\\n\\u0000]*$' },
+  context: contextSchema,
+  contextFormat: { type: 'string', enum: [...CONTEXT_FORMATS] },
+});
+
+export const rollbackBody = obj(
+  {
+    checkpointId,
+    policy: { type: 'string', enum: ['warn', 'refuse'], description: '"refuse" blocks the rollback when irreversible effects happened after the checkpoint (409)' },
+    failure: { type: 'string', maxLength: 4000, description: 'Why the abandoned attempt failed' },
+    lessons: { type: 'array', items: { type: 'string', maxLength: 2000 }, maxItems: 100 },
+    withRecoverySummary: bool('Include recoverySummary and contextWithRecovery (default true)'),
+  },
+  ['checkpointId'],
+);
+
+export const forkBody = obj({ checkpointId, count: int(1, MAX_FORKS) }, ['checkpointId']);
+
+const reversibility: Schema = { type: 'string', enum: ['sandbox-local', 'compensable', 'irreversible'] };
+
+export const effectBeginBody = obj(
+  {
+    kind: str(200),
+    input: anyJson,
+    reversibility,
+    scope: { type: 'string', enum: ['lineage', 'branch'] },
+    key: str(200, { description: 'Caller-chosen idempotency key' }),
+    toolCallId,
+    compensation: obj({ kind: str(200), input: anyJson }, ['kind', 'input'], 'How to take a compensable effect back'),
+  },
+  ['kind', 'input', 'reversibility'],
+);
+
+export const effectCommitBody = obj({ output: anyJson });
+export const effectFailBody = obj(
+  {
+    error: {
+      oneOf: [{ type: 'string', maxLength: 4000 }, obj({ name: str(200), message: { type: 'string', maxLength: 4000 }, code: str(200) }, ['message'])],
+    },
+    definite: bool('True if the effect certainly did not happen (it may then be retried)'),
+  },
+  ['error', 'definite'],
+);
+export const effectResolveBody = obj({ outcome: { type: 'string', enum: ['committed', 'failed'] }, output: anyJson }, ['outcome']);
+
+export const verdictBody = obj({ path: str(4096), verdict: str(500), toolCallId }, ['path', 'verdict']);
+export const observationsQuery = obj({ includeStale: flag('Include observations a rollback made stale') });
+export const verdictsQuery = obj({ stale: flag('Only verdicts whose file changed since') });
+
+// ---------------------------------------------------------------- outputs (documentation)
+
+const loose = (description: string, properties: Record<string, Schema> = {}): Schema => ({ type: 'object', description, properties, additionalProperties: true });
+
+export const sandboxInfo = loose('A sandbox', {
+  id: { type: 'string' },
+  image: { type: 'string' },
+  state: { type: 'string', enum: ['creating', 'running', 'stopped', 'removing'] },
+  memoryMb: { type: ['number', 'null'] },
+  headCheckpointId: { type: ['string', 'null'] },
+  forkedFrom: { type: ['string', 'null'] },
+  metadata: { type: 'object', additionalProperties: { type: 'string' } },
+  createdAt: { type: 'string', format: 'date-time' },
+  expiresAt: { type: ['string', 'null'], format: 'date-time' },
+});
+export const runResult = loose('The finished command (or {pid} for background)', {
+  exitCode: { type: 'integer' },
+  stdout: { type: 'string' },
+  stderr: { type: 'string' },
+  signal: { type: 'string' },
+  truncated: { type: 'boolean' },
+  durationMs: { type: 'number' },
+  observationId: { type: 'string' },
+  pid: { type: 'integer' },
+});
+export const checkpointInfo = loose('A checkpoint', { id: { type: 'string' }, parentId: { type: ['string', 'null'] }, label: { type: ['string', 'null'] }, contextId: { type: ['string', 'null'] }, createdAt: { type: 'string' } });
+export const rollbackReport = loose('The rollback report: restored process, context at the checkpoint, stale observations, effects after, recovery summary', {
+  checkpointId: { type: 'string' },
+  branchId: { type: 'string' },
+  context: {},
+  contextWithRecovery: {},
+  staleObservations: { type: 'array', items: { type: 'object', additionalProperties: true } },
+  effectsAfter: { type: 'array', items: { type: 'object', additionalProperties: true } },
+  staleVerdicts: { type: 'array', items: { type: 'object', additionalProperties: true } },
+  warnings: { type: 'array', items: { type: 'object', additionalProperties: true } },
+  recoverySummary: { type: 'object', additionalProperties: true },
+});
+export const forkResult = loose('Forks started, and errors of those that failed', { ids: { type: 'array', items: { type: 'string' } }, errors: { type: 'array', items: { type: 'object', additionalProperties: true } } });
+export const effectRecord = loose('A ledger row', { id: { type: 'string' }, kind: { type: 'string' }, status: { type: 'string' }, idempotencyKey: { type: 'string' } });
+export const beginResult = loose('Run the effect now (replayed: false), or what it returned last time (replayed: true)', { replayed: { type: 'boolean' }, effectId: { type: 'string' }, output: {} });
+export const arrayOf = (items: Schema, description: string): Schema => ({ type: 'array', items, description });
+export const anyObject = (description: string): Schema => loose(description);
