@@ -130,7 +130,16 @@ export class AgentState {
       staleVerdicts,
       targetCheckpoint: target.label ? { id: target.id, label: target.label } : { id: target.id },
     });
-    const contextWithRecovery = context && context.format !== 'bytes' ? appendRecoveryNote(context, recoverySummary.text) : null;
+    // A context with nowhere to put the note (opaque bytes, a LangGraph state
+    // without a messages channel) is returned as it was, without the note.
+    let contextWithRecovery: AgentContext | null = null;
+    if (context && context.format !== 'bytes') {
+      try {
+        contextWithRecovery = appendRecoveryNote(context, recoverySummary.text);
+      } catch (e) {
+        if ((e as { code?: string }).code !== 'CONTEXT_FORMAT_UNSUPPORTED') throw e;
+      }
+    }
     return { context, contextWithRecovery, staleObservations: parts.staleObservations, effectsAfter: parts.effectsAfter, staleVerdicts, warnings: parts.warnings, recoverySummary };
   }
 
