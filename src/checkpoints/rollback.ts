@@ -19,7 +19,7 @@ import { startTime } from '../host/proc.js';
 import { restoreOptions } from './process-image.js';
 import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
 import { SandboxFiles } from '../sandboxes/files.js';
-import { dropStandby, hasStandbyFor } from './standby.js';
+import { hasStandbyFor } from './standby.js';
 import type { RollbackWarning } from '../effects/effect-ledger.js';
 
 export interface RollbackTimings {
@@ -154,8 +154,10 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
     void engine.withSandboxLock(row.id, () => engine.runtime.destroy(oldInstance)).catch((err) => log.warn({ err }, 'removing the replaced instance'));
     return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, path: 'standby', timings: t as RollbackTimings, ...report };
   }
-  // A standby of another checkpoint is stale once the tree it belongs with is replaced.
-  await dropStandby(engine, row.id);
+  // A standby of another checkpoint is stale once the tree is replaced: forget
+  // it now (the reaper removes it after a crash) and remove it after answering.
+  const staleStandby = row.standby_instance;
+  if (staleStandby) catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
   let pid: number;
   try {
     pid = await restoreSandboxTo(engine, row, ckpt, opId, t);
@@ -178,6 +180,7 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   log.info({ timings: t }, 'rollback committed');
 
   const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
+  if (staleStandby) void engine.withSandboxLock(row.id, () => engine.runtime.destroy(staleStandby)).catch((err) => log.warn({ err }, 'removing a stale standby'));
   return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, path: 'restore', timings: t as RollbackTimings, ...report };
 }
 

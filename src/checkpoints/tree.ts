@@ -46,28 +46,45 @@ export function checkpointForest(engine: Engine, sandboxId: string): TreeNode[] 
   return roots;
 }
 
-/** Text drawing of the tree: the head is marked with "*", forks with "⑂". */
+/**
+ * Text drawing of the tree, like `git log --graph`: a straight run of
+ * checkpoints stays in one column and only a fork in the history (two
+ * children, or sandboxes forked from a checkpoint) opens a branch. The head
+ * is marked with "*", forked sandboxes with "⑂".
+ */
 export function drawTree(engine: Engine, sandbox: SandboxRow, opts: { color?: boolean } = {}): string {
   const bold = (s: string) => (opts.color ? `\x1b[1m${s}\x1b[0m` : s);
   const dim = (s: string) => (opts.color ? `\x1b[2m${s}\x1b[0m` : s);
   const lines: string[] = [`${bold(sandbox.id)} ${dim(`(image ${sandbox.image}, branch ${sandbox.branch_id})`)}`];
-  const walk = (n: TreeNode, prefix: string, last: boolean) => {
-    const c = n.checkpoint;
+  const label = (c: CheckpointRow) => {
     const head = sandbox.head_checkpoint_id === c.id ? ' *' : '';
     const t = JSON.parse(c.timings) as { totalMs?: number };
-    const label = c.label ? ` "${c.label}"` : '';
+    const name = c.label ? ` "${c.label}"` : '';
     const when = new Date(c.created_at).toISOString().replace('T', ' ').slice(0, 19);
-    lines.push(`${prefix}${last ? '└─' : '├─'} ${bold(c.id)}${label}${head} ${dim(`${when}${t.totalMs ? ` · ${t.totalMs.toFixed(1)} ms` : ''}`)}`);
-    const childPrefix = prefix + (last ? '   ' : '│  ');
-    const items: (TreeNode | SandboxRow)[] = [...n.children, ...n.forks];
-    items.forEach((it, i) => {
-      const isLast = i === items.length - 1;
-      if ('checkpoint' in it) walk(it, childPrefix, isLast);
-      else lines.push(`${childPrefix}${isLast ? '└─' : '├─'} ⑂ fork ${bold(it.id)} ${dim(`(${it.state})`)}`);
-    });
+    return `● ${bold(c.id)}${name}${head} ${dim(`${when}${t.totalMs ? ` · ${t.totalMs.toFixed(1)} ms` : ''}`)}`;
+  };
+  const chain = (start: TreeNode, prefix: string, mark: string, rest: string) => {
+    let node = start;
+    let first = mark;
+    for (;;) {
+      lines.push(`${prefix}${first}${label(node.checkpoint)}`);
+      first = '';
+      prefix = rest;
+      const kids: (TreeNode | SandboxRow)[] = [...node.children, ...node.forks];
+      if (kids.length === 1 && 'checkpoint' in kids[0]!) {
+        node = kids[0] as TreeNode;
+        continue;
+      }
+      kids.forEach((k, i) => {
+        const last = i === kids.length - 1;
+        if ('checkpoint' in k) chain(k, rest, last ? '└─ ' : '├─ ', rest + (last ? '   ' : '│  '));
+        else lines.push(`${rest}${last ? '└─ ' : '├─ '}⑂ fork ${bold(k.id)} ${dim(`(${k.state})`)}`);
+      });
+      return;
+    }
   };
   const roots = checkpointForest(engine, sandbox.id);
-  roots.forEach((r, i) => walk(r, '', i === roots.length - 1));
-  if (!roots.length) lines.push(dim('   (no checkpoints)'));
+  roots.forEach((r) => chain(r, '', '', ''));
+  if (!roots.length) lines.push(dim('(no checkpoints)'));
   return lines.join('\n');
 }

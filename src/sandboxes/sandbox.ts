@@ -19,7 +19,7 @@ import type { RollbackReport } from '../checkpoints/rollback.js';
 import { checkpointSandbox, checkpointInfo, type CheckpointInfo, type CheckpointOptions } from '../checkpoints/checkpoint.js';
 import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
-import { deleteCheckpoint } from '../checkpoints/tree.js';
+import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
 import { removeSandbox } from './remove.js';
 import { prepareStandby, standbyEnabled } from '../checkpoints/standby.js';
 
@@ -62,6 +62,8 @@ export function sandboxInfo(row: SandboxRow): SandboxInfo {
 /** Options every observed call takes: the agent's tool-call id, for provenance. */
 export interface Provenance {
   toolCallId?: string | undefined;
+  /** false: do not record an observation (the platform's own inspection, not the agent's). Default true. */
+  observe?: boolean | undefined;
 }
 
 function validateToolCallId(id: unknown): string | undefined {
@@ -72,7 +74,8 @@ function validateToolCallId(id: unknown): string | undefined {
 
 /** A command's result plus the id of the observation it was recorded as. */
 export interface ObservedRunResult extends RunResult {
-  observationId: string;
+  /** Undefined when the call passed observe: false. */
+  observationId: string | undefined;
 }
 
 /** Command execution inside one sandbox. */
@@ -96,6 +99,7 @@ export class SandboxCommands {
     const toolCallId = validateToolCallId(opts.toolCallId);
     const row = this.sandbox.runningRow();
     const result = await runCommand(this.sandbox.enterTarget(), argv, opts);
+    if (opts.observe === false) return { ...result, observationId: undefined };
     const obs = this.sandbox.engine.agent.observe(row, {
       kind: 'command',
       subject: typeof cmd === 'string' ? cmd : argv.join(' '),
@@ -220,18 +224,19 @@ export class ObservedFiles {
     private readonly raw: SandboxFiles,
   ) {}
 
-  private record(kind: 'file-read' | 'file-write' | 'file-list', path: string, extra: { contentHash?: string; summary?: string }, p: Provenance): string {
+  private record(kind: 'file-read' | 'file-write' | 'file-list', path: string, extra: { contentHash?: string; summary?: string }, p: Provenance): string | undefined {
+    if (p.observe === false) return undefined;
     const toolCallId = validateToolCallId(p.toolCallId);
     return this.sandbox.engine.agent.observe(this.sandbox.row(), { kind, subject: path, ...extra, ...(toolCallId ? { toolCallId } : {}) }).id;
   }
 
   /** Reads a file; returns its bytes, their sha256 and the observation id. */
-  async read(path: string, p: Provenance = {}): Promise<{ content: Buffer; sha256: string; observationId: string }> {
+  async read(path: string, p: Provenance = {}): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
     const r = await this.raw.read(path);
     return { ...r, observationId: this.record('file-read', path, { contentHash: r.sha256 }, p) };
   }
 
-  async write(path: string, data: string | Uint8Array, opts: { mode?: number } & Provenance = {}): Promise<{ sha256: string; bytes: number; observationId: string }> {
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number } & Provenance = {}): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
     const r = await this.raw.write(path, data, opts.mode !== undefined ? { mode: opts.mode } : {});
     return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
   }
@@ -431,6 +436,11 @@ export class Sandbox {
   /** This sandbox's checkpoints, oldest first. */
   checkpoints(): CheckpointInfo[] {
     return this.core.checkpoints().map(checkpointInfo);
+  }
+
+  /** The checkpoint tree drawn as text (what `lockstep log` prints). */
+  tree(opts: { color?: boolean } = {}): string {
+    return drawTree(this.core.engine, this.core.row(), opts);
   }
 
   /** Deletes a checkpoint; its children are re-attached to its parent. */
