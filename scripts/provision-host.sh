@@ -11,10 +11,13 @@
 #  - Debian (bookworm) packages: btrfs-progs, busybox-static, debootstrap,
 #    protobuf-c headers/compiler, iproute2, iptables, docker.io (pulls in
 #    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates.
-#  - CRIU 4.x from Debian 13 (trixie) into a private prefix, /opt/lockstep/criu,
-#    together with trixie's libc and criu's other runtime libraries: bookworm's
-#    criu 3.17 fails `criu check` on this kernel, and trixie's criu needs
-#    trixie's libc, so it must not be installed system-wide. It runs through
+#  - CRIU 4.2 from Debian forky (testing) into a private prefix, /opt/lockstep/criu,
+#    together with its libc and criu's other runtime libraries: bookworm's
+#    criu 3.17 fails `criu check` on this kernel; trixie's 4.1.1 cannot dump
+#    an IPv4/IPv6 socket on Linux >= 6.16 ("Can't get 1:16 opt": SO_PASSCRED
+#    is refused on inet sockets since 6.16, fixed in CRIU 4.2); and a newer
+#    criu needs a newer libc, so it must not be installed system-wide.
+#    LOCKSTEP_CRIU_SUITE picks another Debian suite. It runs through
 #    the private dynamic loader via the wrapper /opt/lockstep/bin/criu, which
 #    is linked as /usr/local/sbin/criu for Docker/runc.
 #  - /opt/lockstep/libcriu/{libcriu.so.2,libcriu.so,include/}: trixie's libcriu
@@ -27,7 +30,8 @@ set -euo pipefail
 
 # Bump whenever what this script installs changes: a different stamp forces
 # the slow path once on every machine.
-PROVISION_VERSION="lockstep-provision 1 (criu 4.x from trixie)"
+CRIU_SUITE=${LOCKSTEP_CRIU_SUITE:-forky}
+PROVISION_VERSION="lockstep-provision 2 (criu 4.2 from $CRIU_SUITE)"
 
 LS=/opt/lockstep
 STAMP=$LS/provisioned
@@ -157,7 +161,7 @@ done
 # ---- b. CRIU 4.x from trixie into a private prefix ---------------------------
 CRIU_PKGS=(criu libcompel1 libcriu2)   # their runtime closure is resolved below
 CRIU_DEV_PKGS=(libcriu-dev)            # headers only; its own deps are not needed
-CRIU_STAMP="criu-prefix 1: ${CRIU_PKGS[*]} ${CRIU_DEV_PKGS[*]} + closure, trixie"
+CRIU_STAMP="criu-prefix 2: ${CRIU_PKGS[*]} ${CRIU_DEV_PKGS[*]} + closure, $CRIU_SUITE"
 LIBDIRS="$CRIU_PREFIX/usr/lib/x86_64-linux-gnu:$CRIU_PREFIX/lib/x86_64-linux-gnu"
 
 # find_ldso PREFIX: trixie is usr-merged, the loader may live in several places.
@@ -179,7 +183,7 @@ criu_prefix_ok() {
 
 if ! criu_prefix_ok; then
 	mirror=$(debian_mirror_uri) || die "cannot find the Debian mirror URI in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
-	log "fetching CRIU from trixie (mirror read from apt sources)"
+	log "fetching CRIU from $CRIU_SUITE (mirror read from apt sources)"
 	keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 	# bookworm's debian-archive-keyring (2023.3+deb12u1 and later) already
 	# holds the trixie archive keys, so trixie's InRelease verifies with it.
@@ -189,7 +193,7 @@ if ! criu_prefix_ok; then
 	# dpkg status, so the system's apt state is never read or written.
 	install -d -m 0755 "$APT_DIR" "$APT_DIR/state" "$APT_DIR/cache" \
 		"$APT_DIR/lists/partial" "$APT_DIR/archives/partial"
-	printf 'deb [signed-by=%s] %s trixie main\n' "$keyring" "$mirror" >"$APT_DIR/sources.list"
+	printf 'deb [signed-by=%s] %s %s main\n' "$keyring" "$mirror" "$CRIU_SUITE" >"$APT_DIR/sources.list"
 	: >"$APT_DIR/state/status"
 	cat >"$APT_DIR/apt.conf" <<EOF
 // Private apt configuration of scripts/provision-host.sh (CRIU from trixie).
