@@ -34,6 +34,8 @@ export interface Engine {
   agent: AgentState;
   /** Serialises operations on one sandbox, within this process and across processes. */
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+  /** Waits for queued per-sandbox work (warm standbys, cleanups) to finish. */
+  drainLocks(): Promise<void>;
 }
 
 export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
@@ -54,18 +56,11 @@ export class SandboxLocks {
     await prev.catch(() => undefined);
     let fd: number | undefined;
     try {
-      const file = this.lockFile(id);
-      try {
-        fd = fs.openSync(file, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
-      } catch {
-        fd = undefined; // run folder not there yet (create) or gone (removed): the in-process lock suffices
-      }
-      if (fd !== undefined) {
-        const deadline = Date.now() + timeoutMs;
-        while (!native().flock(fd, true)) {
-          if (Date.now() > deadline) throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, { sandboxId: id });
-          await sleep(5);
-        }
+      fd = fs.openSync(this.lockFile(id), fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
+      const deadline = Date.now() + timeoutMs;
+      while (!native().flock(fd, true)) {
+        if (Date.now() > deadline) throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, { sandboxId: id });
+        await sleep(5);
       }
       return await fn();
     } finally {
@@ -73,5 +68,10 @@ export class SandboxLocks {
       release();
       if (this.chains.get(id) === chain) this.chains.delete(id);
     }
+  }
+
+  /** Resolves when every queued operation (background work included) has finished. */
+  async drain(): Promise<void> {
+    while (this.chains.size) await Promise.allSettled([...this.chains.values()]);
   }
 }

@@ -22,6 +22,7 @@ import { HostError, InvalidArgumentError } from './errors.js';
 import { reap, type ReapReport } from './reaper.js';
 import { AgentState } from './agent-state/agent-state.js';
 import { migrateAgentState } from './agent-state/schema.js';
+import { migrateTenants } from './tenants/tenants.js';
 import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
@@ -60,7 +61,7 @@ export class Lockstep {
     const paths = new StatePaths(resolveHome(opts.home));
     fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 });
     fs.chmodSync(paths.home, 0o700);
-    for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
+    for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun, paths.locks]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
 
     const lockFd = fs.openSync(paths.managerLock, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
     const exclusive = native().flock(lockFd, true);
@@ -72,7 +73,7 @@ export class Lockstep {
     }
 
     const log = opts.logger ?? createLogger();
-    const catalog = new Catalog(paths.catalog, [migrateAgentState]);
+    const catalog = new Catalog(paths.catalog, [migrateAgentState, migrateTenants]);
     const layers = LayerStore.open(paths);
     ensureSharedRunFolder(paths.sandboxesRun);
     const supervisor = new Supervisor(paths);
@@ -96,6 +97,7 @@ export class Lockstep {
       fault: opts.fault ?? envFaultHook(),
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       withSandboxLock: (id, fn, o) => locks.with(id, fn, o?.timeoutMs),
+      drainLocks: () => locks.drain(),
     };
     let reaped: ReapReport | null = null;
     if (exclusive) {
@@ -151,6 +153,7 @@ export class Lockstep {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    await this.engine.drainLocks(); // background standby work needs the catalog
     this.engine.catalog.close();
     if (this.lockFd !== null) {
       fs.closeSync(this.lockFd);
@@ -164,6 +167,7 @@ export class Lockstep {
    * files stay unless `deleteFiles` is set.
    */
   async destroyAll(opts: { deleteFiles?: boolean } = {}): Promise<void> {
+    await this.engine.drainLocks();
     for (const s of this.engine.catalog.allSandboxes()) await removeSandbox(this.engine, s.id).catch(() => undefined);
     await this.engine.supervisor.stop();
     const cgroupGroup = this.engine.runtime.cgroupGroup;

@@ -46,5 +46,7 @@ export class StatePaths {
   sandboxRun(id: string) { return path.join(this.sandboxesRun, id); }
   sandboxRoot(id: string) { return path.join(this.sandboxRun(id), 'root'); }
   sandboxDev(id: string) { return path.join(this.sandboxRun(id), 'dev'); }
-  sandboxLock(id: string) { return path.join(this.sandboxRun(id), 'lock'); }
+  /** Outside any instance folder: a rollback that swaps instances keeps the lock. */
+  get locks() { return path.join(this.run, 'locks'); }
+  sandboxLock(id: string) { return path.join(this.locks, id); }
 }

@@ -156,6 +156,8 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     }
   }
   for (const name of safeReaddir(paths.scratch)) fs.rmSync(path.join(paths.scratch, name), { recursive: true, force: true });
+  const sandboxIds = new Set(catalog.allSandboxes().map((r) => r.id));
+  for (const name of safeReaddir(paths.locks)) if (!sandboxIds.has(name)) fs.rmSync(path.join(paths.locks, name), { force: true });
   for (const name of engine.images.onDisk()) {
     if (name.startsWith('.tmp-')) {
       fs.rmSync(path.join(paths.images, name), { recursive: true, force: true });

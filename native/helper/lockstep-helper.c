@@ -151,10 +151,33 @@ static int drop_capabilities(void) {
   return 0;
 }
 
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
 static int close_fds_from(int lowfd) {
   if (syscall(SYS_close_range, lowfd, ~0U, 0) == 0) return 0;
-  for (int fd = lowfd; fd < 4096; fd++) close(fd);
+  for (int fd = lowfd; fd < 65536; fd++) close(fd);
   return 0;
+}
+
+/* Closes every fd from 3 up, except `keep` (-1: none). No host fd may reach
+ * a sandbox: it would be a way out, and CRIU could not dump it. */
+static void close_fds_except(int keep) {
+  if (keep < 3) {
+    close_fds_from(3);
+    return;
+  }
+  if (keep > 3 && syscall(SYS_close_range, 3, keep - 1, 0) != 0)
+    for (int fd = 3; fd < keep; fd++) close(fd);
+  close_fds_from(keep + 1);
+}
+
+/* Marks every fd from 3 up close-on-exec (the foreground command must not
+ * inherit the manager's descriptors, but we still report errors until exec). */
+static void cloexec_fds_from(int lowfd) {
+  if (syscall(SYS_close_range, lowfd, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  for (int fd = lowfd; fd < 65536; fd++) fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
 /* execve with a PATH search that uses the sandbox's PATH, not ours. */
@@ -282,6 +305,18 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "/");
   snprintf(path, sizeof(path), "%s/proc", o->root);
   if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) FAIL("mount(proc)", path);
+  /* The sandbox's own /proc still exposes host-wide knobs (/proc/sys is not
+   * per-namespace for most entries: kernel.core_pattern would run a program
+   * as host root). Make them read-only, as runc does. */
+  static const char *ro_proc[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
+  for (size_t i = 0; i < sizeof(ro_proc) / sizeof(ro_proc[0]); i++) {
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/proc/%s", o->root, ro_proc[i]);
+    if (stat(path, &st) != 0) continue;
+    if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) != 0) FAIL("mount(bind /proc)", path);
+    if (mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+      FAIL("mount(remount /proc read-only)", path);
+  }
   /* /dev is a bind mount of a host directory that holds only the few
    * device nodes a sandbox needs. CRIU treats it as an external mount, so a
    * checkpoint does not tar up a tmpfs every time. */
@@ -310,8 +345,7 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   dup2(devnull, 2);
   if (devnull > 2) close(devnull);
   if (fcntl(errfd, F_SETFD, FD_CLOEXEC) != 0) FAIL("fcntl", NULL);
-  for (int fd = 3; fd < 1024; fd++)
-    if (fd != errfd) close(fd);
+  close_fds_except(errfd);
 
   char *argv[] = {(char *)"lockstep-init", NULL};
   char *default_env[] = {(char *)"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -513,8 +547,7 @@ static int cmd_enter(const struct opts *o) {
       dup2(err, 2);
       /* Nothing from the host may stay open, except the status fd, which is
        * close-on-exec. */
-      for (int fd = 3; fd < 1024; fd++)
-        if (fd != status_fd) close(fd);
+      close_fds_except(status_fd);
       writef(status_fd, "{\"nsPid\":%d}\n", getpid());
     } else {
       setpgid(0, 0);
@@ -525,6 +558,7 @@ static int cmd_enter(const struct opts *o) {
         _exit(125);
       }
       writef(status_fd, "{\"nsPid\":%d}\n", getpid());
+      cloexec_fds_from(3);
     }
     exec_in_path(o->argv, envp);
     report_error_fd(status_fd, errno, "execve", o->argv[0]);

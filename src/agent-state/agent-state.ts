@@ -16,6 +16,8 @@ import { VerdictLog, type StaleVerdict } from '../provenance/verdicts.js';
 import { InvalidArgumentError } from '../errors.js';
 
 export interface RollbackAgentOptions {
+  /** Checked before anything is destroyed: an aborted rollback changes nothing. */
+  signal?: AbortSignal | undefined;
   /** 'warn' (default) reports irreversible effects the rollback cannot take back; 'refuse' blocks the rollback. */
   policy?: RollbackPolicy | undefined;
   /** Why the abandoned attempt failed, in a sentence. */

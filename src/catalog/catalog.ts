@@ -171,6 +171,9 @@ export class Catalog {
   }
 
   private migrate(): void {
+    // IMMEDIATE: take the write lock up front, so concurrent managers opening
+    // the same directory wait (busy_timeout) instead of failing to upgrade a
+    // read transaction ("database is locked").
     this.db.transaction(() => {
       this.db.exec(SCHEMA);
       // v2: sandbox lifetimes. Catalogs made by v1 lack the column.
@@ -182,8 +185,8 @@ export class Catalog {
       }
       this.db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
       for (const m of this.extraMigrations) m(this.db);
-      this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
-    })();
+      if (this.db.pragma('user_version', { simple: true }) !== SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
+    }).immediate();
   }
 
   close(): void {
@@ -192,7 +195,7 @@ export class Catalog {
 
   /** Runs fn in one transaction (nested calls become savepoints). */
   tx<T>(fn: () => T): T {
-    return this.db.transaction(fn)();
+    return this.db.transaction(fn).immediate();
   }
 
   // ---- images
@@ -256,7 +259,7 @@ export class Catalog {
     return row;
   }
   sandboxes(tenant?: string | null): SandboxRow[] {
-    if (tenant) return this.db.prepare("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at").all(tenant) as SandboxRow[];
+    if (tenant !== undefined && tenant !== null) return this.db.prepare("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at").all(tenant) as SandboxRow[];
     return this.db.prepare("SELECT * FROM sandboxes WHERE state != 'removing' ORDER BY created_at").all() as SandboxRow[];
   }
   allSandboxes(): SandboxRow[] {

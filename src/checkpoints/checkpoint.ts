@@ -81,6 +81,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
   const imagesDir = paths.processImage(checkpointId);
   const log = engine.log.child({ sandboxId: row.id, checkpointId });
   await engine.criu.ensureRunning();
+  opts.signal?.throwIfAborted();
   catalog.beginOperation({ id: opId, kind: 'checkpoint', sandbox_id: row.id, phase: 'started', payload: JSON.stringify({ checkpointId, layerId }) });
   engine.fault('checkpoint:begin');
 

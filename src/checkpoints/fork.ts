@@ -94,7 +94,7 @@ export async function forkSandbox(
   parent: SandboxRow,
   ckpt: CheckpointRow,
   count: number,
-  opts: { concurrency?: number; onProgress?: (done: number, total: number) => void; onCreated?: (child: SandboxRow) => void } = {},
+  opts: { concurrency?: number; onProgress?: (done: number, total: number) => void; onCreated?: (child: SandboxRow) => void; signal?: AbortSignal } = {},
 ): Promise<ForkResult[]> {
   await engine.criu.ensureRunning();
   const results: ForkResult[] = new Array(count);
@@ -103,6 +103,12 @@ export async function forkSandbox(
   const worker = async () => {
     while (next < count) {
       const i = next++;
+      // Aborting stops forks that have not started; the ones running finish (or clean up) whole.
+      if (opts.signal?.aborted) {
+        results[i] = { ok: false, error: { code: 'FORK_ABORTED', message: 'The fork was aborted before it started' } };
+        opts.onProgress?.(++done, count);
+        continue;
+      }
       results[i] = await forkOne(engine, parent, ckpt, opts.onCreated);
       opts.onProgress?.(++done, count);
     }

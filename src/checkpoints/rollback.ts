@@ -135,6 +135,7 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   const { warnings } = engine.agent.checkRollback(row, ckpt, opts.policy ?? 'warn');
   const { catalog } = engine;
   await engine.criu.ensureRunning();
+  opts.signal?.throwIfAborted();
   const opId = newId('op');
   const branchId = newId('br');
   const t: Partial<RollbackTimings> = {};

@@ -6,11 +6,13 @@ import fs from 'node:fs';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import { NotFoundError } from '../errors.js';
+import { dropStandby } from './standby.js';
 
-/** Deletes a checkpoint of this sandbox. Its children move up to its parent; its layer and process image are freed. */
-export function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): void {
+/** Deletes a checkpoint of this sandbox. Its children move up to its parent; its layer, process image and warm standby are freed. */
+export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): Promise<void> {
   const ckpt = engine.catalog.checkpoint(checkpointId);
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', checkpointId);
+  if (row.standby_checkpoint === ckpt.id) await dropStandby(engine, row.id);
   const { catalog } = engine;
   catalog.tx(() => {
     catalog.reparentCheckpoints(ckpt.id, ckpt.parent_id);

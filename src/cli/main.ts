@@ -13,6 +13,7 @@ import { drawTree } from '../checkpoints/tree.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
 import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
+import { SERVER_HELP, serverCommands } from './server-commands.js';
 
 const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for AI agents
 
@@ -48,6 +49,8 @@ images
 
 host
   doctor [--json]
+
+${SERVER_HELP}
 
 The state directory is /var/lib/lockstep, or LOCKSTEP_HOME when set.
 Exit codes: 0 ok, 1 failure, 2 bad usage or input, 3 not found, 4 conflict
@@ -276,7 +279,7 @@ export async function main(argv: string[]): Promise<number> {
   const [cmd, ...rest] = argv;
   const json = rest.includes('--json') && !(cmd === 'exec' && rest.indexOf('--json') > rest.indexOf('--') && rest.includes('--'));
   if (!cmd || cmd === '--help' || cmd === '-h') return commands.help!([]);
-  const handler = commands[cmd] ?? agentCommands[cmd];
+  const handler = commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd];
   try {
     if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
     return await handler(rest);

@@ -13,6 +13,13 @@ import type { OperationTracker } from './operations.js';
 import type { IdempotencyStore, StoredResponse } from './idempotency.js';
 import { HttpError } from './errors.js';
 
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The route replays a stored idempotent response itself (it may stream it). */
+    replaysItself?: boolean;
+  }
+}
+
 /** Per-request state set by the hooks. */
 export interface RequestState {
   tenant: Tenant;
@@ -39,6 +46,11 @@ export class ApiContext {
 
   setState(req: FastifyRequest, s: RequestState): void {
     this.states.set(req, s);
+  }
+
+  /** The state, or undefined before authentication (or when it failed). */
+  maybeState(req: FastifyRequest): RequestState | undefined {
+    return this.states.get(req);
   }
 
   state(req: FastifyRequest): RequestState {

@@ -31,13 +31,15 @@ const CONFLICTS = new Set([
   'TENANT_HAS_SANDBOXES',
 ]);
 
-/** HTTP status for a LockstepError code (documented in docs/http.md's route table). */
+/** HTTP status for a LockstepError code (the table in src/http/README.md). */
 export function statusForCode(code: string, err?: unknown): number {
   if (err instanceof HttpError) return err.statusCode;
   if (code.endsWith('_NOT_FOUND')) return 404;
   if (code === 'INVALID_ARGUMENT' || code === 'PATH_ESCAPES_SANDBOX' || code === 'CONTEXT_FORMAT_UNSUPPORTED') return 400;
   if (code === 'QUOTA_EXCEEDED') return 429;
   if (code === 'COMMAND_TIMEOUT') return 504;
+  // Aborted by the server's shutdown (or for a client that is gone).
+  if (code === 'COMMAND_ABORTED') return 503;
   if (code.endsWith('_EXISTS') || CONFLICTS.has(code)) return 409;
   // The remaining state errors (already settled, not unknown, damaged, ...)
   // are conflicts with the object's current state too.
@@ -57,6 +59,8 @@ export function fieldName(instancePath: string, child?: string): string {
 interface AjvError {
   keyword: string;
   instancePath: string;
+  /** Set on errors raised inside propertyNames: the offending key. */
+  propertyName?: string;
   message?: string;
   params: Record<string, unknown>;
 }
@@ -72,6 +76,10 @@ export function describeValidation(errors: AjvError[], context: string | undefin
   if (e.keyword === 'additionalProperties') {
     const field = fieldName(e.instancePath, String(e.params.additionalProperty));
     return { field, message: `Unknown ${where} ${field}` };
+  }
+  if (e.propertyName !== undefined) {
+    const field = fieldName(e.instancePath, e.propertyName);
+    return { field, message: `Invalid ${where} name ${field}: ${e.message ?? 'is not allowed'}` };
   }
   const field = fieldName(e.instancePath) || (context === 'body' ? 'body' : context ?? 'input');
   let message = e.message ?? 'is invalid';

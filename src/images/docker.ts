@@ -7,7 +7,10 @@ import Docker from 'dockerode';
 import tar from 'tar-fs';
 import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import { HostError } from '../errors.js';
+import fs from 'node:fs';
+import path from 'node:path';
+import { HostError, LockstepError } from '../errors.js';
+import { native } from '../native/binding.js';
 
 export interface DockerPort {
   ping(): Promise<boolean>;
@@ -56,7 +59,23 @@ export class DockerEngine implements DockerPort {
     const container = await this.docker.createContainer({ Image: ref, Cmd: ['/bin/true'], Labels: { 'dev.lockstep.import': ref } });
     try {
       const stream = (await container.export()) as unknown as Readable;
-      await pipeline(stream, tar.extract(dir, { ignore: (_name, header) => (header ? isUnsafeEntry(header) : false) }));
+      // Symlinks are made last, as GNU tar does: while extracting, no path on
+      // disk can lead outside `dir` through a link the archive planted
+      // (tar-fs's own check rejects every absolute link, e.g. etc/mtab).
+      const symlinks: { name: string; target: string }[] = [];
+      const ignore = (_name: string, header?: { type?: string | null; name: string; linkname?: string | null }) => {
+        if (!header) return false;
+        if (header.type === 'symlink') {
+          symlinks.push({ name: header.name, target: header.linkname ?? '' });
+          return true;
+        }
+        return isUnsafeEntry(header);
+      };
+      await pipeline(stream, tar.extract(dir, { ignore: ignore as never }));
+      for (const l of symlinks) createSymlinkBeneath(dir, l.name, l.target);
+    } catch (e) {
+      if (e instanceof LockstepError) throw e;
+      throw new HostError('DOCKER_IMPORT_FAILED', `Cannot import docker:${ref}: ${(e as Error).message}`, { cause: e });
     } finally {
       await container.remove({ force: true }).catch(() => undefined);
     }
@@ -74,5 +93,31 @@ export class DockerEngine implements DockerPort {
         else resolve();
       });
     });
+  }
+}
+
+/**
+ * Creates the symlink `name` -> `target` inside `root`, resolving the parent
+ * directory with openat2(RESOLVE_BENEATH): a link earlier in the archive can
+ * never redirect where a later one is created. Entries whose parent escapes
+ * are skipped.
+ */
+export function createSymlinkBeneath(root: string, name: string, target: string): void {
+  const rel = path.posix.normalize(name.replace(/^\.?\/+/, '')).replace(/\/+$/, '');
+  if (!rel || rel === '.' || rel.startsWith('../')) return;
+  const parent = path.posix.dirname(rel);
+  const leaf = path.posix.basename(rel);
+  let fd: number;
+  try {
+    fd = native().openBeneath(root, parent === '.' ? '' : parent, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+  } catch {
+    return; // the parent is missing or leads outside: nothing to link
+  }
+  try {
+    const at = `/proc/self/fd/${fd}/${leaf}`;
+    fs.rmSync(at, { force: true });
+    fs.symlinkSync(target, at);
+  } finally {
+    fs.closeSync(fd);
   }
 }

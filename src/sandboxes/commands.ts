@@ -175,14 +175,18 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
         if (aborted) return reject(aborted);
         const exitCode = code ?? (signal ? 128 : 125);
         const failure = status.split('\n').map(statusError).find(Boolean);
-        if (failure && exitCode === 125) {
-          return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
-        }
         if (failure && failure.syscall === 'chdir') {
           return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
         }
+        if (failure && exitCode === 125) {
+          return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
+        }
         let stderr = err.text();
-        if (failure && failure.syscall === 'execve') stderr += `lockstep: ${argv[0]}: ${failure.message}\n`;
+        if (failure && failure.syscall === 'execve') {
+          const msg = `lockstep: ${argv[0]}: ${failure.message}\n`;
+          stderr += msg;
+          opts.onStderr?.(msg);
+        }
         const sig = exitCode > 128 && exitCode < 160 ? signalName(exitCode - 128) : undefined;
         resolve({ exitCode, stdout: out.text(), stderr, signal: sig, truncated: out.truncated || err.truncated, durationMs: performance.now() - started });
       });

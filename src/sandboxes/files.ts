@@ -45,6 +45,7 @@ export function sandboxRelative(p: unknown, field = 'path'): string {
 }
 
 function mapError(e: unknown, p: string): never {
+  if (e instanceof LockstepError) throw e;
   if (isNativeError(e) || (e as NodeJS.ErrnoException)?.code) {
     const code = (e as NodeJS.ErrnoException).code;
     if (code === 'EXDEV' || code === 'ELOOP') throw new PathEscapeError(p);

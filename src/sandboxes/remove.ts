@@ -22,5 +22,6 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
     catalog.deleteLayerRow(`upper_${id}`);
     catalog.deleteSandboxRow(id);
   });
+  fs.rmSync(engine.paths.sandboxLock(id), { force: true });
   engine.images.collectGarbage();
 }

@@ -189,9 +189,10 @@ export class CommandHandle {
   }
 
   /** Resolves when the command has exited, with its exit code (null if it was killed before reporting one). */
-  async wait(opts: { timeoutMs?: number } = {}): Promise<{ exitCode: number | null }> {
+  async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<{ exitCode: number | null }> {
     const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
     while (this.hostPid() !== undefined) {
+      if (opts.signal?.aborted) throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for background command ${this.pid}`);
       if (Date.now() > deadline) throw new CommandAbortedError('COMMAND_TIMEOUT', `Background command ${this.pid} still running after ${opts.timeoutMs} ms`);
       await sleep(20);
     }
@@ -209,7 +210,8 @@ export class CommandHandle {
     const pid = this.hostPid();
     if (pid === undefined) return false;
     try {
-      process.kill(pid, signal);
+      // The detached command leads its own process group (setsid): signal all of it.
+      process.kill(-pid, signal);
       return true;
     } catch {
       return false;
@@ -281,9 +283,11 @@ export class SandboxEffects {
     return this.ledger.begin(this.ctx(), spec);
   }
   commit(effectId: string, output?: JsonValue): void {
+    this.get(effectId); // another sandbox's effect is reported as missing
     this.ledger.commit(effectId, output);
   }
   fail(effectId: string, err: unknown, opts: { definite: boolean }): void {
+    this.get(effectId);
     this.ledger.fail(effectId, err, opts);
   }
   /** begin → fn → commit/fail; after a rollback or in a fork, a committed effect returns its recorded output without running fn. */
@@ -291,6 +295,7 @@ export class SandboxEffects {
     return this.ledger.run(this.ctx(), spec, fn);
   }
   resolveUnknown(effectId: string, resolution: Resolution): EffectRecord {
+    this.get(effectId);
     return this.ledger.resolveUnknown(effectId, resolution);
   }
   /** Runs compensations in reverse order of commit. */
@@ -430,7 +435,8 @@ export class Sandbox {
     const count = validateForkCount(opts.count);
     const row = this.core.row();
     const ckpt = ownCheckpoint(engine, row, checkpointId);
-    return forkSandbox(engine, row, ckpt, count, opts.onProgress ? { onProgress: opts.onProgress } : {});
+    opts.signal?.throwIfAborted();
+    return forkSandbox(engine, row, ckpt, count, { ...(opts.onProgress ? { onProgress: opts.onProgress } : {}), ...(opts.signal ? { signal: opts.signal } : {}) });
   }
 
   /** This sandbox's checkpoints, oldest first. */
@@ -446,7 +452,7 @@ export class Sandbox {
   /** Deletes a checkpoint; its children are re-attached to its parent. */
   async deleteCheckpoint(checkpointId: string): Promise<void> {
     const engine = this.core.engine;
-    await engine.withSandboxLock(this.id, async () => deleteCheckpoint(engine, this.core.row(), checkpointId));
+    await engine.withSandboxLock(this.id, () => deleteCheckpoint(engine, this.core.row(), checkpointId));
   }
 
   async thaw(): Promise<void> {

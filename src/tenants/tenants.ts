@@ -115,6 +115,10 @@ export function removeTenant(db: Database.Database, name: string, opts: { force?
     const n = (db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state != 'removing'").get(name) as { n: number }).n;
     if (n > 0 && !opts.force) throw new InvalidStateError('TENANT_HAS_SANDBOXES', `Tenant ${name} still has ${n} sandbox(es); remove them first or force the removal`, { tenant: name, sandboxes: n });
     db.prepare('DELETE FROM tenants WHERE name = ?').run(name);
+    // Stored idempotent responses are keyed by tenant name: a tenant added
+    // later under the same name must not be answered with them.
+    const idem = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'http_idempotency'").get();
+    if (idem) db.prepare('DELETE FROM http_idempotency WHERE tenant = ?').run(name);
   })();
 }
 

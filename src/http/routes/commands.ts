@@ -12,6 +12,7 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CommandHandle, type ObservedRunResult } from '../../sandboxes/sandbox.js';
+import { CommandAbortedError } from '../../errors.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
 import { renameField } from '../wire.js';
@@ -126,10 +127,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         )
         .then((r) => {
           const idem = state.idempotency;
-          if (idem) {
-            ctx.idempotency.store(state.tenant.name, idem.key, idem.hash, { status: 200, body: JSON.stringify(r), streamed: true });
-            idem.stored = true;
-          }
+          if (idem) ctx.idempotency.store(state.tenant.name, idem.key, idem.hash, { status: 200, body: JSON.stringify(r), streamed: true });
           s.event('result', resultEvent(r));
         })
         .catch((e) => {
@@ -137,7 +135,13 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
           if (internal) req.log.error({ err: e }, 'streamed command failed');
           s.event('error', body as unknown as Record<string, unknown>);
         })
-        .finally(() => s.end());
+        .finally(() => {
+          if (state.idempotency) {
+            state.idempotency.stored = true;
+            ctx.idempotency.release(state.tenant.name, state.idempotency.key);
+          }
+          s.end();
+        });
       return reply;
     },
   );
@@ -149,7 +153,9 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       const sb = ctx.sandbox(req);
       const pid = Number(req.params.pid);
       const handle = new CommandHandle(sb.core, pid);
-      const r = await ctx.operation('wait', reply, () => handle.wait(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}), { abortOnDisconnect: true });
+      // CommandHandle.wait takes no signal: race it, so that a shutdown or a
+      // client that goes away does not leave the request waiting.
+      const r = await ctx.operation('wait', reply, (signal) => untilAborted(handle.wait(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}), signal), { abortOnDisconnect: true });
       return { pid, exitCode: r.exitCode };
     },
   );
@@ -164,4 +170,15 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       return { pid, killed };
     },
   );
+}
+
+/** p, or a COMMAND_ABORTED rejection when signal aborts first. */
+function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+  p.catch(() => undefined);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(new CommandAbortedError('COMMAND_ABORTED', 'Stopped waiting: the request was aborted'));
+    if (signal.aborted) return onAbort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
 }

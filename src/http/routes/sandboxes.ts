@@ -2,6 +2,7 @@
 import type { FastifyInstance } from 'fastify';
 import { LIMITS } from '../../sandboxes/create.js';
 import { checkQuota, tenantUsage } from '../../tenants/quotas.js';
+import { LockstepError } from '../../errors.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
 
@@ -24,9 +25,13 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
       const tenant = ctx.tenant(req);
       const sb = await ctx.gate.run(tenant.name, async () => {
         checkQuota(ctx.db, tenant, { count: 1, memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default });
-        return ctx.lockstep.create({ ...req.body, tenant: tenant.name });
+        return ctx.lockstep.create({ ...req.body, tenant: tenant.name }).catch((e: unknown) => {
+          // The image named in the body: say which input it was.
+          if (e instanceof LockstepError && e.code === 'IMAGE_NOT_FOUND') (e.details as Record<string, unknown>).field = 'image';
+          throw e;
+        });
       });
-      req.log = req.log.child({ sandboxId: sb.id });
+      req.log = reply.log = req.log.child({ sandboxId: sb.id });
       req.log.info('sandbox created');
       return reply.code(201).send(sb.info());
     },

@@ -1,0 +1,153 @@
+/**
+ * CLI commands for the interfaces platforms plug into: `serve` (the HTTP
+ * API), `mcp` (the MCP server on stdio) and `tenant` (tokens and quotas).
+ * Like the rest of the CLI they only parse arguments and call the library.
+ */
+import { Lockstep } from '../lockstep.js';
+import { createLogger } from '../log.js';
+import type { LockstepServer } from '../http/server.js';
+import { DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
+import { addTenant, listTenants, migrateTenants, removeTenant } from '../tenants/tenants.js';
+import { tenantUsage } from '../tenants/quotas.js';
+import { InvalidArgumentError } from '../errors.js';
+import { EXIT, UsageError, printJson, table } from './output.js';
+import { intFlag, need, parse } from './args.js';
+
+type Handler = (argv: string[]) => Promise<number>;
+
+// The servers load fastify and the MCP SDK only when they run (dynamic
+// imports below), so that the rest of the CLI starts as fast as before.
+
+export const SERVER_HELP = `server
+  serve [--port P] [--host H] [--metrics-token T] [--grace-ms MS] [--json]
+                                  HTTP API (default ${DEFAULT_HOST}:${DEFAULT_PORT}); SIGTERM drains and stops
+  mcp [--sandbox ID] [--image NAME] [--memory MIB]
+                                  MCP server on stdio for one sandbox (created and removed if not given)
+  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json]
+                                  prints the tenant's bearer token (shown once)
+  tenant ls [--json]
+  tenant rm NAME [--force] [--json]`;
+
+async function withLockstep<T>(fn: (ls: Lockstep) => Promise<T>): Promise<T> {
+  const ls = await Lockstep.open();
+  try {
+    migrateTenants(ls.engine.catalog.db);
+    return await fn(ls);
+  } finally {
+    await ls.close();
+  }
+}
+
+function port(value: string | undefined): number {
+  const p = intFlag(value, 'port') ?? DEFAULT_PORT;
+  if (p < 0 || p > 65535) throw new InvalidArgumentError('--port', 'a port from 0 to 65535', p);
+  return p;
+}
+
+export const serverCommands: Record<string, Handler> = {
+  async serve(argv) {
+    const usage = 'lockstep serve [--port P] [--host H] [--metrics-token T] [--grace-ms MS] [--json]';
+    const { values, positionals } = parse(
+      argv,
+      { port: { type: 'string' }, host: { type: 'string' }, 'metrics-token': { type: 'string' }, 'grace-ms': { type: 'string' }, json: { type: 'boolean' } },
+      usage,
+    );
+    need(positionals, 0, usage);
+    const graceMs = intFlag(values['grace-ms'], 'grace-ms') ?? 30_000;
+    const logger = createLogger(process.env.LOCKSTEP_LOG_LEVEL ?? 'info');
+    const { createServer } = await import('../http/server.js');
+    const ls = await Lockstep.open({ logger });
+    let app: LockstepServer | undefined;
+    try {
+      app = createServer({ lockstep: ls, logger, metricsToken: values['metrics-token'] ?? process.env.LOCKSTEP_METRICS_TOKEN });
+      await app.listen({ port: port(values.port), host: values.host ?? DEFAULT_HOST });
+    } catch (e) {
+      await app?.close().catch(() => undefined);
+      await ls.close();
+      throw e;
+    }
+    const addr = app.server.address();
+    const bound = typeof addr === 'object' && addr ? { host: addr.address, port: addr.port } : { host: values.host ?? DEFAULT_HOST, port: port(values.port) };
+    const url = `http://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}`;
+    if (values.json) printJson({ url, ...bound, pid: process.pid });
+    else process.stdout.write(`lockstep: listening on ${url} (docs: ${url}/docs)\n`);
+
+    const server = app;
+    await new Promise<void>((resolve) => {
+      let signals = 0;
+      const onSignal = (sig: NodeJS.Signals) => {
+        if (++signals > 1) {
+          // A second signal: the operator does not want to wait. Operations
+          // cut off here are what the reaper finishes on the next start.
+          logger.warn({ signal: sig }, 'second signal: exiting without waiting');
+          process.exit(EXIT.failure);
+        }
+        logger.info({ signal: sig, graceMs }, 'shutting down');
+        server
+          .shutdown({ graceMs, closeLockstep: true })
+          .catch((err: unknown) => logger.error({ err }, 'shutdown failed'))
+          .finally(resolve);
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    });
+    return EXIT.ok;
+  },
+
+  async mcp(argv) {
+    const usage = 'lockstep mcp [--sandbox ID] [--image NAME] [--memory MIB]';
+    const { values, positionals } = parse(argv, { sandbox: { type: 'string' }, image: { type: 'string' }, memory: { type: 'string' } }, usage);
+    need(positionals, 0, usage);
+    const { runMcpStdio } = await import('../mcp/stdio.js');
+    await runMcpStdio({ sandboxId: values.sandbox, image: values.image, memoryMb: intFlag(values.memory, 'memory') });
+    return EXIT.ok;
+  },
+
+  async tenant(argv) {
+    const [sub, ...rest] = argv;
+    const usage = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
+    switch (sub) {
+      case 'add': {
+        const u = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json]';
+        const { values, positionals } = parse(rest, { 'max-sandboxes': { type: 'string' }, 'max-memory': { type: 'string' }, json: { type: 'boolean' } }, u);
+        const [name] = need(positionals, 1, u);
+        return withLockstep(async (ls) => {
+          const { tenant, token } = addTenant(ls.engine.catalog.db, name!, { maxSandboxes: intFlag(values['max-sandboxes'], 'max-sandboxes'), maxMemoryMb: intFlag(values['max-memory'], 'max-memory') });
+          if (values.json) printJson({ ...tenant, token });
+          else {
+            process.stdout.write(`${token}\n`);
+            process.stderr.write(`lockstep: tenant ${tenant.name} added; keep the token now: only its hash is stored\n`);
+          }
+          return EXIT.ok;
+        });
+      }
+      case 'ls': {
+        const u = 'lockstep tenant ls [--json]';
+        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, u);
+        need(positionals, 0, u);
+        return withLockstep(async (ls) => {
+          const db = ls.engine.catalog.db;
+          const rows = listTenants(db).map((t) => ({ ...t, usage: tenantUsage(db, t.name) }));
+          if (values.json) printJson(rows);
+          else {
+            const lim = (n: number | null) => (n === null ? '-' : String(n));
+            process.stdout.write(table(['NAME', 'SANDBOXES', 'MEMORY MIB', 'CREATED'], rows.map((t) => [t.name, `${t.usage.sandboxes}/${lim(t.maxSandboxes)}`, `${t.usage.memoryMb}/${lim(t.maxMemoryMb)}`, t.createdAt])) + '\n');
+          }
+          return EXIT.ok;
+        });
+      }
+      case 'rm': {
+        const u = 'lockstep tenant rm NAME [--force] [--json]';
+        const { values, positionals } = parse(rest, { force: { type: 'boolean' }, json: { type: 'boolean' } }, u);
+        const [name] = need(positionals, 1, u);
+        return withLockstep(async (ls) => {
+          removeTenant(ls.engine.catalog.db, name!, { force: values.force === true });
+          if (values.json) printJson({ name, removed: true });
+          return EXIT.ok;
+        });
+      }
+      default:
+        throw new UsageError(`unknown tenant command ${JSON.stringify(sub ?? '')}\nusage: ${usage}`);
+    }
+  },
+};

@@ -1,0 +1,136 @@
+/**
+ * Routes: read, write, remove and list files. Paths are resolved by the
+ * library beneath the sandbox root (openat2 RESOLVE_BENEATH), so ".." and
+ * symlinks that lead outside answer 400 PATH_ESCAPES_SANDBOX.
+ *
+ * Reads answer JSON ({content, encoding, sha256, observationId}) or, with
+ * Accept: application/octet-stream, the raw bytes with the hash and the
+ * observation id in X-Lockstep-Sha256 / X-Lockstep-Observation-Id. Writes
+ * take raw bytes (Content-Type: application/octet-stream, up to the file
+ * limit) or JSON {content, encoding}.
+ */
+import { TextDecoder } from 'node:util';
+import type { FastifyInstance } from 'fastify';
+import { InvalidArgumentError } from '../../errors.js';
+import { HttpError } from '../errors.js';
+import type { ApiContext } from '../context.js';
+import * as S from '../schemas.js';
+
+interface PathQuery {
+  path: string;
+  toolCallId?: string;
+  encoding?: 'utf8' | 'base64';
+}
+
+interface WriteJson {
+  content: string;
+  encoding?: 'utf8' | 'base64';
+  mode?: number;
+  toolCallId?: string;
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+function isUtf8(b: Buffer): boolean {
+  try {
+    utf8.decode(b);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBodyLimit: number }): void {
+  const tags = ['files'];
+
+  app.get<{ Params: { id: string }; Querystring: PathQuery }>(
+    '/sandboxes/:id/files',
+    {
+      schema: {
+        tags,
+        summary: 'Read a file (JSON, or raw bytes with Accept: application/octet-stream)',
+        params: S.sandboxParams,
+        querystring: S.readQuery,
+        response: { 200: S.anyObject('{path, content, encoding, sha256, bytes, observationId}'), ...S.errors() },
+      },
+    },
+    async (req, reply) => {
+      const sb = ctx.sandbox(req);
+      const r = await sb.files.read(req.query.path, { toolCallId: req.query.toolCallId });
+      if ((req.headers.accept ?? '').includes('application/octet-stream')) {
+        return reply.type('application/octet-stream').header('x-lockstep-sha256', r.sha256).header('x-lockstep-observation-id', r.observationId).send(r.content);
+      }
+      const encoding = req.query.encoding ?? (isUtf8(r.content) ? 'utf8' : 'base64');
+      return { path: req.query.path, content: r.content.toString(encoding), encoding, sha256: r.sha256, bytes: r.content.length, observationId: r.observationId };
+    },
+  );
+
+  app.put<{ Params: { id: string }; Querystring: PathQuery; Body: WriteJson | Buffer }>(
+    '/sandboxes/:id/files',
+    {
+      bodyLimit: opts.fileBodyLimit,
+      schema: {
+        tags,
+        summary: 'Write a file (raw bytes, or JSON {content, encoding})',
+        params: S.sandboxParams,
+        querystring: S.pathQuery(),
+        body: {
+          content: {
+            'application/json': { schema: S.writeJsonBody },
+            'application/octet-stream': { schema: { description: 'The raw bytes of the file' } },
+          },
+        },
+        response: { 200: S.anyObject('{path, sha256, bytes, observationId}'), ...S.errors(413, 415) },
+      },
+    },
+    async (req) => {
+      const sb = ctx.sandbox(req);
+      let data: Buffer;
+      let mode: number | undefined;
+      let toolCallId = req.query.toolCallId;
+      if (Buffer.isBuffer(req.body)) {
+        data = req.body;
+      } else if (req.headers['content-type']?.split(';')[0]?.trim().toLowerCase() !== 'application/json' || typeof req.body !== 'object') {
+        // fastify parses text/plain too, but validates only the types the schema lists.
+        throw new HttpError(415, 'UNSUPPORTED_MEDIA_TYPE', 'Send the file as application/octet-stream, or as JSON {content, encoding}', { field: 'Content-Type' });
+      } else {
+        const b = req.body;
+        if (b.encoding === 'base64' && !/^[A-Za-z0-9+/\r\n]*={0,2}\s*$/.test(b.content)) throw new InvalidArgumentError('content', 'base64 text', b.content);
+        data = Buffer.from(b.content, b.encoding ?? 'utf8');
+        mode = b.mode;
+        toolCallId = b.toolCallId ?? toolCallId;
+      }
+      const r = await sb.files.write(req.query.path, data, { ...(mode !== undefined ? { mode } : {}), toolCallId });
+      return { path: req.query.path, ...r };
+    },
+  );
+
+  app.delete<{ Params: { id: string }; Querystring: PathQuery }>(
+    '/sandboxes/:id/files',
+    { schema: { tags, summary: 'Remove a file, symlink or empty directory', params: S.sandboxParams, querystring: S.pathQuery(), response: { 200: S.anyObject('{path, removed: true}'), ...S.errors() } } },
+    async (req) => {
+      const sb = ctx.sandbox(req);
+      await sb.files.remove(req.query.path, { toolCallId: req.query.toolCallId });
+      return { path: req.query.path, removed: true };
+    },
+  );
+
+  app.get<{ Params: { id: string }; Querystring: PathQuery }>(
+    '/sandboxes/:id/files/list',
+    { schema: { tags, summary: 'List a directory', params: S.sandboxParams, querystring: S.pathQuery(), response: { 200: S.anyObject('{path, entries: [{name, path, type, size, mode, mtimeMs}], observationId}'), ...S.errors() } } },
+    async (req) => {
+      const sb = ctx.sandbox(req);
+      const entries = await sb.files.list(req.query.path, { toolCallId: req.query.toolCallId });
+      return { path: req.query.path, entries: [...entries], observationId: entries.observationId };
+    },
+  );
+
+  app.get<{ Params: { id: string }; Querystring: PathQuery }>(
+    '/sandboxes/:id/files/exists',
+    { schema: { tags, summary: 'Whether a path exists (not recorded as an observation)', params: S.sandboxParams, querystring: S.existsQuery, response: { 200: S.anyObject('{path, exists}'), ...S.errors() } } },
+    async (req) => {
+      const sb = ctx.sandbox(req);
+      return { path: req.query.path, exists: await sb.files.exists(req.query.path) };
+    },
+  );
+}
