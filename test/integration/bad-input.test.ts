@@ -125,7 +125,7 @@ integration(test, () => {
   // PRODUCT BUG (see the report): runCommand turns every helper failure with
   // exit status 125 into SANDBOX_ENTER_FAILED before its own chdir branch can
   // map a missing cwd to INVALID_ARGUMENT (cwd), as spawn already does.
-  test.serial.failing(badRun, ['pwd'], { cwd: '/does/not/exist' }, invalid('cwd'));
+  test.serial(badRun, ['pwd'], { cwd: '/does/not/exist' }, invalid('cwd'));
   test.serial(badRun, ['env'], { env: { '1BAD': 'x' } }, invalid('env.1BAD'));
   test.serial(badRun, ['env'], { env: { 'A=B': 'x' } }, invalid('env.A=B'));
   test.serial(badRun, ['env'], { env: { 'WITH SPACE': 'x' } }, invalid('env.WITH SPACE'));
@@ -223,11 +223,8 @@ integration(test, () => {
     t.is((await sb.commands.run(['echo', 'fine'])).stdout, 'fine\n');
   });
 
-  // PRODUCT BUG (see the report): SandboxFiles maps every error that has a
-  // `code` through mapError, so the SANDBOX_NOT_FOUND thrown by its root()
-  // callback comes out as FILE_ACCESS_FAILED. mapError should rethrow
-  // LockstepErrors unchanged.
-  test.serial.failing('the files API of a removed sandbox refuses with SANDBOX_NOT_FOUND', async (t) => {
+  // The files API reports the sandbox's own error, not a wrapped file error.
+  test.serial('the files API of a removed sandbox refuses with SANDBOX_NOT_FOUND', async (t) => {
     const { ls } = await fixture();
     const gone = await ls.create();
     await ls.remove(gone.id);

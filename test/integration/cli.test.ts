@@ -81,7 +81,6 @@ integration(test, () => {
     t.regex(created.id, /^sbx_[a-z0-9]+$/);
     const id = created.id;
 
-    // One after the other: concurrent managers can hit "database is locked" (see the failing test below).
     const plain = await cli(home, 'exec', id, '--', 'sh', '-c', 'echo out; echo "$GREETING" >&2; exit 7');
     const asJson = await cli(home, 'exec', id, '--json', '--', 'sh', '-c', 'echo out; echo err >&2; exit 7');
     const flags = await cli(home, 'exec', id, '--cwd', '/tmp', '--env', 'A=1', '--', 'sh', '-c', 'echo $A; pwd');
@@ -149,7 +148,6 @@ integration(test, () => {
       [2, 'INVALID_ARGUMENT', 'command', ['exec', created.id]],
       [2, 'INVALID_ARGUMENT', 'image reference', ['image', 'import', 'busybox:latest']],
     ];
-    // These open the state directory: one at a time (concurrent opens can fail, see the failing test below).
     const opening: Case[] = [
       [2, 'USAGE', undefined, ['create', '--memory', 'lots']],
       [2, 'USAGE', undefined, ['exec', created.id, '--env', 'NOEQUALS', '--', 'true']],
@@ -191,11 +189,8 @@ integration(test, () => {
     );
   });
 
-  // PRODUCT BUG (see the report): runCommand appends "lockstep: PROG: No such
-  // file or directory" to the result's stderr but never passes it to
-  // onStderr, and `lockstep exec` (without --json) prints stderr only through
-  // onStderr: the user gets exit 127 and no word about why.
-  test.serial.failing('exec of a missing program says why on stderr', async (t) => {
+  // exit 127 alone would leave the user guessing.
+  test.serial('exec of a missing program says why on stderr', async (t) => {
     const ls = await openTestLockstep(t);
     const sb = await ls.create();
     await ls.close();
@@ -204,14 +199,9 @@ integration(test, () => {
     t.regex(r.stderr, /no-such-program/);
   });
 
-  // PRODUCT BUG (see the report): every manager's Catalog constructor runs a
-  // DEFERRED transaction that reads the schema and then writes user_version;
-  // in WAL mode, when another process commits in between, SQLite refuses the
-  // read-to-write upgrade with SQLITE_BUSY at once (no busy wait), so
-  // `lockstep` commands started together fail with "database is locked"
-  // (exit 1, code INTERNAL). Fix: BEGIN IMMEDIATE (`.immediate()`) in
-  // migrate() and for write transactions in tx(), busy_timeout set first.
-  test.serial.failing('managers opening the same state directory at the same time all succeed', async (t) => {
+  // Catalog writes take the write lock up front (BEGIN IMMEDIATE), so
+  // managers opening one directory together wait instead of failing.
+  test.serial('managers opening the same state directory at the same time all succeed', async (t) => {
     const ls = await openTestLockstep(t);
     const catalog = ls.engine.paths.catalog;
     const open = () =>

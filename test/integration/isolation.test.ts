@@ -224,12 +224,9 @@ integration(test, () => {
     t.regex(more.stdout, /unshare=[1-9]/);
   });
 
-  // PRODUCT BUG (see the report): the sandbox's /proc is mounted read-write, so
-  // its root can write host-global sysctls under /proc/sys (kernel.core_pattern
-  // among them, which would make the host kernel run a program of the
-  // sandbox's choosing as host root). Fix: bind-mount /proc/sys read-only in
-  // lockstep-helper's setup_sandbox_and_exec, as runc and Docker do.
-  test.serial.failing('a sandbox cannot change host-wide kernel settings through /proc/sys', async (t) => {
+  // /proc/sys is host-wide for most entries (kernel.core_pattern would run a
+  // program as host root): the sandbox sees it read-only, as under runc.
+  test.serial('a sandbox cannot change host-wide kernel settings through /proc/sys', async (t) => {
     const ls = await openTestLockstep(t);
     const file = '/proc/sys/kernel/printk_ratelimit'; // harmless, and restored below
     const before = fs.readFileSync(file, 'utf8').trim();
@@ -241,13 +238,9 @@ integration(test, () => {
     t.regex(r.stdout, /rc=[1-9]/);
   });
 
-  // PRODUCT BUG (see the report): `lockstep-helper enter` closes inherited file
-  // descriptors only for detached processes; a foreground command gets every
-  // descriptor the manager has without close-on-exec. A manager started with
-  // a host directory open on such a descriptor hands the sandbox a path out
-  // (/proc/self/fd/N/...). Fix: close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) in
-  // cmd_enter's child before exec (and close_range instead of the 1024 loops).
-  test.serial.failing('a command gets no file descriptor the manager inherited', async (t) => {
+  // A descriptor the manager inherited would be a path out of the sandbox
+  // (/proc/self/fd/N/...): commands get none.
+  test.serial('a command gets no file descriptor the manager inherited', async (t) => {
     const ls = await openTestLockstep(t);
     const sb = await ls.create();
     const hostDir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-hostdir-'));

@@ -1,0 +1,147 @@
+import test from 'ava';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { createHash } from 'node:crypto';
+import { Catalog, type SandboxState } from '../../src/catalog/catalog.js';
+import { addTenant, authenticate, getTenant, listTenants, migrateTenants, removeTenant, TOKEN_PREFIX } from '../../src/tenants/tenants.js';
+import { QuotaGate, checkQuota, tenantUsage } from '../../src/tenants/quotas.js';
+
+function catalog(t: { teardown: (fn: () => void) => void }): Catalog {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
+  const c = new Catalog(path.join(dir, 'catalog.db'), [migrateTenants]);
+  c.putImage({ name: 'base', rootfs: '/nowhere', source: 'test', size_bytes: 0, created_at: 0, deleted: 0 });
+  t.teardown(() => {
+    c.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  return c;
+}
+
+let n = 0;
+/** A sandbox row with just what quotas read (raw SQL, so the test does not follow every catalog column). */
+function sandbox(c: Catalog, tenant: string | null, memoryMb: number, state: SandboxState = 'running'): string {
+  const id = `sbx_unit${n++}`;
+  c.db
+    .prepare(
+      `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, memory_bytes, hostname, lineage_id, branch_id, created_at)
+       VALUES (?, ?, 'base', 'rt', ?, ?, ?, 'lin', 'br', ?)`,
+    )
+    .run(id, tenant, state, memoryMb * 1024 * 1024, id, Date.now());
+  return id;
+}
+
+test('a token is shown once: only its sha256 is stored, and it authenticates its tenant only', (t) => {
+  const c = catalog(t);
+  const a = addTenant(c.db, 'acme', { maxSandboxes: 3 }, () => 1_700_000_000_000);
+  const b = addTenant(c.db, 'globex');
+  t.true(a.token.startsWith(TOKEN_PREFIX));
+  t.is(Buffer.from(a.token.slice(TOKEN_PREFIX.length), 'base64url').length, 32);
+  t.not(a.token, b.token);
+  t.deepEqual(a.tenant, { name: 'acme', createdAt: '2023-11-14T22:13:20.000Z', maxSandboxes: 3, maxMemoryMb: null });
+
+  const stored = c.db.prepare('SELECT * FROM tenants WHERE name = ?').get('acme') as Record<string, unknown>;
+  t.deepEqual(stored.token_hash, createHash('sha256').update(a.token).digest());
+  const dump = JSON.stringify(c.db.prepare('SELECT * FROM tenants').all());
+  t.false(dump.includes(a.token.slice(TOKEN_PREFIX.length)), 'the token itself is nowhere in the table');
+
+  t.is(authenticate(c.db, a.token)?.name, 'acme');
+  t.is(authenticate(c.db, b.token)?.name, 'globex');
+  for (const bad of [undefined, '', 'acme', a.token + 'x', a.token.slice(0, -1), a.token.replace(TOKEN_PREFIX, 'xxx_'), 42, TOKEN_PREFIX + 'a'.repeat(500)]) {
+    t.is(authenticate(c.db, bad), undefined, String(bad));
+  }
+});
+
+test('names are validated; a name is unique; removal revokes the token and refuses while sandboxes remain', (t) => {
+  const c = catalog(t);
+  for (const bad of ['', 'Acme', 'a b', '-x', 'x'.repeat(64), '../x']) t.throws(() => addTenant(c.db, bad), { code: 'INVALID_ARGUMENT' }, bad);
+  t.throws(() => addTenant(c.db, 'ok', { maxSandboxes: -1 }), { code: 'INVALID_ARGUMENT', message: /maxSandboxes/ });
+  t.throws(() => addTenant(c.db, 'ok', { maxMemoryMb: 1.5 }), { code: 'INVALID_ARGUMENT', message: /maxMemoryMb/ });
+  const { token } = addTenant(c.db, 'acme');
+  t.throws(() => addTenant(c.db, 'acme'), { code: 'TENANT_EXISTS' });
+  t.deepEqual(listTenants(c.db).map((x) => x.name), ['acme']);
+
+  const id = sandbox(c, 'acme', 64);
+  t.throws(() => removeTenant(c.db, 'acme'), { code: 'TENANT_HAS_SANDBOXES' });
+  t.is(authenticate(c.db, token)?.name, 'acme');
+  c.deleteSandboxRow(id);
+  removeTenant(c.db, 'acme');
+  t.is(authenticate(c.db, token), undefined);
+  t.throws(() => getTenant(c.db, 'acme'), { code: 'TENANT_NOT_FOUND' });
+  t.throws(() => removeTenant(c.db, 'acme'), { code: 'TENANT_NOT_FOUND' });
+
+  addTenant(c.db, 'forced');
+  sandbox(c, 'forced', 64);
+  removeTenant(c.db, 'forced', { force: true });
+  t.deepEqual(listTenants(c.db), []);
+});
+
+test('removing a tenant forgets its stored idempotent responses', (t) => {
+  const c = catalog(t);
+  c.db.exec('CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)');
+  addTenant(c.db, 'acme');
+  c.db.prepare("INSERT INTO http_idempotency VALUES ('acme', 'k', 'h', 201, '{}', 0, 0), ('other', 'k', 'h', 201, '{}', 0, 0)").run();
+  removeTenant(c.db, 'acme');
+  t.deepEqual(c.db.prepare('SELECT tenant FROM http_idempotency').pluck().all(), ['other']);
+});
+
+test('usage counts existing sandboxes, and the memory of running and creating ones', (t) => {
+  const c = catalog(t);
+  sandbox(c, 'acme', 128);
+  sandbox(c, 'acme', 64, 'creating');
+  sandbox(c, 'acme', 512, 'stopped');
+  sandbox(c, 'acme', 1024, 'removing');
+  sandbox(c, 'other', 2048);
+  sandbox(c, null, 4096);
+  t.deepEqual(tenantUsage(c.db, 'acme'), { sandboxes: 3, memoryMb: 192 });
+  t.deepEqual(tenantUsage(c.db, 'nobody'), { sandboxes: 0, memoryMb: 0 });
+});
+
+const quotaCases: [string, { maxSandboxes: number | null; maxMemoryMb: number | null }, { count: number; memoryMb: number }, string | null][] = [
+  ['no limits', { maxSandboxes: null, maxMemoryMb: null }, { count: 64, memoryMb: 1 << 20 }, null],
+  ['exactly at the sandbox limit', { maxSandboxes: 3, maxMemoryMb: null }, { count: 1, memoryMb: 64 }, null],
+  ['one past the sandbox limit', { maxSandboxes: 3, maxMemoryMb: null }, { count: 2, memoryMb: 64 }, 'maxSandboxes'],
+  ['exactly at the memory limit', { maxSandboxes: null, maxMemoryMb: 384 }, { count: 2, memoryMb: 128 }, null],
+  ['past the memory limit', { maxSandboxes: null, maxMemoryMb: 384 }, { count: 2, memoryMb: 129 }, 'maxMemoryMb'],
+  ['a zero quota', { maxSandboxes: 0, maxMemoryMb: null }, { count: 1, memoryMb: 16 }, 'maxSandboxes'],
+];
+for (const [name, quotas, want, exceeded] of quotaCases) {
+  test(`quota check: ${name}`, (t) => {
+    const c = catalog(t);
+    addTenant(c.db, 'acme', quotas);
+    sandbox(c, 'acme', 64);
+    sandbox(c, 'acme', 64);
+    const tenant = getTenant(c.db, 'acme');
+    if (exceeded === null) t.notThrows(() => checkQuota(c.db, tenant, want));
+    else {
+      const e = t.throws(() => checkQuota(c.db, tenant, want), { code: 'QUOTA_EXCEEDED' });
+      t.is((e as unknown as { details: { quota: string } }).details.quota, exceeded);
+    }
+  });
+}
+
+test('the quota gate runs one check-and-create at a time per tenant, and tenants in parallel', async (t) => {
+  const gate = new QuotaGate();
+  const log: string[] = [];
+  let release!: () => void;
+  const blocked = new Promise<void>((r) => (release = r));
+  const first = gate.run('a', async () => {
+    log.push('a1 start');
+    await blocked;
+    log.push('a1 end');
+  });
+  const second = gate.run('a', async () => {
+    log.push('a2');
+  });
+  const other = gate.run('b', async () => {
+    log.push('b1');
+  });
+  await other;
+  t.deepEqual(log, ['a1 start', 'b1']);
+  release();
+  await Promise.all([first, second]);
+  t.deepEqual(log, ['a1 start', 'b1', 'a1 end', 'a2']);
+  // A failure does not block the next one.
+  await t.throwsAsync(gate.run('a', async () => Promise.reject(new Error('boom'))), { message: 'boom' });
+  t.is(await gate.run('a', async () => 7), 7);
+});
