@@ -28,10 +28,14 @@ newer_than() {
 	[[ -n $(find "$@" -newer "$stamp" -print -quit 2>/dev/null) ]]
 }
 
-# 2. npm dependencies (npm ci keeps package-lock.json authoritative).
-if [[ ! -d node_modules ]] || newer_than node_modules/.package-lock.json package.json package-lock.json; then
+# 2. npm dependencies (npm ci keeps package-lock.json authoritative). Keyed
+# by the lock file's content, so editing scripts in package.json does not
+# reinstall everything.
+lock_hash=$(sha256sum package-lock.json | cut -d' ' -f1)
+if [[ ! -d node_modules || $(cat node_modules/.lockstep-lock-hash 2>/dev/null) != "$lock_hash" ]]; then
 	log "installing npm dependencies"
 	npm ci --no-audit --no-fund >&2
+	echo "$lock_hash" >node_modules/.lockstep-lock-hash
 fi
 
 # 3. Native addon, helper and init.
