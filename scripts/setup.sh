@@ -52,5 +52,10 @@ if newer_than dist/.tsbuildinfo src test bench demo tsconfig.json package.json; 
 	touch dist/.tsbuildinfo
 fi
 
-# 5. The base image in the build cache (tests and the demo copy it in by hard links).
-node dist/src/cli/main.js image cache base
+# 5. Images in the build cache (tests and the demo copy them in by hard
+# links): base always; more with --images a,b (npm test asks for dev too, so
+# that no test has to build it).
+images=base
+if [[ ${1:-} == --images ]]; then images=${2:?--images needs a comma-separated list}; fi
+IFS=, read -r -a image_list <<<"$images"
+for img in "${image_list[@]}"; do node dist/src/cli/main.js image cache "$img"; done

@@ -13,7 +13,7 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { projectRoot } from '../native/binding.js';
+import { native, projectRoot } from '../native/binding.js';
 import { AlreadyExistsError, HostError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
 import type { StatePaths } from '../paths.js';
@@ -216,11 +216,21 @@ async function copyTree(from: string, to: string): Promise<void> {
 
 /** Runs a recipe into the build cache keyed by the recipe's hash; a finished entry is reused. */
 async function buildIntoCache(name: string, progress: ProgressFn): Promise<string> {
-  {
-    const cacheRoot = path.join(buildCacheDir(), 'images');
-    const dir = path.join(cacheRoot, `${name}-${recipeHash(name)}`);
+  const cacheRoot = path.join(buildCacheDir(), 'images');
+  const dir = path.join(cacheRoot, `${name}-${recipeHash(name)}`);
+  if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
+  fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
+  // One build per recipe at a time, across processes (parallel test files,
+  // a demo next to a test run): the others wait and then use its result.
+  const lockFd = fs.openSync(path.join(cacheRoot, `.${name}.lock`), fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
+  try {
+    let announced = false;
+    while (!native().flock(lockFd, true)) {
+      if (!announced) progress(`waiting for another build of image ${name}`);
+      announced = true;
+      await new Promise((r) => setTimeout(r, 200));
+    }
     if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
-    fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
     const tmp = fs.mkdtempSync(path.join(cacheRoot, `.build-${name}-`));
     try {
       const rootfs = path.join(tmp, 'rootfs');
@@ -240,5 +250,7 @@ async function buildIntoCache(name: string, progress: ProgressFn): Promise<strin
       fs.rmSync(tmp, { recursive: true, force: true });
       throw e;
     }
+  } finally {
+    fs.closeSync(lockFd);
   }
 }
