@@ -3,24 +3,16 @@
  * report, and the effect ledger.
  */
 import fs from 'node:fs';
-import { Lockstep } from '../lockstep.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { need, parse } from './args.js';
 import { CONTEXT_FORMATS, type AgentContext } from '../context/formats.js';
 import { InvalidArgumentError } from '../errors.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import type { Reversibility } from '../effects/effect-ledger.js';
+import { withLockstep } from './session.js';
 
 type Handler = (argv: string[]) => Promise<number>;
 
-async function withLockstep<T>(fn: (ls: Lockstep) => Promise<T>): Promise<T> {
-  const ls = await Lockstep.open();
-  try {
-    return await fn(ls);
-  } finally {
-    await ls.close();
-  }
-}
 
 function jsonArg(text: string | undefined, field: string): JsonValue {
   if (text === undefined) throw new InvalidArgumentError(field, 'a JSON value', undefined);

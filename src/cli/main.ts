@@ -5,7 +5,6 @@
  * with --json). See `lockstep help`.
  */
 import fs from 'node:fs';
-import { Lockstep } from '../lockstep.js';
 import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } from './output.js';
 import { envFlags, intFlag, need, parse, splitCommand } from './args.js';
 import { runDoctor } from '../host/doctor.js';
@@ -14,6 +13,7 @@ import { ImageStore, validateImageName } from '../images/image-store.js';
 import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
 import { SERVER_HELP, serverCommands } from './server-commands.js';
+import { withLockstep } from './session.js';
 
 const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for AI agents
 
@@ -59,14 +59,6 @@ exits with the command's own exit code.`;
 
 type Handler = (argv: string[]) => Promise<number>;
 
-async function withLockstep<T>(fn: (ls: Lockstep) => Promise<T>): Promise<T> {
-  const ls = await Lockstep.open();
-  try {
-    return await fn(ls);
-  } finally {
-    await ls.close();
-  }
-}
 
 const commands: Record<string, Handler> = {
   async help() {

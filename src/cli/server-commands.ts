@@ -7,11 +7,12 @@ import { Lockstep } from '../lockstep.js';
 import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
 import { DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
-import { addTenant, listTenants, migrateTenants, removeTenant } from '../tenants/tenants.js';
+import { addTenant, listTenants, removeTenant } from '../tenants/tenants.js';
 import { tenantUsage } from '../tenants/quotas.js';
 import { InvalidArgumentError } from '../errors.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { intFlag, need, parse } from './args.js';
+import { withLockstep } from './session.js';
 
 type Handler = (argv: string[]) => Promise<number>;
 
@@ -28,15 +29,6 @@ export const SERVER_HELP = `server
   tenant ls [--json]
   tenant rm NAME [--force] [--json]`;
 
-async function withLockstep<T>(fn: (ls: Lockstep) => Promise<T>): Promise<T> {
-  const ls = await Lockstep.open();
-  try {
-    migrateTenants(ls.engine.catalog.db);
-    return await fn(ls);
-  } finally {
-    await ls.close();
-  }
-}
 
 function port(value: string | undefined): number {
   const p = intFlag(value, 'port') ?? DEFAULT_PORT;

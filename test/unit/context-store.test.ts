@@ -1,6 +1,4 @@
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { statSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import test, { type ExecutionContext } from 'ava';
 import Database from 'better-sqlite3';
@@ -15,16 +13,10 @@ import {
   rebuild,
   validateContext,
 } from '../../src/context/formats.js';
+import { openTestDb } from '../helpers/sqlite.js';
 
 function openDb(t: ExecutionContext): Database.Database {
-  const dir = mkdtempSync(join(tmpdir(), 'lockstep-context-'));
-  const db = new Database(join(dir, 'state.db'));
-  db.pragma('journal_mode = WAL');
-  t.teardown(() => {
-    db.close();
-    rmSync(dir, { recursive: true, force: true });
-  });
-  return db;
+  return openTestDb(t, 'context');
 }
 
 // Deterministic text, so the measured numbers are reproducible.

@@ -1,20 +1,11 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import test, { type ExecutionContext } from 'ava';
 import Database from 'better-sqlite3';
 import { type ObservationInput, ObservationLog } from '../../src/provenance/observations.js';
 import { type VerdictInput, VerdictLog } from '../../src/provenance/verdicts.js';
+import { openTestDb } from '../helpers/sqlite.js';
 
 function openDb(t: ExecutionContext): Database.Database {
-  const dir = mkdtempSync(join(tmpdir(), 'lockstep-provenance-'));
-  const db = new Database(join(dir, 'state.db'));
-  db.pragma('journal_mode = WAL');
-  t.teardown(() => {
-    db.close();
-    rmSync(dir, { recursive: true, force: true });
-  });
-  return db;
+  return openTestDb(t, 'provenance');
 }
 
 /**

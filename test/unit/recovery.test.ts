@@ -1,6 +1,3 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import test, { type ExecutionContext } from 'ava';
 import Database from 'better-sqlite3';
 import { ContextStore } from '../../src/context/context-store.js';
@@ -9,16 +6,10 @@ import { buildRecoverySummary } from '../../src/context/recovery.js';
 import { type EffectContext, EffectLedger } from '../../src/effects/effect-ledger.js';
 import { ObservationLog } from '../../src/provenance/observations.js';
 import { VerdictLog } from '../../src/provenance/verdicts.js';
+import { openTestDb } from '../helpers/sqlite.js';
 
 function openDb(t: ExecutionContext): Database.Database {
-  const dir = mkdtempSync(join(tmpdir(), 'lockstep-recovery-'));
-  const db = new Database(join(dir, 'state.db'));
-  db.pragma('journal_mode = WAL');
-  t.teardown(() => {
-    db.close();
-    rmSync(dir, { recursive: true, force: true });
-  });
-  return db;
+  return openTestDb(t, 'recovery');
 }
 
 const isAncestorOfCkpt1 = (id: string) => id === 'ckpt_1';
