@@ -109,7 +109,8 @@ static Napi::Value MakeSharedMount(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string path = StringArg(info, 0, "path");
   bool bind = BoolArg(info, 1, true);
-  if (bind && ::mount(path.c_str(), path.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+  // MS_REC: mounts already below path (roots of running sandboxes) stay visible.
+  if (bind && ::mount(path.c_str(), path.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
     ThrowSystemError(env, errno, "mount(MS_BIND)", path);
     return env.Undefined();
   }

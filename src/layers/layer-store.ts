@@ -79,7 +79,15 @@ export class LayerStore {
 
   /** Unmounts a loop-mounted store (tests and `lockstep` teardown); nothing else may be using it. */
   static unmount(paths: StatePaths): void {
-    if (isBtrfs(paths.store) && !isBtrfs(paths.home)) native().unmount(paths.store, false);
+    if (!isBtrfs(paths.store) || isBtrfs(paths.home)) return;
+    try {
+      native().unmount(paths.store, false);
+    } catch (e) {
+      // Still busy (a process of another tool looking at it): detach it; the
+      // kernel frees the loop device when the last user goes.
+      if ((e as NodeJS.ErrnoException).code !== 'EBUSY') throw e;
+      native().unmount(paths.store, true);
+    }
   }
 
   upperDir(sandboxId: string): { upper: string; work: string } {
