@@ -176,13 +176,12 @@ integration(test, () => {
     const id: string = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
     const base = (await api.post(`/v1/sandboxes/${id}/checkpoints`, { label: 'base' })).body.id as string;
 
-    const inFlight = async (p: Promise<unknown>) => {
-      for (let i = 0; i < 100_000 && app.operations.size === 0; i++) await new Promise((r) => setImmediate(r));
-      return p;
-    };
+    // Wait (by time, not by a count of event-loop turns) until one of the two
+    // is in flight, then shut down while it still is.
     const ck = api.post(`/v1/sandboxes/${id}/checkpoints`, { label: 'during shutdown' });
     const rb = api.post(`/v1/sandboxes/${id}/rollback`, { checkpointId: base });
-    await inFlight(ck);
+    const deadline = Date.now() + 10_000;
+    while (app.operations.size === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 1));
     t.true(app.operations.size > 0, 'an operation was in flight');
     const report = await app.shutdown({ graceMs: 30_000 });
     t.deepEqual(report, { aborted: [], abandoned: [] });
