@@ -52,16 +52,21 @@ export function ownCheckpoint(engine: Engine, row: SandboxRow, checkpointId: str
   return ckpt;
 }
 
-/** The destructive part, shared by rollback and the reaper's roll-forward. */
-export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, t: Partial<RollbackTimings>): Promise<number> {
-  const { runtime, layers, catalog } = engine;
-  let m = performance.now();
-  catalog.setOperationPhase(opId, 'killing');
-  await runtime.killProcesses(row.instance);
+/** The point of no return: the journal says so first, so a crash from here on rolls forward. */
+async function killCurrentTree(engine: Engine, row: SandboxRow, opId: string, t: Partial<RollbackTimings>): Promise<void> {
+  const m = performance.now();
+  engine.catalog.setOperationPhase(opId, 'killing');
+  await engine.runtime.killProcesses(row.instance);
   t.killMs = performance.now() - m;
   engine.fault('rollback:killed');
+}
 
-  m = performance.now();
+/** The destructive part, shared by rollback and the reaper's roll-forward. */
+export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, t: Partial<RollbackTimings>): Promise<number> {
+  const { runtime, layers } = engine;
+  await killCurrentTree(engine, row, opId, t);
+
+  let m = performance.now();
   runtime.unmountRoot(row.instance);
   layers.resetUpperTo(row.instance, ckpt.layer_id);
   t.layerMs = performance.now() - m;
@@ -92,14 +97,10 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
  * whose resources the caller removes afterwards.
  */
 export async function swapInStandby(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, branchId: string, t: Partial<RollbackTimings>) {
-  const { runtime, catalog, cgroups } = engine;
+  const { runtime, cgroups } = engine;
   const key = row.standby_instance!;
-  let m = performance.now();
-  catalog.setOperationPhase(opId, 'killing');
-  await runtime.killProcesses(row.instance);
-  t.killMs = performance.now() - m;
-  engine.fault('rollback:killed');
-  m = performance.now();
+  await killCurrentTree(engine, row, opId, t);
+  const m = performance.now();
   const parts = commitRollback(engine, row, ckpt, opId, row.standby_pid!, branchId, {
     instance: key,
     standby_instance: null,
