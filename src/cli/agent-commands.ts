@@ -3,7 +3,7 @@
  * report, and the effect ledger.
  */
 import fs from 'node:fs';
-import { EXIT, UsageError, printJson, table } from './output.js';
+import { EXIT, Progress, UsageError, printJson, table } from './output.js';
 import { need, parse } from './args.js';
 import { CONTEXT_FORMATS, type AgentContext } from '../context/formats.js';
 import { InvalidArgumentError } from '../errors.js';
@@ -69,7 +69,10 @@ export const agentCommands: Record<string, Handler> = {
     const [id] = need(positionals, 1, usage);
     const context = values.context ? readContextFile(values.context, values['context-format'], values['media-type']) : undefined;
     return withLockstep(async (ls) => {
-      const ck = await ls.get(id!).checkpoint({ label: values.label, context });
+      // A large sandbox takes a while: a spinner on a terminal, nothing otherwise.
+      const progress = new Progress(values.json === true, { ttyOnly: true });
+      progress.update(`checkpointing ${id}`);
+      const ck = await ls.get(id!).checkpoint({ label: values.label, context }).finally(() => progress.done());
       if (values.json) printJson(ck);
       else process.stdout.write(`${ck.id}  (${ck.timings.totalMs?.toFixed(1)} ms, frozen ${ck.timings.frozenMs?.toFixed(1)} ms)\n`);
       return EXIT.ok;
@@ -81,7 +84,12 @@ export const agentCommands: Record<string, Handler> = {
     const { values, positionals } = parse(argv, { policy: { type: 'string' }, failure: { type: 'string' }, lesson: { type: 'string', multiple: true }, json: { type: 'boolean' } }, usage);
     const [id, ckpt] = need(positionals, 2, usage);
     return withLockstep(async (ls) => {
-      const r = await ls.get(id!).rollback(ckpt!, { policy: values.policy as 'warn' | 'refuse' | undefined, failure: values.failure, lessons: values.lesson });
+      const progress = new Progress(values.json === true, { ttyOnly: true });
+      progress.update(`rolling ${id} back to ${ckpt}`);
+      const r = await ls
+        .get(id!)
+        .rollback(ckpt!, { policy: values.policy as 'warn' | 'refuse' | undefined, failure: values.failure, lessons: values.lesson })
+        .finally(() => progress.done());
       if (values.json) printJson(r);
       else {
         process.stdout.write(`${id} rolled back to ${ckpt} in ${r.timings.totalMs.toFixed(1)} ms (new branch ${r.branchId})\n`);

@@ -31,7 +31,7 @@ checkpoints
   rollback ID CHECKPOINT [--policy warn|refuse] [--failure TEXT] [--lesson TEXT]... [--json]
   fork ID CHECKPOINT [--count N] [--json]
   checkpoints ID [--json]
-  log ID
+  log ID [--json]
 
 effects
   effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable]
@@ -183,12 +183,16 @@ const commands: Record<string, Handler> = {
   },
 
   async log(argv) {
-    const usage = 'lockstep log ID';
-    const { positionals } = parse(argv, {}, usage);
+    const usage = 'lockstep log ID [--json]';
+    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
     const [id] = need(positionals, 1, usage);
     return withLockstep(async (ls) => {
-      ls.get(id!);
-      process.stdout.write(drawTree(ls.engine, ls.engine.catalog.sandbox(id!)!, { color: useColor() }) + '\n');
+      const sb = ls.get(id!);
+      if (values.json) {
+        // The tree as data: checkpoints with parent links, the head, and the forks started from them.
+        const forks = ls.list().filter((s) => s.forkedFrom && sb.checkpoints().some((c) => c.id === s.forkedFrom));
+        printJson({ sandboxId: sb.id, head: sb.info().headCheckpointId, checkpoints: sb.checkpoints(), forks: forks.map((f) => ({ id: f.id, forkedFrom: f.forkedFrom, state: f.state })) });
+      } else process.stdout.write(drawTree(ls.engine, ls.engine.catalog.sandbox(id!)!, { color: useColor() }) + '\n');
       return EXIT.ok;
     });
   },
@@ -229,7 +233,7 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'import': {
-        const { values, positionals } = parse(rest, { name: { type: 'string' }, json: { type: 'boolean' } }, 'lockstep image import docker:REF [--name NAME]');
+        const { values, positionals } = parse(rest, { name: { type: 'string' }, json: { type: 'boolean' } }, 'lockstep image import docker:REF [--name NAME] [--json]');
         const [src] = need(positionals, 1, 'lockstep image import docker:REF [--name NAME]');
         const ref = dockerRef(src!);
         const name = values.name ?? ref.replace(/^.*\//, '').replace(/[:@].*$/, '').toLowerCase();
@@ -241,19 +245,24 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'export': {
-        const { positionals } = parse(rest, {}, 'lockstep image export NAME docker:REF');
-        const [name, dst] = need(positionals, 2, 'lockstep image export NAME docker:REF');
+        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image export NAME docker:REF [--json]');
+        const [name, dst] = need(positionals, 2, 'lockstep image export NAME docker:REF [--json]');
         return withLockstep(async (ls) => {
+          const progress = new Progress(values.json === true);
+          progress.update(`exporting ${name} to ${dst}`);
           await ls.images.exportToDocker(name!, dockerRef(dst!));
+          progress.done();
+          if (values.json) printJson({ name, ref: dockerRef(dst!) });
           return EXIT.ok;
         });
       }
       case 'cache': {
-        const { positionals } = parse(rest, {}, 'lockstep image cache NAME');
-        const [name] = need(positionals, 1, 'lockstep image cache NAME');
-        const progress = new Progress();
-        await ImageStore.cacheRecipe(name!, (m) => progress.update(m));
+        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image cache NAME [--json]');
+        const [name] = need(positionals, 1, 'lockstep image cache NAME [--json]');
+        const progress = new Progress(values.json === true);
+        const rootfs = await ImageStore.cacheRecipe(name!, (m) => progress.update(m));
         progress.done();
+        if (values.json) printJson({ name, rootfs });
         return EXIT.ok;
       }
       default:

@@ -62,12 +62,16 @@ export class Progress {
   private text = '';
   private frame = 0;
   private readonly tty = process.stderr.isTTY === true && !process.env.CI;
-  constructor(private readonly quiet = false) {}
+  /** ttyOnly: for short operations, draw on a terminal but print nothing to a pipe or log. */
+  constructor(
+    private readonly quiet = false,
+    private readonly opts: { ttyOnly?: boolean } = {},
+  ) {}
   update(text: string): void {
     if (this.quiet) return;
     this.text = text;
     if (!this.tty) {
-      process.stderr.write(`${text}\n`);
+      if (!this.opts.ttyOnly) process.stderr.write(`${text}\n`);
       return;
     }
     if (!this.timer) {
