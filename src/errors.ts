@@ -36,7 +36,8 @@ export class InvalidArgumentError extends LockstepError {
 /** A named thing (sandbox, image, checkpoint, effect, ...) does not exist, or is not visible to the caller. */
 export class NotFoundError extends LockstepError {
   constructor(kind: 'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant', id: string) {
-    super(`${kind.toUpperCase()}_NOT_FOUND`, `No ${kind} with id ${JSON.stringify(id)}`, { details: { kind, id } });
+    const what = kind === 'image' || kind === 'tenant' ? `named ${JSON.stringify(id)}` : `with id ${JSON.stringify(id)}`;
+    super(`${kind.toUpperCase()}_NOT_FOUND`, `No ${kind} ${what}`, { details: { kind, id } });
   }
 }
 

@@ -114,6 +114,12 @@ export class ImageStore {
   /** Builds if missing; used by setup and the demo. */
   async ensure(name: string, progress?: ProgressFn): Promise<ImageRow> {
     if (this.has(name)) return this.get(name);
+    // Removed while still in use (hidden, not yet collected): take it back.
+    const hidden = this.catalog.image(validateImageName(name));
+    if (hidden?.deleted) {
+      this.catalog.putImage({ ...hidden, deleted: 0 });
+      return this.get(name);
+    }
     return this.build(name, progress ? { progress } : {});
   }
 
