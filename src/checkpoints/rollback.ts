@@ -99,8 +99,15 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
 export async function swapInStandby(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, branchId: string, t: Partial<RollbackTimings>) {
   const { runtime, cgroups } = engine;
   const key = row.standby_instance!;
-  await killCurrentTree(engine, row, opId, t);
-  const m = performance.now();
+  // Freezing is enough here: the old tree can do nothing more, and killing a
+  // big tree (waiting for its memory to be freed) happens after the answer,
+  // with the rest of the old instance.
+  let m = performance.now();
+  engine.catalog.setOperationPhase(opId, 'killing');
+  await cgroups.freeze(runtime.cgroupName(row.instance));
+  t.killMs = performance.now() - m;
+  engine.fault('rollback:killed');
+  m = performance.now();
   const parts = commitRollback(engine, row, ckpt, opId, row.standby_pid!, branchId, {
     instance: key,
     standby_instance: null,
