@@ -17,7 +17,7 @@
         "native/addon/mounts.cc",
         "native/addon/btrfs.cc",
         "native/addon/files.cc",
-        "native/addon/processes.cc",
+        "native/addon/locks.cc",
         "native/addon/criu.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],

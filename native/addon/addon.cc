@@ -9,7 +9,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitMounts(env, exports);
   InitBtrfs(env, exports);
   InitFiles(env, exports);
-  InitProcesses(env, exports);
+  InitLocks(env, exports);
   InitCriu(env, exports);
   return exports;
 }

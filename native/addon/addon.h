@@ -5,6 +5,6 @@ namespace lockstep {
 void InitMounts(Napi::Env env, Napi::Object exports);
 void InitBtrfs(Napi::Env env, Napi::Object exports);
 void InitFiles(Napi::Env env, Napi::Object exports);
-void InitProcesses(Napi::Env env, Napi::Object exports);
+void InitLocks(Napi::Env env, Napi::Object exports);
 void InitCriu(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

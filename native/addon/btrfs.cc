@@ -111,28 +111,6 @@ static Napi::Value SubvolumeDelete(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(env, true);
 }
 
-// subvolumeSetReadonly(path, readonly)
-static Napi::Value SubvolumeSetReadonly(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  std::string path = StringArg(info, 0, "path");
-  bool readonly = BoolArg(info, 1, true);
-  UniqueFd fd(OpenDir(path));
-  if (!fd.valid()) {
-    ThrowSystemError(env, errno, "open", path);
-    return env.Undefined();
-  }
-  __u64 flags = 0;
-  if (::ioctl(fd.get(), BTRFS_IOC_SUBVOL_GETFLAGS, &flags) != 0) {
-    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_SUBVOL_GETFLAGS)", path);
-    return env.Undefined();
-  }
-  flags = readonly ? (flags | BTRFS_SUBVOL_RDONLY) : (flags & ~static_cast<__u64>(BTRFS_SUBVOL_RDONLY));
-  if (::ioctl(fd.get(), BTRFS_IOC_SUBVOL_SETFLAGS, &flags) != 0) {
-    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_SUBVOL_SETFLAGS)", path);
-  }
-  return env.Undefined();
-}
-
 // syncFilesystem(path): syncfs(2) on the filesystem holding path. On btrfs
 // this commits the transaction, which makes created snapshots durable.
 static Napi::Value SyncFilesystem(const Napi::CallbackInfo& info) {
@@ -151,7 +129,6 @@ void InitBtrfs(Napi::Env env, Napi::Object exports) {
   exports.Set("subvolumeCreate", Napi::Function::New(env, SubvolumeCreate));
   exports.Set("subvolumeSnapshot", Napi::Function::New(env, SubvolumeSnapshot));
   exports.Set("subvolumeDelete", Napi::Function::New(env, SubvolumeDelete));
-  exports.Set("subvolumeSetReadonly", Napi::Function::New(env, SubvolumeSetReadonly));
   exports.Set("syncFilesystem", Napi::Function::New(env, SyncFilesystem));
 }
 

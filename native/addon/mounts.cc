@@ -90,18 +90,6 @@ static Napi::Value FilesystemType(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, static_cast<double>(static_cast<unsigned long>(st.f_type)));
 }
 
-// mountTmpfs(target, options) — used for CRIU's scratch space and the btrfs
-// store's mount point checks.
-static Napi::Value MountTmpfs(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  std::string target = StringArg(info, 0, "target");
-  std::string opts = StringArg(info, 1, "options");
-  if (::mount("tmpfs", target.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
-    ThrowSystemError(env, errno, "mount(tmpfs)", target);
-  }
-  return env.Undefined();
-}
-
 // makeSharedMount(path): bind-mounts path onto itself (if needed) and marks
 // it shared, so mounts made under it propagate to slave namespaces (the CRIU
 // service's).
@@ -120,24 +108,11 @@ static Napi::Value MakeSharedMount(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// bindMount(source, target)
-static Napi::Value BindMount(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  std::string source = StringArg(info, 0, "source");
-  std::string target = StringArg(info, 1, "target");
-  if (::mount(source.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) != 0) {
-    ThrowSystemError(env, errno, "mount(MS_BIND)", target);
-  }
-  return env.Undefined();
-}
-
 void InitMounts(Napi::Env env, Napi::Object exports) {
   exports.Set("makeSharedMount", Napi::Function::New(env, MakeSharedMount));
-  exports.Set("bindMount", Napi::Function::New(env, BindMount));
   exports.Set("mountOverlay", Napi::Function::New(env, MountOverlay));
   exports.Set("unmount", Napi::Function::New(env, Unmount));
   exports.Set("filesystemType", Napi::Function::New(env, FilesystemType));
-  exports.Set("mountTmpfs", Napi::Function::New(env, MountTmpfs));
 }
 
 }  // namespace lockstep

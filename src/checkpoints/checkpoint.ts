@@ -43,9 +43,6 @@ export interface CheckpointInfo {
   timings: Partial<CheckpointTimings>;
 }
 
-/** Extra work done inside the checkpoint's catalog transaction (the agent context and ledger cursor). */
-export type CheckpointTxHook = (row: SandboxRow, checkpointId: string) => { contextId: string | null; ledgerCursor: number; contextBytes?: number };
-
 export function checkpointInfo(row: CheckpointRow): CheckpointInfo {
   return {
     id: row.id,
@@ -68,7 +65,7 @@ export function validateLabel(label: unknown): string | null {
   return label;
 }
 
-export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: CheckpointOptions = {}, txHook?: CheckpointTxHook): Promise<CheckpointInfo> {
+export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
   const label = validateLabel(opts.label);
   const context = opts.context === undefined ? undefined : AgentState.validateContext(opts.context);
   if (row.state !== 'running' || !row.init_pid) throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running`, { sandboxId: row.id });
@@ -118,7 +115,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     let committed!: CheckpointRow;
     catalog.tx(() => {
       const fresh = catalog.sandbox(row.id)!;
-      const extra = txHook ? txHook(fresh, checkpointId) : engine.agent.onCheckpoint(fresh, checkpointId, context);
+      const extra = engine.agent.onCheckpoint(fresh, checkpointId, context);
       if (extra.contextBytes !== undefined) sizes.contextBytes = extra.contextBytes;
       catalog.insertLayer(layerId, 'checkpoint', row.id);
       committed = {

@@ -31,7 +31,7 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
   const add = (name: string, ok: boolean, detail: string, fix?: string) => checks.push(fix && !ok ? { name, ok, detail, fix } : { name, ok, detail });
 
   const release = os.release();
-  add('kernel', kernelAtLeast(release, 5, 14), `Linux ${release}`, 'Lockstep needs Linux 5.14 or later (openat2, pidfd, cgroup.kill, close_range)');
+  add('kernel', kernelAtLeast(release, 5, 14), `Linux ${release}`, 'Lockstep needs Linux 5.14 or later (openat2, cgroup.kill, close_range)');
   add('root', process.getuid?.() === 0, process.getuid?.() === 0 ? 'running as root' : `running as uid ${process.getuid?.()}`, 'run lockstep as root');
 
   const filesystems = fs.readFileSync('/proc/filesystems', 'utf8');

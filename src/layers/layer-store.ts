@@ -138,24 +138,4 @@ export class LayerStore {
   sync(): void {
     wrap('syncing the layer store', () => native().syncFilesystem(this.paths.store));
   }
-
-  /** Bytes of file data in a layer's upper directory (apparent size; shared extents count fully). */
-  static apparentSize(dir: string): number {
-    let total = 0;
-    const walk = (d: string) => {
-      let entries: fs.Dirent[];
-      try {
-        entries = fs.readdirSync(d, { withFileTypes: true });
-      } catch {
-        return;
-      }
-      for (const e of entries) {
-        const p = path.join(d, e.name);
-        if (e.isDirectory()) walk(p);
-        else if (e.isFile()) total += fs.lstatSync(p).size;
-      }
-    };
-    walk(dir);
-    return total;
-  }
 }

@@ -40,24 +40,16 @@ export interface CriuRequest {
 /** The addon's surface. Errors thrown carry code, errno, syscall and path. */
 export interface NativeBinding {
   mountOverlay(target: string, lowers: string[], upper: string, work: string): void;
-  mountTmpfs(target: string, options: string): void;
   unmount(target: string, detach?: boolean): boolean;
   makeSharedMount(path: string, bind?: boolean): void;
-  bindMount(source: string, target: string): void;
   filesystemType(path: string): number;
   subvolumeCreate(path: string): void;
   subvolumeSnapshot(source: string, dest: string, readonly: boolean): void;
   subvolumeDelete(path: string): boolean;
-  subvolumeSetReadonly(path: string, readonly: boolean): void;
   syncFilesystem(path: string): void;
   openBeneath(root: string, relativePath: string, flags: number, mode?: number): number;
   openFlags: { O_PATH: number; O_DIRECTORY: number; O_NOFOLLOW: number };
-  pidfdOpen(pid: number): number;
-  pidfdSendSignal(fd: number, signal: number): boolean;
-  pidfdExited(fd: number): boolean;
-  closeFd(fd: number): void;
   flock(fd: number, exclusive: boolean): boolean;
-  funlock(fd: number): void;
   criu(request: CriuRequest): Promise<number>;
   criuCgroupModes: Record<'ignore' | 'none' | 'props' | 'soft' | 'full' | 'strict', number>;
   criuNetworkLocks: Record<'iptables' | 'nftables' | 'skip', number>;
