@@ -5,14 +5,11 @@
  * and run folder, and CRIU restores the process tree into it. One result per
  * fork: a failed fork does not sink the others.
  */
-import fs from 'node:fs';
-import path from 'node:path';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { hostOf } from '../engine.js';
 import { startTime } from '../host/proc.js';
-import { restoreOptions } from './process-image.js';
+import { restoreNewInstance } from './process-image.js';
 
 export const MAX_FORKS = 64;
 
@@ -26,7 +23,7 @@ export function validateForkCount(count: unknown): number {
 
 async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, onCreated?: (child: SandboxRow) => void): Promise<ForkResult> {
   const started = performance.now();
-  const { catalog, runtime, layers } = engine;
+  const { catalog, runtime } = engine;
   const id = newId('sbx');
   const opId = newId('op');
   const child: SandboxRow = {
@@ -54,16 +51,8 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     catalog.beginOperation({ id: opId, kind: 'fork', sandbox_id: id, phase: 'started', payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }) });
   });
   engine.fault('fork:begin');
-  const workDir = path.join(engine.paths.scratch, opId);
   try {
-    runtime.prepare(id, { memoryBytes: parent.memory_bytes ?? undefined, pids: parent.pids_max ?? undefined });
-    await runtime.prepareForRestore(id);
-    engine.fault('fork:prepared');
-    layers.resetUpperTo(id, ckpt.layer_id);
-    runtime.mountRoot(hostOf(engine, child));
-    engine.fault('fork:layer-ready');
-    fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
-    const pid = await engine.criu.restore(restoreOptions(engine, id, engine.paths.processImage(ckpt.id), workDir));
+    const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));
     engine.fault('fork:restored');
     catalog.tx(() => {
       catalog.insertLayer(`upper_${id}`, 'upper', id);
@@ -83,8 +72,6 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     });
     const err = e instanceof LockstepError ? { code: e.code, message: e.message } : { code: 'FORK_FAILED', message: (e as Error).message };
     return { ok: false, error: err };
-  } finally {
-    fs.rmSync(workDir, { recursive: true, force: true });
   }
 }
 

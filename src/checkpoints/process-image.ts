@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { native, type CriuRequest } from '../native/binding.js';
 import type { Engine } from '../engine.js';
-import type { SandboxRow } from '../catalog/catalog.js';
+import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 
 export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string): CriuRequest & { imagesDir: string; pid: number } {
   const b = native();
@@ -33,12 +33,10 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
   };
 }
 
-export function restoreOptions(engine: Engine, instance: string, imagesDir: string, workDir: string): CriuRequest & { imagesDir: string } {
+export function restoreOptions(engine: Engine, instance: string, imagesDir: string): Omit<CriuRequest, 'op'> & { imagesDir: string } {
   const b = native();
   return {
-    op: 'restore',
     imagesDir,
-    workDir,
     root: engine.paths.sandboxRoot(instance),
     extMounts: [['dev', engine.paths.sandboxDev(instance)]],
     emptyNetns: true,
@@ -54,4 +52,28 @@ export function processImageBytes(dir: string): number {
   let total = 0;
   for (const f of fs.readdirSync(dir)) total += fs.statSync(path.join(dir, f)).size;
   return total;
+}
+
+/**
+ * A new instance of a sandbox restored from a checkpoint: run folder, /dev,
+ * cgroup with the sandbox's limits, a writable copy of the checkpoint's
+ * layer, the overlay root, then CRIU. Forks and warm standbys are made this
+ * way; `step` marks the points the crash tests stop at. Returns the restored
+ * root's host pid; on failure the caller removes the instance.
+ */
+export async function restoreNewInstance(
+  engine: Engine,
+  key: string,
+  like: SandboxRow,
+  ckpt: CheckpointRow,
+  step: (point: 'prepared' | 'layer-ready') => void = () => undefined,
+): Promise<number> {
+  const { runtime, layers } = engine;
+  runtime.prepare(key, { memoryBytes: like.memory_bytes ?? undefined, pids: like.pids_max ?? undefined });
+  await runtime.prepareForRestore(key);
+  step('prepared');
+  layers.resetUpperTo(key, ckpt.layer_id);
+  runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname });
+  step('layer-ready');
+  return engine.criu.restore(restoreOptions(engine, key, engine.paths.processImage(ckpt.id)));
 }

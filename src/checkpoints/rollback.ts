@@ -10,7 +10,6 @@
  * old processes are gone, so the reaper rolls forward to the checkpoint.
  */
 import fs from 'node:fs';
-import path from 'node:path';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
@@ -78,16 +77,10 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   engine.fault('rollback:mounted');
 
   m = performance.now();
-  const workDir = path.join(engine.paths.scratch, opId);
-  fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
-  try {
-    const pid = await engine.criu.restore(restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), workDir));
-    t.restoreMs = performance.now() - m;
-    engine.fault('rollback:restored');
-    return pid;
-  } finally {
-    if (!process.env.LOCKSTEP_KEEP_CRIU_LOGS) fs.rmSync(workDir, { recursive: true, force: true });
-  }
+  const pid = await engine.criu.restore(restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id)));
+  t.restoreMs = performance.now() - m;
+  engine.fault('rollback:restored');
+  return pid;
 }
 
 /**

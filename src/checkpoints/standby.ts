@@ -10,14 +10,11 @@
  * then lands in its own writable layer, which becomes the sandbox's layer
  * on swap, so files and processes stay consistent with each other.
  */
-import fs from 'node:fs';
-import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
-import { hostOf } from '../engine.js';
 import { isAlive, startTime } from '../host/proc.js';
-import { restoreOptions } from './process-image.js';
+import { restoreNewInstance } from './process-image.js';
 
 /** STANDBY=off disables it (memory-tight hosts); on by default. */
 export function standbyEnabled(): boolean {
@@ -47,15 +44,9 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
   if (!row || row.state !== 'running' || hasStandbyFor(row, ckpt.id)) return;
   await dropStandby(engine, sandboxId);
   const key = `${sandboxId}.${randomBytes(3).toString('hex')}`;
-  const { runtime, layers, cgroups } = engine;
-  const workDir = path.join(engine.paths.scratch, `standby-${key}`);
+  const { runtime, cgroups } = engine;
   try {
-    runtime.prepare(key, { memoryBytes: row.memory_bytes ?? undefined, pids: row.pids_max ?? undefined });
-    await runtime.prepareForRestore(key);
-    layers.resetUpperTo(key, ckpt.layer_id);
-    runtime.mountRoot({ ...hostOf(engine, row), id: key, runtimeLayer: ckpt.runtime_layer });
-    fs.mkdirSync(workDir, { recursive: true, mode: 0o700 });
-    const pid = await engine.criu.restore(restoreOptions(engine, key, engine.paths.processImage(ckpt.id), workDir));
+    const pid = await restoreNewInstance(engine, key, row, ckpt);
     await cgroups.freeze(runtime.cgroupName(key));
     // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.
     const fresh = engine.catalog.sandbox(sandboxId);
@@ -65,7 +56,5 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
   } catch (e) {
     engine.log.info({ err: e, sandboxId }, 'warm standby not prepared; rollback will restore with CRIU');
     await runtime.destroy(key).catch(() => undefined);
-  } finally {
-    fs.rmSync(workDir, { recursive: true, force: true });
   }
 }

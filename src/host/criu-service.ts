@@ -102,13 +102,20 @@ export class CriuService {
     }
   }
 
-  /** Restores a tree; returns the host pid of its root. */
-  async restore(req: Omit<CriuRequest, 'op' | 'serviceAddress'> & { imagesDir: string }): Promise<number> {
+  /**
+   * Restores a tree; returns the host pid of its root. CRIU works (and logs)
+   * in a scratch folder of its own, since the images are read-only checkpoint
+   * data; the folder goes afterwards unless LOCKSTEP_KEEP_CRIU_LOGS is set.
+   */
+  async restore(req: Omit<CriuRequest, 'op' | 'serviceAddress' | 'workDir'> & { imagesDir: string }): Promise<number> {
     const logFile = req.logFile ?? 'restore.log';
+    const workDir = fs.mkdtempSync(path.join(this.paths.scratch, 'restore-'));
     try {
-      return await this.call({ ...req, op: 'restore', logFile });
+      return await this.call({ ...req, op: 'restore', logFile, workDir });
     } catch (e) {
-      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}: ${(e as Error).message}`, criuLogTail(path.join(req.workDir ?? req.imagesDir, logFile)), e);
+      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}: ${(e as Error).message}`, criuLogTail(path.join(workDir, logFile)), e);
+    } finally {
+      if (!process.env.LOCKSTEP_KEEP_CRIU_LOGS) fs.rmSync(workDir, { recursive: true, force: true });
     }
   }
 }
