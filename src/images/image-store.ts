@@ -104,8 +104,9 @@ export class ImageStore {
     }
     if (this.has(name) && !opts.force) throw new AlreadyExistsError('image', name);
     const progress = opts.progress ?? (() => undefined);
-    const cached = await this.cachedBuild(name, progress);
-    return this.install(name, `recipe:${name}@${recipeHash(name)}`, async (rootfs) => {
+    const hash = recipeHash(name);
+    const cached = await buildIntoCache(name, progress, hash);
+    return this.install(name, `recipe:${name}@${hash}`, async (rootfs) => {
       progress(`copying ${name} from the build cache`);
       await copyTree(cached, rootfs);
     });
@@ -127,10 +128,6 @@ export class ImageStore {
   static async cacheRecipe(name: string, progress: ProgressFn = () => undefined): Promise<string> {
     validateImageName(name);
     if (!listRecipes().includes(name)) throw new NotFoundError('image', name);
-    return buildIntoCache(name, progress);
-  }
-
-  private async cachedBuild(name: string, progress: ProgressFn): Promise<string> {
     return buildIntoCache(name, progress);
   }
 
@@ -221,9 +218,9 @@ async function copyTree(from: string, to: string): Promise<void> {
 }
 
 /** Runs a recipe into the build cache keyed by the recipe's hash; a finished entry is reused. */
-async function buildIntoCache(name: string, progress: ProgressFn): Promise<string> {
+async function buildIntoCache(name: string, progress: ProgressFn, hash = recipeHash(name)): Promise<string> {
   const cacheRoot = path.join(buildCacheDir(), 'images');
-  const dir = path.join(cacheRoot, `${name}-${recipeHash(name)}`);
+  const dir = path.join(cacheRoot, `${name}-${hash}`);
   if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
   fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
   // One build per recipe at a time, across processes (parallel test files,

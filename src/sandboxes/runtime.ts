@@ -36,6 +36,7 @@ export interface SandboxHost {
 }
 
 export class SandboxRuntime {
+  private runtimeLayer: string | undefined;
   constructor(
     readonly paths: StatePaths,
     readonly cgroups: CgroupDriver,
@@ -59,10 +60,13 @@ export class SandboxRuntime {
    * init binary, so checkpoints made with one build keep restoring with it.
    */
   ensureRuntimeLayer(): string {
+    // Every create and fork asks; the init binary cannot change under a
+    // running manager, so it is read and hashed once.
+    if (this.runtimeLayer) return this.runtimeLayer;
     const bin = fs.readFileSync(initPath);
     const hash = createHash('sha256').update(bin).digest('hex').slice(0, 16);
     const dir = this.paths.runtimeLayer(hash);
-    if (fs.existsSync(path.join(dir, '.lockstep', 'init'))) return hash;
+    if (fs.existsSync(path.join(dir, '.lockstep', 'init'))) return (this.runtimeLayer = hash);
     const tmp = `${dir}.tmp-${process.pid}`;
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.mkdirSync(tmp, { recursive: true, mode: 0o755 });
@@ -77,11 +81,7 @@ export class SandboxRuntime {
       fs.rmSync(tmp, { recursive: true, force: true });
       if (!fs.existsSync(path.join(dir, '.lockstep', 'init'))) throw e;
     }
-    return hash;
-  }
-
-  rootPath(id: string): string {
-    return this.paths.sandboxRoot(id);
+    return (this.runtimeLayer = hash);
   }
 
   /** Run folder, device folder and the cgroup. */
