@@ -118,6 +118,8 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       const extra = engine.agent.onCheckpoint(fresh, checkpointId, context);
       if (extra.contextBytes !== undefined) sizes.contextBytes = extra.contextBytes;
       catalog.insertLayer(layerId, 'checkpoint', row.id);
+      t.commitMs = performance.now() - tc;
+      t.totalMs = performance.now() - t0;
       committed = {
         id: checkpointId,
         sandbox_id: row.id,
@@ -130,19 +132,16 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
         ledger_cursor: extra.ledgerCursor,
         context_id: extra.contextId,
         sizes: JSON.stringify(sizes),
-        timings: '{}',
+        timings: JSON.stringify(t),
         created_at: Date.now(),
       };
       catalog.insertCheckpoint(committed);
       catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });
       catalog.endOperation(opId);
-      t.commitMs = performance.now() - tc;
-      t.totalMs = performance.now() - t0;
-      catalog.db.prepare('UPDATE checkpoints SET timings = ? WHERE id = ?').run(JSON.stringify(t), checkpointId);
     });
     engine.fault('checkpoint:committed');
     log.info({ timings: t }, 'checkpoint committed');
-    return checkpointInfo(catalog.checkpoint(checkpointId)!);
+    return checkpointInfo(committed);
   } catch (e) {
     log.warn({ err: e }, 'checkpoint failed; removing partial state');
     discardCheckpointFiles(engine, checkpointId, layerId);
