@@ -170,12 +170,11 @@ export class Lockstep {
     await this.engine.drainLocks();
     for (const s of this.engine.catalog.allSandboxes()) await removeSandbox(this.engine, s.id).catch(() => undefined);
     await this.engine.supervisor.stop();
-    const cgroupGroup = this.engine.runtime.cgroupGroup;
     await this.close();
     try {
-      for (const c of ['pids', 'memory', 'freezer', '']) fs.rmdirSync(`/sys/fs/cgroup/${c}/${cgroupGroup}`.replace('//', '/'));
+      this.engine.cgroups.remove(this.engine.runtime.cgroupGroup);
     } catch {
-      /* not empty or not there */
+      /* not empty: a sandbox of this directory could not be removed */
     }
     for (const m of mountsUnder(this.engine.paths.run)) native().unmount(m, true);
     LayerStore.unmount(this.engine.paths);
