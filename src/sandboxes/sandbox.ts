@@ -394,12 +394,16 @@ export class Sandbox {
   async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
     const engine = this.core.engine;
     const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
-    if (standbyEnabled()) {
-      // In the background, behind this sandbox's lock: a later rollback to this checkpoint becomes a swap.
-      const ckpt = engine.catalog.checkpoint(info.id)!;
-      void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
-    }
+    this.queueStandby(info.id); // a later rollback to this checkpoint becomes a swap
     return info;
+  }
+
+  /** Prepares a warm standby of a checkpoint in the background, behind this sandbox's lock. */
+  private queueStandby(checkpointId: string): void {
+    if (!standbyEnabled()) return;
+    const engine = this.core.engine;
+    const ckpt = engine.catalog.checkpoint(checkpointId)!;
+    void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
   }
 
   /** Resolves once background work queued for this sandbox (warm standby, cleanup) is done. */
@@ -415,11 +419,7 @@ export class Sandbox {
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
     const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
-    if (standbyEnabled()) {
-      // Agents often fail the same step again: keep a standby of the target ready.
-      const ckpt = engine.catalog.checkpoint(report.checkpointId)!;
-      void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
-    }
+    this.queueStandby(report.checkpointId); // agents often fail the same step again
     return report;
   }
 
