@@ -98,7 +98,7 @@ export class SandboxCommands {
     validateCommand(argv, opts);
     const toolCallId = validateToolCallId(opts.toolCallId);
     const row = this.sandbox.runningRow();
-    const result = await runCommand(this.sandbox.enterTarget(), argv, opts);
+    const result = await runCommand(this.sandbox.enterTarget(row), argv, opts);
     if (opts.observe === false) return { ...result, observationId: undefined };
     const obs = this.sandbox.engine.agent.observe(row, {
       kind: 'command',
@@ -152,8 +152,7 @@ export class SandboxCore {
     return row;
   }
 
-  enterTarget() {
-    const row = this.runningRow();
+  enterTarget(row: SandboxRow = this.runningRow()) {
     return {
       initPid: row.init_pid!,
       cgroupProcs: this.engine.cgroups.procsFiles(this.engine.runtime.cgroupName(row.instance)),
