@@ -56,8 +56,6 @@ struct CriuRequest {
   std::vector<std::string> externals;
   std::vector<std::string> skipMounts;
   std::vector<std::string> enableFs;
-  std::vector<std::pair<std::string, std::string>> joinNs;
-  std::vector<std::pair<int, std::string>> inheritFds;
   std::vector<std::string> cgroupProcs;  // restore: cgroup.procs files the new root task joins
   bool emptyNetns = false;               // the network namespace holds only loopback: not dumped, made anew
 };
@@ -220,8 +218,6 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
   for (const auto& e : req.externals) criu_local_add_external(opts, e.c_str());
   for (const auto& s : req.skipMounts) criu_local_add_skip_mnt(opts, s.c_str());
   for (const auto& f : req.enableFs) criu_local_add_enable_fs(opts, f.c_str());
-  for (const auto& j : req.joinNs) criu_local_join_ns_add(opts, j.first.c_str(), j.second.c_str(), nullptr);
-  for (const auto& f : req.inheritFds) criu_local_add_inherit_fd(opts, f.first, f.second.c_str());
 
   if (req.op == "dump") {
     // With an empty network namespace, CRIU records the namespace but not its
@@ -283,10 +279,8 @@ static Napi::Value Criu(const Napi::CallbackInfo& info) {
   r.externals = GetStrings(o, "externals");
   r.skipMounts = GetStrings(o, "skipMounts");
   r.enableFs = GetStrings(o, "enableFs");
-  r.joinNs = GetPairs(o, "joinNs");
   r.cgroupProcs = GetStrings(o, "cgroupProcs");
   r.emptyNetns = GetBool(o, "emptyNetns", false);
-  for (const auto& p : GetPairs(o, "inheritFds")) r.inheritFds.emplace_back(std::stoi(p.first), p.second);
   Napi::Promise promise = call->deferred.Promise();
 
   auto tsfn = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),

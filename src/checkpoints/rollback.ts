@@ -1,13 +1,14 @@
 /**
- * Verb: rollback. Kill the sandbox's process tree, replace its writable
- * layer with a writable copy of the checkpoint's layer (btrfs, O(1)), mount
- * the root again and have CRIU restore the processes into fresh pid, mount,
- * uts and ipc namespaces (the pinned network namespace is joined). The
- * sandbox keeps its id and gets a new branch id.
+ * Verb: rollback. With a warm standby of the checkpoint, swap it in (see
+ * standby.ts). Otherwise kill the sandbox's process tree, replace its
+ * writable layer with a writable copy of the checkpoint's layer (btrfs,
+ * O(1)), mount the root again and have CRIU restore the processes into
+ * fresh pid, mount, uts, ipc and (loopback-only) net namespaces. The sandbox
+ * keeps its id and gets a new branch id.
  *
  * Crash safety: the journal's phase says how far it got. Before "killing"
  * nothing has changed (a crash leaves the old state); from "killing" on the
- * old processes are gone, so the reaper rolls forward to the checkpoint.
+ * old tree is stopped for good, so the reaper rolls forward to the checkpoint.
  */
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
@@ -84,10 +85,10 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
 }
 
 /**
- * The swap path: the current tree is killed and the frozen standby of the
+ * The swap path: the current tree is frozen and the frozen standby of the
  * checkpoint becomes the sandbox's instance in the commit transaction; it
  * is thawed right after. Returns the new init pid and the old instance key,
- * whose resources the caller removes afterwards.
+ * whose processes and resources the caller removes afterwards.
  */
 export async function swapInStandby(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, branchId: string, t: Partial<RollbackTimings>) {
   const { runtime, cgroups } = engine;

@@ -1,8 +1,9 @@
 /**
  * Warm standby: after a checkpoint, a second instance of the sandbox is
  * restored from it in the background and frozen at once. A later rollback to
- * that checkpoint then needs no CRIU restore at all: it kills the current
- * tree, swaps the standby in (one catalog transaction) and thaws it. This is
+ * that checkpoint then needs no CRIU restore at all: it freezes the current
+ * tree, swaps the standby in (one catalog transaction), thaws it, and kills
+ * the old tree after answering. This is
  * what makes "undo the last step" take a few milliseconds on a stock kernel.
  *
  * The standby runs for the moment between CRIU resuming it and the freeze

@@ -32,7 +32,6 @@ export interface CriuRequest {
   extMounts?: [string, string][];
   externals?: string[];
   skipMounts?: string[];
-  joinNs?: [string, string][];
   cgroupProcs?: string[];
   emptyNetns?: boolean;
 }
