@@ -444,6 +444,92 @@ static void forward_signal(int sig) {
   if (fg_child > 0) kill(-fg_child, sig == SIGUSR1 ? SIGKILL : sig);
 }
 
+/*
+ * Output relay of a foreground command. The command writes into pipes of
+ * ours, never into the manager's: a background process it leaves behind
+ * then holds only our pipes, so when we exit the manager's pipes close and
+ * it can wait for all of the output without waiting for that process.
+ */
+struct relay {
+  int from; /* our read end; -1 once at EOF */
+  int to;   /* 1 or 2: the manager's pipe; -1 once the manager stopped reading */
+};
+
+/* Writes all of buf to r->to, waiting while the manager's pipe is full. */
+static void relay_write(struct relay *r, const char *buf, size_t len) {
+  while (len > 0 && r->to >= 0) {
+    ssize_t n = write(r->to, buf, len);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        struct pollfd p = {.fd = r->to, .events = POLLOUT};
+        poll(&p, 1, -1);
+        continue;
+      }
+      r->to = -1; /* EPIPE: nobody reads any more; keep draining so the command never blocks */
+      return;
+    }
+    buf += n;
+    len -= (size_t)n;
+  }
+}
+
+/* Moves up to `limit` bytes (-1: what one read gives) from the pipe; false at EOF or error. */
+static bool relay_some(struct relay *r, ssize_t limit) {
+  static char buf[65536];
+  do {
+    size_t want = limit < 0 || limit > (ssize_t)sizeof(buf) ? sizeof(buf) : (size_t)limit;
+    ssize_t n = read(r->from, buf, want);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return true;
+    if (n <= 0) {
+      close(r->from);
+      r->from = -1;
+      return false;
+    }
+    relay_write(r, buf, (size_t)n);
+    if (limit < 0) return true;
+    limit -= n;
+  } while (limit > 0);
+  return true;
+}
+
+/*
+ * Relays the command's output until it exits, then drains: exactly the bytes
+ * that are in each pipe when its exit is seen (FIONREAD), without blocking.
+ * Every byte the command wrote before exiting is among them (a write to a
+ * pipe has completed once it returns). Output of processes it left behind is
+ * relayed while the command runs and up to that moment; later output is not
+ * this command's, and those processes get EPIPE once we are gone. Returns
+ * the command's wait status.
+ */
+static int relay_until_exit(pid_t child, struct relay rel[2]) {
+  int pidfd = (int)syscall(SYS_pidfd_open, child, 0);
+  int status = 0;
+  for (;;) {
+    struct pollfd p[3] = {{.fd = rel[0].from, .events = POLLIN},
+                          {.fd = rel[1].from, .events = POLLIN},
+                          {.fd = pidfd, .events = POLLIN}};
+    /* Without a pidfd (kernels before 5.3), look for the exit ten times a second. */
+    int n = poll(p, 3, pidfd >= 0 ? -1 : 100);
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2 && n > 0; i++)
+      if (p[i].revents) relay_some(&rel[i], -1);
+    if (pidfd >= 0 ? (n > 0 && p[2].revents) : waitpid(child, &status, WNOHANG) == child) break;
+  }
+  for (int i = 0; i < 2; i++) {
+    int pending = 0;
+    if (rel[i].from >= 0 && ioctl(rel[i].from, FIONREAD, &pending) == 0 && pending > 0) relay_some(&rel[i], pending);
+    if (rel[i].from >= 0) close(rel[i].from);
+  }
+  if (pidfd >= 0) {
+    while (waitpid(child, &status, 0) < 0)
+      if (errno != EINTR) return -1;
+    close(pidfd);
+  }
+  return status;
+}
+
 static int cmd_enter(const struct opts *o) {
   int status_fd = o->status_fd >= 0 ? o->status_fd : 2;
   if (o->pid <= 0 || !o->argv || !o->argv[0]) usage();
@@ -501,6 +587,15 @@ static int cmd_enter(const struct opts *o) {
   sigaction(SIGHUP, &sa, NULL);
   sigaction(SIGUSR1, &sa, NULL);
 
+  /* [0]: stdout, [1]: stderr; the write ends go to the foreground command. */
+  int outp[2] = {-1, -1}, errp[2] = {-1, -1};
+  if (!o->detach && (pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0)) {
+    report_error_fd(status_fd, errno, "pipe2", NULL);
+    return 125;
+  }
+  /* A manager that stops reading must not kill us before the command is reaped. */
+  signal(SIGPIPE, SIG_IGN);
+
   pid_t parent = getpid();
   pid_t child = fork(); /* the child is the first process we put in the sandbox's pid namespace */
   if (child < 0) {
@@ -514,6 +609,7 @@ static int cmd_enter(const struct opts *o) {
     signal(SIGINT, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
     signal(SIGUSR1, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (o->detach) {
       /* Double fork: the grandchild is adopted by the sandbox's init, so it
@@ -558,6 +654,10 @@ static int cmd_enter(const struct opts *o) {
         _exit(125);
       }
       writef(status_fd, "{\"nsPid\":%d}\n", getpid());
+      if (dup2(outp[1], 1) < 0 || dup2(errp[1], 2) < 0) {
+        report_error_fd(status_fd, errno, "dup2", NULL);
+        _exit(125);
+      }
       cloexec_fds_from(3);
     }
     exec_in_path(o->argv, envp);
@@ -567,8 +667,18 @@ static int cmd_enter(const struct opts *o) {
   fg_child = child;
   setpgid(child, child);
   int status = 0;
-  while (waitpid(child, &status, 0) < 0) {
-    if (errno != EINTR) return 125;
+  if (o->detach) {
+    while (waitpid(child, &status, 0) < 0) {
+      if (errno != EINTR) return 125;
+    }
+  } else {
+    close(outp[1]);
+    close(errp[1]);
+    fcntl(outp[0], F_SETFL, O_NONBLOCK);
+    fcntl(errp[0], F_SETFL, O_NONBLOCK);
+    struct relay rel[2] = {{.from = outp[0], .to = 1}, {.from = errp[0], .to = 2}};
+    status = relay_until_exit(child, rel);
+    if (status < 0) return 125;
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);

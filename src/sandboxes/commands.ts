@@ -10,6 +10,7 @@
  */
 import { spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
+import { StringDecoder } from 'node:string_decoder';
 import { helperPath } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, SystemCallError, type NativeErrorLike } from '../errors.js';
 
@@ -131,13 +132,20 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
   const out = new Collector(max);
   const err = new Collector(max);
   let status = '';
+  // Chunks split UTF-8 characters anywhere; a decoder per stream carries the
+  // partial bytes over, so streamed text is the same as the collected text.
+  const outText = new StringDecoder('utf8');
+  const errText = new StringDecoder('utf8');
+  const emit = (fn: ((chunk: string) => void) | undefined, text: string) => {
+    if (fn && text) fn(text);
+  };
   child.stdout!.on('data', (b: Buffer) => {
     out.push(b);
-    opts.onStdout?.(b.toString('utf8'));
+    emit(opts.onStdout, outText.write(b));
   });
   child.stderr!.on('data', (b: Buffer) => {
     err.push(b);
-    opts.onStderr?.(b.toString('utf8'));
+    emit(opts.onStderr, errText.write(b));
   });
   (child.stdio[3] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
 
@@ -163,33 +171,32 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
       timers.forEach(clearTimeout);
       reject(e);
     });
-    // 'exit', not 'close': a background process the command left behind may
-    // keep the pipes open; its output after our exit is not this command's.
-    child.on('exit', (code, signal) => {
+    // 'close', not 'exit': the helper is the only holder of these pipes (the
+    // command writes into pipes of the helper's, which it drains when the
+    // command exits), so 'close' comes right after the exit with every byte
+    // read, even when a background process keeps the command's pipes open.
+    child.on('close', (code, signal) => {
       timers.forEach(clearTimeout);
       opts.signal?.removeEventListener('abort', onAbort);
-      setImmediate(() => {
-        child.stdout!.destroy();
-        child.stderr!.destroy();
-        (child.stdio[3] as Readable).destroy();
-        if (aborted) return reject(aborted);
-        const exitCode = code ?? (signal ? 128 : 125);
-        const failure = status.split('\n').map(statusError).find(Boolean);
-        if (failure && failure.syscall === 'chdir') {
-          return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
-        }
-        if (failure && exitCode === 125) {
-          return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
-        }
-        let stderr = err.text();
-        if (failure && failure.syscall === 'execve') {
-          const msg = `lockstep: ${argv[0]}: ${failure.message}\n`;
-          stderr += msg;
-          opts.onStderr?.(msg);
-        }
-        const sig = exitCode > 128 && exitCode < 160 ? signalName(exitCode - 128) : undefined;
-        resolve({ exitCode, stdout: out.text(), stderr, signal: sig, truncated: out.truncated || err.truncated, durationMs: performance.now() - started });
-      });
+      emit(opts.onStdout, outText.end());
+      emit(opts.onStderr, errText.end());
+      if (aborted) return reject(aborted);
+      const exitCode = code ?? (signal ? 128 : 125);
+      const failure = status.split('\n').map(statusError).find(Boolean);
+      if (failure && failure.syscall === 'chdir') {
+        return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
+      }
+      if (failure && exitCode === 125) {
+        return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
+      }
+      let stderr = err.text();
+      if (failure && failure.syscall === 'execve') {
+        const msg = `lockstep: ${argv[0]}: ${failure.message}\n`;
+        stderr += msg;
+        opts.onStderr?.(msg);
+      }
+      const sig = exitCode > 128 && exitCode < 160 ? signalName(exitCode - 128) : undefined;
+      resolve({ exitCode, stdout: out.text(), stderr, signal: sig, truncated: out.truncated || err.truncated, durationMs: performance.now() - started });
     });
   });
 }
