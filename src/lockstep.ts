@@ -64,6 +64,24 @@ export class Lockstep {
     for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun, paths.locks]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
 
     const lockFd = fs.openSync(paths.managerLock, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
+    const fault = opts.fault ?? envFaultHook();
+    // A manager that failed to open must let go of the lock (other managers
+    // would wait for it, then fail with HOME_LOCKED) and of the database.
+    const opened: { catalog?: Catalog } = {};
+    try {
+      return await Lockstep.openLocked(opts, paths, lockFd, fault, (c) => (opened.catalog = c));
+    } catch (e) {
+      try {
+        opened.catalog?.close();
+      } finally {
+        fs.closeSync(lockFd);
+      }
+      throw e;
+    }
+  }
+
+  /** open()'s steps once the state directory's lock file is open; open() unwinds them on failure. */
+  private static async openLocked(opts: OpenOptions, paths: StatePaths, lockFd: number, fault: FaultHook, opened: (c: Catalog) => void): Promise<Lockstep> {
     const exclusive = native().flock(lockFd, true);
     if (!exclusive) {
       for (let i = 0; !native().flock(lockFd, false); i++) {
@@ -74,6 +92,8 @@ export class Lockstep {
 
     const log = opts.logger ?? createLogger();
     const catalog = new Catalog(paths.catalog, [migrateAgentState, migrateTenants]);
+    opened(catalog);
+    fault('open:catalog');
     const layers = LayerStore.open(paths);
     ensureSharedRunFolder(paths.sandboxesRun);
     const supervisor = new Supervisor(paths);
@@ -94,7 +114,7 @@ export class Lockstep {
       images,
       runtime,
       log,
-      fault: opts.fault ?? envFaultHook(),
+      fault,
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       withSandboxLock: (id, fn, o) => locks.with(id, fn, o?.timeoutMs),
       drainLocks: () => locks.drain(),
@@ -102,6 +122,7 @@ export class Lockstep {
     let reaped: ReapReport | null = null;
     if (exclusive) {
       reaped = await reap(engine);
+      fault('open:reaped');
       if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length) log.warn({ reaped }, 'cleaned up after a previous manager');
       native().flock(lockFd, false); // downgrade: other managers may now share the directory
     }

@@ -16,6 +16,7 @@ import type { Engine } from './engine.js';
 import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
 import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/rollback.js';
 import { hasStandbyFor } from './checkpoints/standby.js';
+import { removeSandbox } from './sandboxes/remove.js';
 import { isAlive, startTime, mountsUnder } from './host/proc.js';
 import { native } from './native/binding.js';
 
@@ -84,18 +85,14 @@ export async function reap(engine: Engine): Promise<ReapReport> {
 
   for (const row of catalog.allSandboxes()) {
     if (row.state === 'creating' || row.state === 'removing') {
-      await runtime.destroy(row.instance ?? row.id).catch(() => undefined);
-      if (row.standby_instance) await runtime.destroy(row.standby_instance).catch(() => undefined);
-      for (const ckpt of catalog.checkpointsOf(row.id)) discardCheckpointFiles(engine, ckpt.id, ckpt.layer_id);
-      catalog.tx(() => {
-        for (const ckpt of catalog.checkpointsOf(row.id)) {
-          catalog.deleteCheckpointRow(ckpt.id);
-          catalog.deleteLayerRow(ckpt.layer_id);
-        }
-        catalog.deleteLayerRow(`upper_${row.id}`);
-        catalog.deleteSandboxRow(row.id);
-      });
-      report.sandboxes.push(row.id);
+      // The same teardown as `rm`, so context snapshots are released too. If
+      // it fails, the row stays "removing" and the next reaper tries again.
+      try {
+        await removeSandbox(engine, row.id);
+        report.sandboxes.push(row.id);
+      } catch (err) {
+        engine.log.warn({ err, sandboxId: row.id }, 'could not finish removing a sandbox');
+      }
     } else if (row.state === 'running') {
       try {
         cgroups.thaw(runtime.cgroupName(row.instance));

@@ -98,22 +98,56 @@ export async function swapInStandby(engine: Engine, row: SandboxRow, ckpt: Check
   // with the rest of the old instance.
   let m = performance.now();
   engine.catalog.setOperationPhase(opId, 'killing');
-  await cgroups.freeze(runtime.cgroupName(row.instance));
-  t.killMs = performance.now() - m;
-  engine.fault('rollback:killed');
-  m = performance.now();
-  const parts = commitRollback(engine, row, ckpt, opId, row.standby_pid!, branchId, {
-    instance: key,
-    standby_instance: null,
-    standby_checkpoint: null,
-    standby_pid: null,
-    standby_start: null,
-  });
-  cgroups.thaw(runtime.cgroupName(key));
+  let parts: ReturnType<typeof commitRollback>;
+  try {
+    await cgroups.freeze(runtime.cgroupName(row.instance));
+    t.killMs = performance.now() - m;
+    engine.fault('rollback:killed');
+    m = performance.now();
+    parts = commitRollback(engine, row, ckpt, opId, row.standby_pid!, branchId, {
+      instance: key,
+      standby_instance: null,
+      standby_checkpoint: null,
+      standby_pid: null,
+      standby_start: null,
+    });
+  } catch (e) {
+    await abandonSwap(engine, row, opId);
+    throw e;
+  }
+  try {
+    cgroups.thaw(runtime.cgroupName(key));
+  } catch (e) {
+    // Committed, but the swapped-in tree cannot run: the sandbox is at the
+    // checkpoint's files with no processes, and its row says so.
+    await runtime.killProcesses(key).catch(() => undefined);
+    engine.catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null });
+    throw e;
+  }
   t.layerMs = 0;
   t.mountMs = 0;
   t.restoreMs = performance.now() - m;
   return { parts, pid: row.standby_pid!, oldInstance: row.instance };
+}
+
+/**
+ * The swap did not commit: the old tree is still the sandbox. Thaw it and
+ * close the journal entry, so that the row ("running", the old instance)
+ * is true again at once, not after the next exclusive open; the standby
+ * stays for another try. If the old tree cannot be thawed, it is killed and
+ * the row says "stopped". A crash in here leaves the journal at "killing",
+ * and the reaper swaps the standby in: the checkpoint, also consistent.
+ */
+async function abandonSwap(engine: Engine, row: SandboxRow, opId: string): Promise<void> {
+  const { runtime, cgroups, catalog } = engine;
+  try {
+    cgroups.thaw(runtime.cgroupName(row.instance));
+  } catch (err) {
+    engine.log.error({ err, sandboxId: row.id }, 'cannot thaw the tree a failed rollback froze; stopping it');
+    await runtime.killProcesses(row.instance).catch(() => undefined);
+    catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null });
+  }
+  catalog.endOperation(opId);
 }
 
 /** The rollback's commit: the sandbox row and the agent's timeline, in one transaction. */
@@ -122,6 +156,7 @@ export function commitRollback(engine: Engine, row: SandboxRow, ckpt: Checkpoint
   return catalog.tx(() => {
     catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer, ...extra });
     const parts = engine.agent.onRollback(row, ckpt, opId);
+    engine.fault('rollback:commit');
     catalog.endOperation(opId);
     return parts;
   });
@@ -161,13 +196,19 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   // it now (the reaper removes it after a crash) and remove it after answering.
   const staleStandby = row.standby_instance;
   if (staleStandby) catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
-  let pid: number;
+  let parts: ReturnType<typeof commitRollback>;
+  let pid: number | undefined;
   try {
     pid = await restoreSandboxTo(engine, row, ckpt, opId, t);
+    const tc = performance.now();
+    parts = commitRollback(engine, row, ckpt, opId, pid, branchId);
+    t.commitMs = performance.now() - tc;
   } catch (e) {
     // The old processes are gone; what is left is the checkpoint's files with
-    // no processes. Record that honestly rather than pretend to be running.
+    // no processes (a restored tree that could not be recorded is stopped
+    // too). Record that honestly rather than pretend to be running.
     log.error({ err: e }, 'rollback failed after the old tree was killed');
+    if (pid !== undefined) await engine.runtime.killProcesses(row.instance).catch(() => undefined);
     catalog.tx(() => {
       catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
       engine.agent.onRollback(row, ckpt, opId);
@@ -175,9 +216,6 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
     });
     throw e;
   }
-  const tc = performance.now();
-  const parts = commitRollback(engine, row, ckpt, opId, pid, branchId);
-  t.commitMs = performance.now() - tc;
   t.totalMs = performance.now() - t0;
   engine.fault('rollback:committed');
   log.info({ timings: t }, 'rollback committed');

@@ -1,4 +1,10 @@
-/** Verb: remove a sandbox and everything it owns (processes, mounts, layers, checkpoints, cgroup). */
+/**
+ * Verb: remove a sandbox and everything it owns (processes, mounts, layers,
+ * checkpoints with their context snapshots, cgroup). The one teardown path:
+ * `rm`, expiry, destroyAll and the reaper (for sandboxes left "creating" or
+ * "removing" by a crash) all come here, so none of them leaks agent state.
+ * Safe to repeat after a failure at any step.
+ */
 import fs from 'node:fs';
 import type { Engine } from '../engine.js';
 
@@ -6,6 +12,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
   // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
   catalog.updateSandbox(id, { state: 'removing' });
+  engine.fault('remove:marked');
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);
   if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);
