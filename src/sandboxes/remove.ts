@@ -6,6 +6,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
   // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
   catalog.updateSandbox(id, { state: 'removing' });
+  engine.inits.untrack(id); // its init is about to be killed on purpose
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);
   if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);

@@ -6,7 +6,7 @@
 import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { isAlive, namespacePid, sleep } from '../host/proc.js';
+import { namespacePid, sleep } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
 import { SandboxFiles, type FileEntry } from './files.js';
 import type { AgentContext } from '../context/formats.js';
@@ -143,10 +143,14 @@ export class SandboxCore {
     return this.engine.catalog.requireSandbox(this.id);
   }
 
-  /** The row, checked to be running with its init alive. */
+  /**
+   * The row, checked to be running with its init alive: the process with the
+   * row's pid and start time (a bare pid may belong to a host process by now).
+   * The init is watched from here on, so its exit marks the sandbox stopped.
+   */
   runningRow(): SandboxRow {
     const row = this.row();
-    if (row.state !== 'running' || row.init_pid === null || !isAlive(row.init_pid)) {
+    if (row.state !== 'running' || row.init_pid === null || row.init_start === null || !this.engine.inits.track(row)) {
       throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${this.id} is not running (state: ${row.state})`, { sandboxId: this.id });
     }
     return row;
@@ -154,7 +158,9 @@ export class SandboxCore {
 
   enterTarget(row: SandboxRow = this.runningRow()) {
     return {
+      sandboxId: row.id,
       initPid: row.init_pid!,
+      initStart: row.init_start!,
       cgroupProcs: this.engine.cgroups.procsFiles(this.engine.runtime.cgroupName(row.instance)),
       baseEnv: JSON.parse(row.env) as Record<string, string>,
     };
@@ -417,7 +423,7 @@ export class Sandbox {
    */
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
-    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
+    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.runningRow(), checkpointId, opts));
     this.queueStandby(report.checkpointId); // agents often fail the same step again
     return report;
   }
@@ -432,7 +438,7 @@ export class Sandbox {
   async fork(checkpointId: string, opts: ForkOptions = {}): Promise<ForkResult[]> {
     const engine = this.core.engine;
     const count = validateForkCount(opts.count);
-    const row = this.core.row();
+    const row = this.core.runningRow();
     const ckpt = ownCheckpoint(engine, row, checkpointId);
     opts.signal?.throwIfAborted();
     return forkSandbox(engine, row, ckpt, count, { ...(opts.onProgress ? { onProgress: opts.onProgress } : {}), ...(opts.signal ? { signal: opts.signal } : {}) });
