@@ -19,7 +19,8 @@
         "native/addon/files.cc",
         "native/addon/locks.cc",
         "native/addon/criu.cc",
-        "native/addon/pidwatch.cc"
+        "native/addon/pidwatch.cc",
+        "native/addon/pidfd.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
       "include_dirs": ["<(libcriu_dir)/include"],

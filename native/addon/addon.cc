@@ -12,6 +12,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitLocks(env, exports);
   InitCriu(env, exports);
   InitPidWatch(env, exports);
+  InitPidfd(env, exports);
   return exports;
 }
 

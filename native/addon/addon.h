@@ -8,4 +8,5 @@ void InitFiles(Napi::Env env, Napi::Object exports);
 void InitLocks(Napi::Env env, Napi::Object exports);
 void InitCriu(Napi::Env env, Napi::Object exports);
 void InitPidWatch(Napi::Env env, Napi::Object exports);
+void InitPidfd(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

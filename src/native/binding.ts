@@ -71,6 +71,10 @@ export interface NativeBinding {
   criuCgroupModes: Record<'ignore' | 'none' | 'props' | 'soft' | 'full' | 'strict', number>;
   criuNetworkLocks: Record<'iptables' | 'nftables' | 'skip', number>;
   PidWatcher: new (onExit: (id: number) => void) => PidWatcher;
+  /** A pidfd for pid (close with fs.closeSync); throws ESRCH when it is gone. */
+  pidfdOpen(pid: number): number;
+  /** Signals the pidfd's process (`group`: the process group it leads, Linux >= 6.9); false once it has exited. */
+  pidfdSendSignal(fd: number, signal: number, group?: boolean): boolean;
 }
 
 /** Magic numbers from statfs(2) that the layer store cares about. */

@@ -3,7 +3,10 @@
  * use: sub-APIs as members (`sandbox.commands`, `sandbox.files`) and the
  * Lockstep verbs (checkpoint, rollback, fork) as methods.
  */
+import fs from 'node:fs';
+import os from 'node:os';
 import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
+import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { namespacePid, sleep } from '../host/proc.js';
@@ -214,12 +217,29 @@ export class CommandHandle {
   async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<boolean> {
     const pid = this.hostPid();
     if (pid === undefined) return false;
+    // Pinned by a pidfd, then checked again: had the command exited and its
+    // pid been reused, the signal fails rather than reach the new holder.
+    let fd: number;
     try {
-      // The detached command leads its own process group (setsid): signal all of it.
-      process.kill(-pid, signal);
-      return true;
+      fd = native().pidfdOpen(pid);
     } catch {
       return false;
+    }
+    try {
+      if (this.hostPid() !== pid) return false;
+      // The detached command leads its own process group (setsid): signal all of it.
+      return native().pidfdSendSignal(fd, os.constants.signals[signal], true);
+    } catch (e) {
+      // Kernels before 6.9 cannot signal a group through a pidfd; the group is this sandbox's while its leader runs.
+      if ((e as NodeJS.ErrnoException).code !== 'EINVAL') return false;
+      try {
+        process.kill(-pid, signal);
+        return true;
+      } catch {
+        return false;
+      }
+    } finally {
+      fs.closeSync(fd);
     }
   }
 }

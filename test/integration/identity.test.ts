@@ -151,6 +151,19 @@ integration(test, () => {
     await eventually(() => sb.info().state === 'stopped', 10_000);
   });
 
+  test.serial('a background command is signalled through a pidfd: its whole process group goes, nothing else', async (t) => {
+    const ls = await openTestLockstep(t);
+    const sb = await ls.create();
+    const cg = ls.engine.runtime.cgroupName(ls.engine.catalog.sandbox(sb.id)!.instance);
+    const handle = await sb.commands.run('sleep 600 & sleep 600; wait', { background: true });
+    await eventually(() => ls.engine.cgroups.pids(cg).length >= 5); // init, the wrapper sh, sh, two sleeps
+    t.true(await handle.kill('SIGKILL'));
+    t.deepEqual(await handle.wait({ timeoutMs: 10_000 }), { exitCode: null });
+    await eventually(() => ls.engine.cgroups.pids(cg).length === 1, 10_000);
+    t.deepEqual(ls.engine.cgroups.pids(cg), [ls.engine.catalog.sandbox(sb.id)!.init_pid]);
+    t.false(await handle.kill(), 'an exited command is not signalled again');
+  });
+
   test.serial('checkpoint, rollback and fork of a stopped sandbox are refused and change nothing', async (t) => {
     const ls = await openTestLockstep(t);
     const sb = await ls.create();
