@@ -13,6 +13,7 @@ import type { ImageStore } from './images/image-store.js';
 import type { LayerStore } from './layers/layer-store.js';
 import type { StatePaths } from './paths.js';
 import type { SandboxRuntime, SandboxHost } from './sandboxes/runtime.js';
+import type { InitWatcher } from './sandboxes/init-watcher.js';
 import type { FaultHook } from './faults.js';
 import type { Logger } from './log.js';
 import type { AgentState } from './agent-state/agent-state.js';
@@ -32,6 +33,8 @@ export interface Engine {
   log: Logger;
   fault: FaultHook;
   agent: AgentState;
+  /** Watches every running sandbox's init; marks the sandbox stopped when it exits. */
+  inits: InitWatcher;
   /** Serialises operations on one sandbox, within this process and across processes. */
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
   /** Waits for queued per-sandbox work (warm standbys, cleanups) to finish. */

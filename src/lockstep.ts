@@ -14,6 +14,7 @@ import { ImageStore } from './images/image-store.js';
 import { LayerStore } from './layers/layer-store.js';
 import { StatePaths, resolveHome } from './paths.js';
 import { SandboxRuntime } from './sandboxes/runtime.js';
+import { InitWatcher } from './sandboxes/init-watcher.js';
 import { SandboxLocks, type Engine } from './engine.js';
 import { envFaultHook, type FaultHook } from './faults.js';
 import { createLogger, type Logger } from './log.js';
@@ -104,6 +105,7 @@ export class Lockstep {
     let docker: DockerPort | undefined = opts.docker;
     const images = new ImageStore(paths, catalog, () => (docker ??= new DockerEngine()));
     const locks = new SandboxLocks((id) => paths.sandboxLock(id));
+    const withSandboxLock: Engine['withSandboxLock'] = (id, fn, o) => locks.with(id, fn, o?.timeoutMs);
     const engine: Engine = {
       paths,
       catalog,
@@ -116,7 +118,8 @@ export class Lockstep {
       log,
       fault,
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
-      withSandboxLock: (id, fn, o) => locks.with(id, fn, o?.timeoutMs),
+      inits: new InitWatcher(catalog, runtime, withSandboxLock, log),
+      withSandboxLock,
       drainLocks: () => locks.drain(),
     };
     let reaped: ReapReport | null = null;
@@ -126,6 +129,9 @@ export class Lockstep {
       if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length) log.warn({ reaped }, 'cleaned up after a previous manager');
       native().flock(lockFd, false); // downgrade: other managers may now share the directory
     }
+    // Every init found running is watched from now on (the reaper has
+    // already stopped the ones that died while no manager was open).
+    for (const row of catalog.allSandboxes()) engine.inits.track(row);
     const ls = new Lockstep(engine, lockFd, reaped);
     if (exclusive) await ls.sweepExpired();
     return ls;
@@ -174,6 +180,7 @@ export class Lockstep {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    await this.engine.inits.close();
     await this.engine.drainLocks(); // background standby work needs the catalog
     this.engine.catalog.close();
     if (this.lockFd !== null) {

@@ -51,7 +51,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       // The old tree was being killed: the only consistent state left is the checkpoint.
       try {
         const standby = (payload as { standby?: string | null }).standby;
-        if (standby && row.instance !== standby && row.standby_instance === standby && hasStandbyFor(row, ckpt.id)) {
+        if (standby && row.instance !== standby && row.standby_instance === standby && hasStandbyFor(engine, row, ckpt.id)) {
           const { oldInstance } = await swapInStandby(engine, row, ckpt, op.id, payload.branchId ?? row.branch_id, {});
           await runtime.destroy(oldInstance).catch(() => undefined);
           continue;

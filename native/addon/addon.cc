@@ -11,6 +11,8 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitFiles(env, exports);
   InitLocks(env, exports);
   InitCriu(env, exports);
+  InitPidWatch(env, exports);
+  InitPidfd(env, exports);
   return exports;
 }
 

@@ -7,4 +7,6 @@ void InitBtrfs(Napi::Env env, Napi::Object exports);
 void InitFiles(Napi::Env env, Napi::Object exports);
 void InitLocks(Napi::Env env, Napi::Object exports);
 void InitCriu(Napi::Env env, Napi::Object exports);
+void InitPidWatch(Napi::Env env, Napi::Object exports);
+void InitPidfd(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

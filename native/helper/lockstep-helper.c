@@ -212,6 +212,7 @@ struct opts {
   char *envs[MAX_LIST * 4 + 1];
   int nenvs;
   int pid;
+  unsigned long long start; /* the init's start time (clock ticks since boot), from the catalog */
   int status_fd;
   bool detach;
   char **argv;
@@ -223,8 +224,9 @@ static void usage(void) {
           "       lockstep-helper create --root DIR --dev DIR --hostname NAME [--init PATH] "
           "[--cgroup PROCS]... [--env K=V]...\n"
           "       lockstep-helper prepare --dev DIR\n"
-          "       lockstep-helper enter --pid PID [--cgroup PROCS]... [--cwd DIR] [--env K=V]... "
-          "[--status-fd N] [--detach --stdout PATH --stderr PATH] -- CMD [ARG...]\n");
+          "       lockstep-helper enter --pid PID --start TICKS [--cgroup PROCS]... [--cwd DIR] [--env K=V]... "
+          "[--status-fd N] [--detach --stdout PATH --stderr PATH] -- CMD [ARG...]\n"
+          "       lockstep-helper VERB --request-fd N   (the options above, NUL-terminated, read from fd N)\n");
   exit(2);
 }
 
@@ -248,6 +250,7 @@ static void parse(int argc, char **argv, struct opts *o) {
     else if (strcmp(a, "--socket") == 0) o->socket_path = NEXT();
     else if (strcmp(a, "--pidfile") == 0) o->pidfile = NEXT();
     else if (strcmp(a, "--pid") == 0) o->pid = atoi(NEXT());
+    else if (strcmp(a, "--start") == 0) o->start = strtoull(NEXT(), NULL, 10);
     else if (strcmp(a, "--status-fd") == 0) o->status_fd = atoi(NEXT());
     else if (strcmp(a, "--detach") == 0) o->detach = true;
     else if (strcmp(a, "--cgroup") == 0) {
@@ -530,44 +533,110 @@ static int relay_until_exit(pid_t child, struct relay rel[2]) {
   return status;
 }
 
+/* The sandbox's init, pinned: a pidfd and its /proc directory, both checked
+ * to be the process the catalog knows (pid and start time). */
+struct pinned_init {
+  int pidfd, procfd, rootfd;
+};
+
+/* Start time (field 22 of /proc/<pid>/stat) and state, read through a pinned
+ * /proc/<pid> directory. The command name (field 2) may hold spaces and
+ * parentheses, so fields are counted from the last ')'. */
+static int read_start_time(int procfd, unsigned long long *start, char *state) {
+  int fd = openat(procfd, "stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[1024];
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  int saved = errno;
+  close(fd);
+  if (n <= 0) {
+    errno = n < 0 ? saved : ESRCH;
+    return -1;
+  }
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  if (!p || p[1] != ' ') {
+    errno = EINVAL;
+    return -1;
+  }
+  p += 2;
+  *state = *p;
+  for (int field = 3; field < 22; field++) {
+    p = strchr(p, ' ');
+    if (!p) {
+      errno = EINVAL;
+      return -1;
+    }
+    p++;
+  }
+  *start = strtoull(p, NULL, 10);
+  return 0;
+}
+
+/* A sandbox is addressed by identity, never by a bare pid: once its init has
+ * exited, a host process may get the same pid, and joining that process's
+ * namespaces and root would run the command on the host. So: take a pidfd
+ * for the pid, open its /proc directory, check the start time there, open
+ * the root through that directory, and finally check that the pidfd's
+ * process is still running. A running process keeps its pid, so the
+ * directory opened in between is that same process; from here on nothing
+ * names the init by number (setns takes the pidfd). Any mismatch is
+ * reported as ESRCH with syscall "identity": the sandbox is not running. */
+static int pin_init(pid_t pid, unsigned long long expected_start, int status_fd, struct pinned_init *out) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d", pid);
+  out->pidfd = out->procfd = out->rootfd = -1;
+  out->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (out->pidfd < 0) {
+    report_error_fd(status_fd, errno == ESRCH ? ESRCH : errno, errno == ESRCH ? "identity" : "pidfd_open", path);
+    return -1;
+  }
+  out->procfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  unsigned long long start = 0;
+  char state = '?';
+  if (out->procfd < 0 || read_start_time(out->procfd, &start, &state) != 0 || start != expected_start || state == 'Z' ||
+      state == 'X') {
+    report_error_fd(status_fd, ESRCH, "identity", path);
+    return -1;
+  }
+  out->rootfd = openat(out->procfd, "root", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (out->rootfd < 0) {
+    report_error_fd(status_fd, ESRCH, "identity", path);
+    return -1;
+  }
+  struct pollfd exited = {out->pidfd, POLLIN, 0};
+  if (poll(&exited, 1, 0) != 0) { /* readable: the process has exited */
+    report_error_fd(status_fd, ESRCH, "identity", path);
+    return -1;
+  }
+  return 0;
+}
+
 static int cmd_enter(const struct opts *o) {
   int status_fd = o->status_fd >= 0 ? o->status_fd : 2;
-  if (o->pid <= 0 || !o->argv || !o->argv[0]) usage();
+  if (o->pid <= 0 || o->start == 0 || !o->argv || !o->argv[0]) usage();
   if (o->status_fd >= 0) fcntl(o->status_fd, F_SETFD, FD_CLOEXEC);
 
+  struct pinned_init init;
+  if (pin_init(o->pid, o->start, status_fd, &init) != 0) return 125;
   int bad = join_cgroups((char **)o->cgroups, o->ncgroups);
   if (bad >= 0) {
     report_error_fd(status_fd, errno, "write(cgroup.procs)", o->cgroups[bad]);
     return 125;
   }
-  static const char *names[] = {"ipc", "uts", "net", "pid", "mnt"};
-  int nsfd[5];
-  char path[PATH_MAX];
-  for (int i = 0; i < 5; i++) {
-    snprintf(path, sizeof(path), "/proc/%d/ns/%s", o->pid, names[i]);
-    nsfd[i] = open(path, O_RDONLY | O_CLOEXEC);
-    if (nsfd[i] < 0) {
-      report_error_fd(status_fd, errno, "open", path);
-      return 125;
-    }
-  }
-  snprintf(path, sizeof(path), "/proc/%d/root", o->pid);
-  int rootfd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (rootfd < 0) {
-    report_error_fd(status_fd, errno, "open", path);
+  /* One setns through the pidfd joins all five namespaces at once (Linux
+   * >= 5.8), or none: ESRCH if the init exited since it was pinned. */
+  if (setns(init.pidfd, CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0) {
+    report_error_fd(status_fd, errno, errno == ESRCH ? "identity" : "setns", NULL);
     return 125;
   }
-  for (int i = 0; i < 5; i++) {
-    if (setns(nsfd[i], 0) != 0) {
-      report_error_fd(status_fd, errno, "setns", names[i]);
-      return 125;
-    }
-    close(nsfd[i]);
-  }
-  if (fchdir(rootfd) != 0 || chroot(".") != 0) {
+  if (fchdir(init.rootfd) != 0 || chroot(".") != 0) {
     report_error_fd(status_fd, errno, "chroot", "/");
     return 125;
   }
+  close(init.pidfd);
+  close(init.procfd);
+  int rootfd = init.rootfd;
   close(rootfd);
   if (drop_capabilities() != 0) {
     report_error_fd(status_fd, errno, "prctl(PR_CAPBSET_DROP)", NULL);
@@ -850,8 +919,61 @@ static int cmd_supervise(const struct opts *o) {
   }
 }
 
+/* The request of a verb may come over a pipe instead of argv: argv (so
+ * /proc/<pid>/cmdline) is readable by every host user, and an enter request
+ * carries the command's environment values. The tokens are the options argv
+ * would hold, each ending with a NUL; the writer closes its end when done.
+ * Returns a new argv: {argv0, verb, tokens..., NULL}. */
+#define MAX_REQUEST (8u << 20)
+static char **read_request(int fd, char *argv0, char *verb, int *argc_out) {
+  size_t cap = 16384, len = 0;
+  char *buf = malloc(cap);
+  if (!buf) exit(2);
+  for (;;) {
+    if (len == cap) {
+      if (cap >= MAX_REQUEST) {
+        fprintf(stderr, "lockstep-helper: request on fd %d is larger than %u bytes\n", fd, MAX_REQUEST);
+        exit(2);
+      }
+      cap *= 2;
+      char *grown = realloc(buf, cap);
+      if (!grown) exit(2);
+      buf = grown;
+    }
+    ssize_t n = read(fd, buf + len, cap - len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      fprintf(stderr, "lockstep-helper: reading the request on fd %d: %s\n", fd, strerror(errno));
+      exit(2);
+    }
+    if (n == 0) break;
+    len += (size_t)n;
+  }
+  close(fd);
+  if (len > 0 && buf[len - 1] != '\0') {
+    fprintf(stderr, "lockstep-helper: the request does not end with a NUL\n");
+    exit(2);
+  }
+  int ntokens = 0;
+  for (size_t i = 0; i < len; i++)
+    if (buf[i] == '\0') ntokens++;
+  char **av = calloc((size_t)ntokens + 3, sizeof(char *));
+  if (!av) exit(2);
+  av[0] = argv0;
+  av[1] = verb;
+  for (size_t i = 0, t = 2; i < len; i += strlen(buf + i) + 1) av[t++] = buf + i;
+  *argc_out = ntokens + 2;
+  return av;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) usage();
+  if (argc == 4 && strcmp(argv[2], "--request-fd") == 0) {
+    char *end = NULL;
+    long fd = strtol(argv[3], &end, 10);
+    if (!end || *end || fd < 0 || fd > INT_MAX) usage();
+    argv = read_request((int)fd, argv[0], argv[1], &argc);
+  }
   struct opts o;
   parse(argc, argv, &o);
   if (strcmp(argv[1], "supervise") == 0) return cmd_supervise(&o);

@@ -11,6 +11,7 @@ import { InvalidArgumentError, InvalidStateError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { dumpOptions, processImageBytes } from './process-image.js';
 import { AgentState } from '../agent-state/agent-state.js';
+import { assertInit } from '../sandboxes/identity.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
@@ -92,6 +93,8 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     t.freezeMs = frozenAt - t0;
     engine.fault('checkpoint:frozen');
     try {
+      // CRIU takes a bare pid: with the tree frozen, make sure it still names this sandbox's init.
+      assertInit(engine, row);
       layers.snapshotUpper(row.instance, layerId);
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;

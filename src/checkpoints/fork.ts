@@ -62,6 +62,7 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
       catalog.endOperation(opId);
     });
     engine.fault('fork:committed');
+    engine.inits.track(catalog.sandbox(id)!);
     return { ok: true, id, pid, ms: performance.now() - started };
   } catch (e) {
     engine.log.warn({ err: e, sandboxId: id }, 'fork failed; removing it');

@@ -153,13 +153,16 @@ async function abandonSwap(engine: Engine, row: SandboxRow, opId: string): Promi
 /** The rollback's commit: the sandbox row and the agent's timeline, in one transaction. */
 export function commitRollback(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, pid: number, branchId: string, extra: Partial<SandboxRow> = {}) {
   const { catalog } = engine;
-  return catalog.tx(() => {
+  const parts = catalog.tx(() => {
     catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer, ...extra });
     const parts = engine.agent.onRollback(row, ckpt, opId);
     engine.fault('rollback:commit');
     catalog.endOperation(opId);
     return parts;
   });
+  // The new init is watched now; the old one's exit finds the row naming this one and changes nothing.
+  engine.inits.track(catalog.sandbox(row.id)!);
+  return parts;
 }
 
 /** What rollback returns: the restored process and timings, plus the agent's report. */
@@ -177,7 +180,7 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   const branchId = newId('br');
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
-  const standby = hasStandbyFor(row, ckpt.id) ? row.standby_instance : null;
+  const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
   catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }) });
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });

@@ -14,7 +14,8 @@
 import { randomBytes } from 'node:crypto';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
-import { isAlive, startTime } from '../host/proc.js';
+import { startTime } from '../host/proc.js';
+import { isInitOf } from '../sandboxes/identity.js';
 import { restoreNewInstance } from './process-image.js';
 
 /** STANDBY=off disables it (memory-tight hosts); on by default. */
@@ -22,9 +23,13 @@ export function standbyEnabled(): boolean {
   return process.env.LOCKSTEP_STANDBY !== 'off';
 }
 
-/** True when the sandbox has a live standby for this checkpoint. */
-export function hasStandbyFor(row: SandboxRow, checkpointId: string): boolean {
-  return row.standby_checkpoint === checkpointId && row.standby_instance !== null && row.standby_pid !== null && isAlive(row.standby_pid) && startTime(row.standby_pid) === row.standby_start;
+/**
+ * True when the sandbox has a live standby for this checkpoint: its pid is
+ * still the process restored then (start time) and a member of the standby's
+ * cgroup, which stays frozen until the swap, so the answer holds until then.
+ */
+export function hasStandbyFor(engine: Pick<Engine, 'cgroups' | 'runtime'>, row: SandboxRow, checkpointId: string): boolean {
+  return row.standby_checkpoint === checkpointId && row.standby_instance !== null && isInitOf(engine, row.standby_instance, row.standby_pid, row.standby_start);
 }
 
 /** Removes the sandbox's standby, if any (idempotent). */
@@ -42,7 +47,7 @@ export async function dropStandby(engine: Engine, sandboxId: string): Promise<vo
  */
 export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: CheckpointRow): Promise<void> {
   const row = engine.catalog.sandbox(sandboxId);
-  if (!row || row.state !== 'running' || hasStandbyFor(row, ckpt.id)) return;
+  if (!row || row.state !== 'running' || hasStandbyFor(engine, row, ckpt.id)) return;
   await dropStandby(engine, sandboxId);
   const key = `${sandboxId}.${randomBytes(3).toString('hex')}`;
   const { runtime, cgroups } = engine;
@@ -52,7 +57,9 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
     // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.
     const fresh = engine.catalog.sandbox(sandboxId);
     if (!fresh || fresh.state !== 'running') throw new Error('sandbox changed while its standby was prepared');
-    engine.catalog.updateSandbox(sandboxId, { standby_instance: key, standby_checkpoint: ckpt.id, standby_pid: pid, standby_start: startTime(pid) ?? null });
+    const start = startTime(pid) ?? null;
+    if (!isInitOf(engine, key, pid, start)) throw new Error('the restored standby exited before it was frozen');
+    engine.catalog.updateSandbox(sandboxId, { standby_instance: key, standby_checkpoint: ckpt.id, standby_pid: pid, standby_start: start });
     engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
   } catch (e) {
     engine.log.info({ err: e, sandboxId }, 'warm standby not prepared; rollback will restore with CRIU');

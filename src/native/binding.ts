@@ -36,6 +36,24 @@ export interface CriuRequest {
   emptyNetns?: boolean;
 }
 
+/**
+ * Watches processes through pidfds on a thread of its own; `onExit(id)` runs
+ * on the event loop when a watched process exits. It never keeps the event
+ * loop alive.
+ */
+export interface PidWatcher {
+  /**
+   * Watches pid if it runs (and, given `expectedStart`, is the process that
+   * started then: /proc start time in clock ticks). Null when it is gone, a
+   * zombie, or another process now holds the pid.
+   */
+  watch(pid: number, expectedStart?: number): { id: number; start: number } | null;
+  /** No onExit for this id after this returns. */
+  unwatch(id: number): void;
+  /** Stops the thread and closes every pidfd; idempotent. */
+  close(): void;
+}
+
 /** The addon's surface. Errors thrown carry code, errno, syscall and path. */
 export interface NativeBinding {
   mountOverlay(target: string, lowers: string[], upper: string, work: string): void;
@@ -52,6 +70,11 @@ export interface NativeBinding {
   criu(request: CriuRequest): Promise<number>;
   criuCgroupModes: Record<'ignore' | 'none' | 'props' | 'soft' | 'full' | 'strict', number>;
   criuNetworkLocks: Record<'iptables' | 'nftables' | 'skip', number>;
+  PidWatcher: new (onExit: (id: number) => void) => PidWatcher;
+  /** A pidfd for pid (close with fs.closeSync); throws ESRCH when it is gone. */
+  pidfdOpen(pid: number): number;
+  /** Signals the pidfd's process (`group`: the process group it leads, Linux >= 6.9); false once it has exited. */
+  pidfdSendSignal(fd: number, signal: number, group?: boolean): boolean;
 }
 
 /** Magic numbers from statfs(2) that the layer store cares about. */

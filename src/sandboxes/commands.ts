@@ -9,10 +9,10 @@
  * SIGKILL to the helper.
  */
 import { spawn } from 'node:child_process';
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { helperPath } from '../native/binding.js';
-import { CommandAbortedError, InvalidArgumentError, SystemCallError, type NativeErrorLike } from '../errors.js';
+import { CommandAbortedError, InvalidArgumentError, InvalidStateError, SystemCallError, type NativeErrorLike } from '../errors.js';
 
 export interface RunOptions {
   cwd?: string | undefined;
@@ -37,8 +37,11 @@ export interface RunResult {
   durationMs: number;
 }
 
+/** Which sandbox to enter: its init by pid and start time, so a reused pid is never joined. */
 export interface EnterTarget {
+  sandboxId: string;
   initPid: number;
+  initStart: number;
   cgroupProcs: string[];
   baseEnv: Record<string, string>;
 }
@@ -80,6 +83,28 @@ function envArgs(target: EnterTarget, env: Record<string, string> | undefined): 
   return Object.entries(merged).flatMap(([k, v]) => ['--env', `${k}=${v}`]);
 }
 
+/** The helper reads its request from this fd, so that no option (env values above all) shows in its /proc/<pid>/cmdline. */
+const REQUEST_FD = 4;
+
+/**
+ * Starts `lockstep-helper enter` with the request written to a pipe: argv
+ * holds only the verb. stdio[3] is the status pipe, stdio[4] the request.
+ */
+function spawnEnter(target: EnterTarget, options: string[], argv: string[], stdio: ['ignore', 'pipe' | 'ignore', 'pipe']) {
+  const request = ['--pid', String(target.initPid), '--start', String(target.initStart), '--status-fd', '3', ...options, ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]), '--', ...argv];
+  const child = spawn(helperPath, ['enter', '--request-fd', String(REQUEST_FD)], { stdio: [...stdio, 'pipe', 'pipe'] });
+  const pipe = child.stdio[REQUEST_FD] as Writable;
+  pipe.on('error', () => undefined); // the helper exited before reading it all: its status says why
+  // Once flushed, the bytes wait in the helper's end: close ours, so the handle keeps nothing alive.
+  pipe.end(request.map((t) => t + '\0').join(''), () => pipe.destroy());
+  return child;
+}
+
+/** The helper could not pin the sandbox's init (it exited, or its pid now belongs to another process). */
+function notRunning(target: EnterTarget): InvalidStateError {
+  return new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${target.sandboxId} is not running (its init has exited)`, { sandboxId: target.sandboxId });
+}
+
 function statusError(line: string): NativeErrorLike | undefined {
   try {
     const o = JSON.parse(line) as { error?: NativeErrorLike & { message?: string } };
@@ -114,20 +139,7 @@ class Collector {
 /** Runs argv in the foreground inside the sandbox. */
 export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions = {}): Promise<RunResult> {
   const started = performance.now();
-  const args = [
-    'enter',
-    '--pid',
-    String(target.initPid),
-    '--status-fd',
-    '3',
-    '--cwd',
-    opts.cwd ?? '/workspace',
-    ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]),
-    ...envArgs(target, opts.env),
-    '--',
-    ...argv,
-  ];
-  const child = spawn(helperPath, args, { stdio: ['ignore', 'pipe', 'pipe', 'pipe'] });
+  const child = spawnEnter(target, ['--cwd', opts.cwd ?? '/workspace', ...envArgs(target, opts.env)], argv, ['ignore', 'pipe', 'pipe']);
   const max = opts.maxOutputBytes ?? MAX_DEFAULT_OUTPUT;
   const out = new Collector(max);
   const err = new Collector(max);
@@ -183,6 +195,7 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
       if (aborted) return reject(aborted);
       const exitCode = code ?? (signal ? 128 : 125);
       const failure = status.split('\n').map(statusError).find(Boolean);
+      if (failure && failure.syscall === 'identity') return reject(notRunning(target));
       if (failure && failure.syscall === 'chdir') {
         return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
       }
@@ -214,25 +227,8 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
   for (const [field, p] of [['stdoutPath', opts.stdoutPath], ['stderrPath', opts.stderrPath]] as const) {
     if (p !== undefined && (typeof p !== 'string' || !p.startsWith('/'))) throw new InvalidArgumentError(field, 'an absolute path inside the sandbox', p);
   }
-  const args = [
-    'enter',
-    '--pid',
-    String(target.initPid),
-    '--status-fd',
-    '3',
-    '--detach',
-    '--cwd',
-    opts.cwd ?? '/workspace',
-    '--stdout',
-    opts.stdoutPath ?? '/dev/null',
-    '--stderr',
-    opts.stderrPath ?? opts.stdoutPath ?? '/dev/null',
-    ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]),
-    ...envArgs(target, opts.env),
-    '--',
-    ...argv,
-  ];
-  const child = spawn(helperPath, args, { stdio: ['ignore', 'ignore', 'pipe', 'pipe'] });
+  const options = ['--detach', '--cwd', opts.cwd ?? '/workspace', '--stdout', opts.stdoutPath ?? '/dev/null', '--stderr', opts.stderrPath ?? opts.stdoutPath ?? '/dev/null', ...envArgs(target, opts.env)];
+  const child = spawnEnter(target, options, argv, ['ignore', 'ignore', 'pipe']);
   let status = '';
   let stderr = '';
   (child.stdio[3] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
@@ -243,6 +239,7 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
       const lines = status.split('\n').filter(Boolean);
       const failure = lines.map(statusError).find(Boolean);
       if (failure) {
+        if (failure.syscall === 'identity') return reject(notRunning(target));
         if (failure.syscall === 'execve') return reject(new InvalidArgumentError('command[0]', 'a program that exists in the sandbox', argv[0]));
         if (failure.syscall === 'chdir') return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
         return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot start the process: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));

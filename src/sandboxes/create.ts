@@ -100,7 +100,9 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
       engine.catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: start });
     });
     log.info({ pid, image: image.name }, 'sandbox created');
-    return engine.catalog.sandbox(id)!;
+    const created = engine.catalog.sandbox(id)!;
+    engine.inits.track(created);
+    return created;
   } catch (e) {
     log.warn({ err: e }, 'sandbox creation failed; cleaning up');
     await engine.runtime.destroy(id).catch((err) => log.error({ err }, 'cleanup after failed create'));

@@ -12,6 +12,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
   // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
   catalog.updateSandbox(id, { state: 'removing' });
+  engine.inits.untrack(id); // its init is about to be killed on purpose
   engine.fault('remove:marked');
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);

@@ -3,10 +3,13 @@
  * use: sub-APIs as members (`sandbox.commands`, `sandbox.files`) and the
  * Lockstep verbs (checkpoint, rollback, fork) as methods.
  */
+import fs from 'node:fs';
+import os from 'node:os';
 import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
+import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { isAlive, namespacePid, sleep } from '../host/proc.js';
+import { namespacePid, sleep } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
 import { SandboxFiles, type FileEntry } from './files.js';
 import type { AgentContext } from '../context/formats.js';
@@ -143,10 +146,14 @@ export class SandboxCore {
     return this.engine.catalog.requireSandbox(this.id);
   }
 
-  /** The row, checked to be running with its init alive. */
+  /**
+   * The row, checked to be running with its init alive: the process with the
+   * row's pid and start time (a bare pid may belong to a host process by now).
+   * The init is watched from here on, so its exit marks the sandbox stopped.
+   */
   runningRow(): SandboxRow {
     const row = this.row();
-    if (row.state !== 'running' || row.init_pid === null || !isAlive(row.init_pid)) {
+    if (row.state !== 'running' || row.init_pid === null || row.init_start === null || !this.engine.inits.track(row)) {
       throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${this.id} is not running (state: ${row.state})`, { sandboxId: this.id });
     }
     return row;
@@ -154,7 +161,9 @@ export class SandboxCore {
 
   enterTarget(row: SandboxRow = this.runningRow()) {
     return {
+      sandboxId: row.id,
       initPid: row.init_pid!,
+      initStart: row.init_start!,
       cgroupProcs: this.engine.cgroups.procsFiles(this.engine.runtime.cgroupName(row.instance)),
       baseEnv: JSON.parse(row.env) as Record<string, string>,
     };
@@ -208,12 +217,29 @@ export class CommandHandle {
   async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<boolean> {
     const pid = this.hostPid();
     if (pid === undefined) return false;
+    // Pinned by a pidfd, then checked again: had the command exited and its
+    // pid been reused, the signal fails rather than reach the new holder.
+    let fd: number;
     try {
-      // The detached command leads its own process group (setsid): signal all of it.
-      process.kill(-pid, signal);
-      return true;
+      fd = native().pidfdOpen(pid);
     } catch {
       return false;
+    }
+    try {
+      if (this.hostPid() !== pid) return false;
+      // The detached command leads its own process group (setsid): signal all of it.
+      return native().pidfdSendSignal(fd, os.constants.signals[signal], true);
+    } catch (e) {
+      // Kernels before 6.9 cannot signal a group through a pidfd; the group is this sandbox's while its leader runs.
+      if ((e as NodeJS.ErrnoException).code !== 'EINVAL') return false;
+      try {
+        process.kill(-pid, signal);
+        return true;
+      } catch {
+        return false;
+      }
+    } finally {
+      fs.closeSync(fd);
     }
   }
 }
@@ -417,7 +443,7 @@ export class Sandbox {
    */
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
-    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
+    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.runningRow(), checkpointId, opts));
     this.queueStandby(report.checkpointId); // agents often fail the same step again
     return report;
   }
@@ -432,7 +458,7 @@ export class Sandbox {
   async fork(checkpointId: string, opts: ForkOptions = {}): Promise<ForkResult[]> {
     const engine = this.core.engine;
     const count = validateForkCount(opts.count);
-    const row = this.core.row();
+    const row = this.core.runningRow();
     const ckpt = ownCheckpoint(engine, row, checkpointId);
     opts.signal?.throwIfAborted();
     return forkSandbox(engine, row, ckpt, count, { ...(opts.onProgress ? { onProgress: opts.onProgress } : {}), ...(opts.signal ? { signal: opts.signal } : {}) });
