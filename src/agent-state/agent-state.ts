@@ -71,9 +71,20 @@ export class AgentState {
     this.effects = opts.owner ? EffectLedger.open(db) : new EffectLedger(db);
   }
 
-  /** isAncestorOrSelf(target) for the checkpoint tree. */
+  /**
+   * isAncestorOrSelf(target) over the target's whole history: its sandbox's checkpoint tree and,
+   * for a fork, on into the parent's history from the fork point (what the fork inherited was
+   * sealed there), and so on up the fork family.
+   */
   ancestry(targetCheckpointId: string): (id: string) => boolean {
-    const set = new Set(this.catalog.ancestry(targetCheckpointId));
+    const set = new Set<string>();
+    for (let at: string | null = targetCheckpointId; at !== null && !set.has(at); ) {
+      set.add(at);
+      const chain = this.catalog.ancestry(at);
+      for (const id of chain) set.add(id);
+      const root = chain.length > 0 ? this.catalog.checkpoint(chain.at(-1)!) : undefined;
+      at = root ? (this.catalog.sandbox(root.sandbox_id)?.forked_from ?? null) : null;
+    }
     return (id: string) => set.has(id);
   }
 
