@@ -12,7 +12,7 @@ import { appendRecoveryNote, validateContext, type AgentContext } from '../conte
 import { buildRecoverySummary, type RecoverySummary } from '../context/recovery.js';
 import { EffectLedger, checkRollbackPolicy, type EffectContext, type EffectRecord, type RollbackPolicy, type RollbackWarning } from '../effects/effect-ledger.js';
 import { ObservationLog, type Observation, type ObservationInput } from '../provenance/observations.js';
-import { VerdictLog, type StaleVerdict } from '../provenance/verdicts.js';
+import { VerdictLog, type StaleVerdict, type VerdictTimelines } from '../provenance/verdicts.js';
 import { InvalidArgumentError } from '../errors.js';
 
 export interface RollbackAgentOptions {
@@ -71,9 +71,20 @@ export class AgentState {
     this.effects = opts.owner ? EffectLedger.open(db) : new EffectLedger(db);
   }
 
-  /** isAncestorOrSelf(target) for the checkpoint tree. */
+  /**
+   * isAncestorOrSelf(target) over the target's whole history: its sandbox's checkpoint tree and,
+   * for a fork, on into the parent's history from the fork point (what the fork inherited was
+   * sealed there), and so on up the fork family.
+   */
   ancestry(targetCheckpointId: string): (id: string) => boolean {
-    const set = new Set(this.catalog.ancestry(targetCheckpointId));
+    const set = new Set<string>();
+    for (let at: string | null = targetCheckpointId; at !== null && !set.has(at); ) {
+      set.add(at);
+      const chain = this.catalog.ancestry(at);
+      for (const id of chain) set.add(id);
+      const root = chain.length > 0 ? this.catalog.checkpoint(chain.at(-1)!) : undefined;
+      at = root ? (this.catalog.sandbox(root.sandbox_id)?.forked_from ?? null) : null;
+    }
     return (id: string) => set.has(id);
   }
 
@@ -95,6 +106,7 @@ export class AgentState {
       contextBytes = put.storedBytes;
     }
     this.observations.seal(row.id, checkpointId);
+    this.verdicts.seal(row.id, checkpointId);
     this.effects.seal(row.id, checkpointId);
     return { contextId, ledgerCursor: this.effects.cursor(row.id), ...(contextBytes !== undefined ? { contextBytes } : {}) };
   }
@@ -107,22 +119,23 @@ export class AgentState {
   }
 
   /** Inside the rollback's commit transaction: mark the abandoned timeline. */
-  onRollback(row: SandboxRow, target: CheckpointRow, rollbackId: string): { staleObservations: Observation[]; effectsAfter: EffectRecord[] } {
+  onRollback(row: SandboxRow, target: CheckpointRow, rollbackId: string): { staleObservations: Observation[]; effectsAfter: EffectRecord[]; verdicts: VerdictTimelines } {
     const isAnc = this.ancestry(target.id);
     const staleObservations = this.observations.applyRollback(row.id, target.id, isAnc, rollbackId);
     const effectsAfter = this.effects.applyRollback(row.id, target.id, isAnc, rollbackId);
-    return { staleObservations, effectsAfter };
+    const verdicts = this.verdicts.applyRollback(row.id, isAnc, rollbackId);
+    return { staleObservations, effectsAfter, verdicts };
   }
 
   /** After the rollback: stale verdicts, the stored context and the recovery summary. */
   report(
     row: SandboxRow,
     target: CheckpointRow,
-    parts: { staleObservations: Observation[]; effectsAfter: EffectRecord[]; warnings: RollbackWarning[] },
+    parts: { staleObservations: Observation[]; effectsAfter: EffectRecord[]; verdicts: VerdictTimelines; warnings: RollbackWarning[] },
     hashes: Map<string, string | null>,
     opts: RollbackAgentOptions,
   ): AgentRollbackReport {
-    const staleVerdicts = this.verdicts.staleVerdicts(row.id, (p) => hashes.get(p) ?? null);
+    const staleVerdicts = this.verdicts.staleAfterRollback(parts.verdicts, (p) => hashes.get(p) ?? null);
     const context = target.context_id ? this.contexts.get(target.context_id) : null;
     const recoverySummary = buildRecoverySummary({
       ...(opts.failure !== undefined ? { failure: opts.failure } : {}),
@@ -155,7 +168,7 @@ export class AgentState {
     const isAnc = this.ancestry(ckpt.id);
     this.observations.inheritForFork(parent.id, ckpt.id, child.id, child.branch_id, isAnc);
     this.effects.inheritForFork(parent.id, ckpt.id, child.id, isAnc);
-    this.verdicts.inheritForFork(parent.id, child.id, child.branch_id);
+    this.verdicts.inheritForFork(parent.id, child.id, child.branch_id, isAnc);
   }
 
   /** When a checkpoint goes, its context snapshot goes too (shared items stay while used). */

@@ -8,7 +8,7 @@ import type { Database } from 'better-sqlite3';
 import { InvalidStateError } from '../errors.js';
 
 /** Version of the agent-state tables; bump with a new step in MIGRATIONS. */
-export const AGENT_STATE_SCHEMA_VERSION = 2;
+export const AGENT_STATE_SCHEMA_VERSION = 3;
 
 // Every statement is idempotent (IF NOT EXISTS). No PRAGMA journal_mode, VACUUM or exclusive
 // locking: the owner of the connection decides those, and they fail inside transactions.
@@ -132,7 +132,14 @@ CREATE TABLE IF NOT EXISTS agent_effect_views (
 // until the caller settles them.
 const V2 = `ALTER TABLE agent_effects ADD COLUMN runner TEXT;`;
 
-const MIGRATIONS: readonly string[] = [V1, V2];
+// v3: verdicts belong to the timeline they were made on (sealed by a checkpoint, abandoned by a
+// rollback), so that a rollback judges exactly the verdicts of the restored and abandoned
+// timelines. Verdicts recorded before the upgrade look unsealed: the next checkpoint seals them
+// into the sandbox's current timeline, which is where the agent last held them.
+const V3 = `ALTER TABLE agent_verdicts ADD COLUMN sealed_by TEXT;
+ALTER TABLE agent_verdicts ADD COLUMN abandoned_by TEXT;`;
+
+const MIGRATIONS: readonly string[] = [V1, V2, V3];
 
 /** Creates or upgrades every agent-state table; idempotent and safe inside the caller's transaction. */
 export function migrateAgentState(db: Database): void {

@@ -6,6 +6,13 @@
  * the sandbox is on. This stops a rollback from re-attaching a genuine judgement to content that
  * was never judged (restore the unscanned file, keep the "scan passed" belief). The module is
  * pure bookkeeping: the core hashes the sandbox's files and passes the lookup in.
+ *
+ * A verdict also belongs to the timeline it was made on, like an observation: it is sealed by
+ * the first checkpoint taken after it, and a rollback abandons the verdicts that are not part of
+ * the target's history (and brings back those that are). A rollback judges every verdict of the
+ * restored timeline, and every verdict it abandons, against the restored bytes: no verdict hides
+ * or supersedes another, since the agent's restored context holds all of the first kind and the
+ * agent just held all of the second. Verdicts abandoned by an earlier rollback were reported then.
  */
 import { randomBytes } from 'node:crypto';
 import type BetterSqlite3 from 'better-sqlite3';
@@ -40,7 +47,19 @@ export interface Verdict {
   observationId: string | null;
   /** For a fork's copy: the id of the original verdict. */
   inheritedFrom: string | null;
+  /** Checkpoint that sealed it into its timeline; null while after the latest checkpoint. */
+  sealedBy: string | null;
+  /** Rollback that took it off the sandbox's timeline; null while on it. */
+  abandonedBy: string | null;
   createdAt: number;
+}
+
+/** What a rollback did to the verdicts: the ones it restored and the ones it abandoned. */
+export interface VerdictTimelines {
+  /** Verdicts of the restored timeline (sealed into the target's history). */
+  restored: Verdict[];
+  /** Verdicts that were on the sandbox's timeline before the rollback and are not any more. */
+  abandoned: Verdict[];
 }
 
 /** A stale verdict and what the file holds now (null: the file is gone). */
@@ -59,6 +78,8 @@ interface VerdictRow {
   tool_call_id: string | null;
   observation_id: string | null;
   inherited_from: string | null;
+  sealed_by: string | null;
+  abandoned_by: string | null;
   created_at: number;
 }
 
@@ -77,11 +98,15 @@ export class VerdictLog {
     migrateAgentState(db);
     this.stmt = {
       insert: db.prepare(`INSERT INTO agent_verdicts
-        (id, sandbox_id, branch_id, path, content_hash, verdict, tool_call_id, observation_id, inherited_from, created_at)
-        VALUES (@id, @sandbox_id, @branch_id, @path, @content_hash, @verdict, @tool_call_id, @observation_id, @inherited_from, @created_at)
+        (id, sandbox_id, branch_id, path, content_hash, verdict, tool_call_id, observation_id, inherited_from, sealed_by, created_at)
+        VALUES (@id, @sandbox_id, @branch_id, @path, @content_hash, @verdict, @tool_call_id, @observation_id, @inherited_from, @sealed_by, @created_at)
         RETURNING *`),
       bySandbox: db.prepare(`SELECT * FROM agent_verdicts WHERE sandbox_id = ? ORDER BY seq`),
       origins: db.prepare(`SELECT inherited_from FROM agent_verdicts WHERE sandbox_id = ? AND inherited_from IS NOT NULL`).pluck(),
+      // Abandoned unsealed verdicts belong to a timeline nobody is on any more: never seal them.
+      seal: db.prepare(`UPDATE agent_verdicts SET sealed_by = ? WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`),
+      abandon: db.prepare(`UPDATE agent_verdicts SET abandoned_by = ? WHERE id = ?`),
+      restore: db.prepare(`UPDATE agent_verdicts SET abandoned_by = NULL WHERE id = ?`),
     };
   }
 
@@ -98,6 +123,7 @@ export class VerdictLog {
       tool_call_id: optional(input.toolCallId, 'verdict.toolCallId'),
       observation_id: optional(input.observationId, 'verdict.observationId'),
       inherited_from: null,
+      sealed_by: null,
       created_at: this.clock(),
     }) as VerdictRow;
     return toVerdict(row);
@@ -109,18 +135,47 @@ export class VerdictLog {
   }
 
   /**
-   * Verdicts whose file now has different content or is gone. By default only the latest
-   * verdict per (path, verdict) is considered: an older "tests:pass" superseded by a newer one
-   * is history, not a belief the agent still holds.
+   * Every verdict recorded in the sandbox, on any timeline, whose file now has different content
+   * or is gone. None supersedes another: an older "tests:pass" on other bytes is still a claim
+   * someone may rely on, and a newer one on an abandoned timeline says nothing about it.
    */
-  staleVerdicts(sandboxId: string, currentHashOf: CurrentHashOf, opts: { includeSuperseded?: boolean } = {}): StaleVerdict[] {
-    const lookup = memo(currentHashOf);
-    const out: StaleVerdict[] = [];
-    for (const v of this.candidates(sandboxId, opts.includeSuperseded === true)) {
-      const currentHash = lookup(v.path);
-      if (currentHash !== v.contentHash) out.push({ ...v, currentHash });
-    }
-    return out;
+  staleVerdicts(sandboxId: string, currentHashOf: CurrentHashOf): StaleVerdict[] {
+    return judge(this.list(sandboxId), currentHashOf);
+  }
+
+  /** Seals the sandbox's unsealed verdicts on its current timeline into a new checkpoint (in the checkpoint transaction). */
+  seal(sandboxId: string, checkpointId: string): number {
+    return this.stmt.seal.run(nonEmpty(checkpointId, 'checkpointId'), nonEmpty(sandboxId, 'sandboxId')).changes;
+  }
+
+  /**
+   * The rollback step (inside the rollback transaction): verdicts sealed by an ancestor-or-self
+   * of the target make up the restored timeline (ones an earlier rollback abandoned come back);
+   * the others that were on the timeline until now are abandoned. Returns both sets; judge them
+   * with staleAfterRollback() once the target's files are in place.
+   */
+  applyRollback(sandboxId: string, isAncestorOrSelf: (checkpointId: string) => boolean, rollbackId: string): VerdictTimelines {
+    nonEmpty(rollbackId, 'rollbackId');
+    const anc = memo(isAncestorOrSelf);
+    return this.db.transaction(() => {
+      const restored: Verdict[] = [];
+      const abandoned: Verdict[] = [];
+      for (const v of this.list(sandboxId)) {
+        if (v.sealedBy !== null && anc(v.sealedBy)) {
+          if (v.abandonedBy !== null) this.stmt.restore.run(v.id);
+          restored.push({ ...v, abandonedBy: null });
+        } else if (v.abandonedBy === null) {
+          this.stmt.abandon.run(rollbackId, v.id);
+          abandoned.push({ ...v, abandonedBy: rollbackId });
+        }
+      }
+      return { restored, abandoned };
+    })();
+  }
+
+  /** Of the verdicts a rollback restored or abandoned, those that do not hold on the restored bytes, in seq order. */
+  staleAfterRollback(timelines: VerdictTimelines, currentHashOf: CurrentHashOf): StaleVerdict[] {
+    return judge([...timelines.restored, ...timelines.abandoned].sort((a, b) => a.seq - b.seq), currentHashOf);
   }
 
   /** The latest verdict `verdict` on `path` that still matches the file's content, or null. */
@@ -133,35 +188,38 @@ export class VerdictLog {
   }
 
   /**
-   * Copies the parent's verdicts into a new fork. Verdicts are bound to content, not to time,
-   * so all of them can be inherited: ones made after the fork point on content the fork does
-   * not have are simply stale there. Idempotent; returns how many were copied.
+   * Copies into a new fork the parent's verdicts that are part of the fork checkpoint's history
+   * (sealed by an ancestor-or-self of it), keeping the seal, as observations do: the fork's
+   * timeline is that history. Idempotent; returns how many were copied.
    */
-  inheritForFork(parentSandboxId: string, childSandboxId: string, childBranchId: string): number {
+  inheritForFork(parentSandboxId: string, childSandboxId: string, childBranchId: string, isAncestorOrSelf: (checkpointId: string) => boolean): number {
     nonEmpty(parentSandboxId, 'parentSandboxId');
     nonEmpty(childSandboxId, 'childSandboxId');
     nonEmpty(childBranchId, 'childBranchId');
+    const anc = memo(isAncestorOrSelf);
     return this.db.transaction(() => {
       const have = new Set(this.stmt.origins.all(childSandboxId) as string[]);
       let n = 0;
       for (const r of this.stmt.bySandbox.all(parentSandboxId) as VerdictRow[]) {
         const origin = r.inherited_from ?? r.id;
-        if (have.has(origin)) continue;
-        const { seq: _seq, ...facts } = r;
+        if (r.sealed_by === null || !anc(r.sealed_by) || have.has(origin)) continue;
+        const { seq: _seq, abandoned_by: _abandonedBy, ...facts } = r;
         this.stmt.insert.get({ ...facts, id: `vrd_${randomBytes(10).toString('hex')}`, sandbox_id: childSandboxId, branch_id: childBranchId, inherited_from: origin });
         n++;
       }
       return n;
     })();
   }
+}
 
-  private candidates(sandboxId: string, includeSuperseded: boolean): Verdict[] {
-    const all = this.list(sandboxId);
-    if (includeSuperseded) return all;
-    const latest = new Map<string, Verdict>();
-    for (const v of all) latest.set(JSON.stringify([v.path, v.verdict]), v);
-    return [...latest.values()].sort((a, b) => a.seq - b.seq);
+function judge(verdicts: Verdict[], currentHashOf: CurrentHashOf): StaleVerdict[] {
+  const lookup = memoHash(currentHashOf);
+  const out: StaleVerdict[] = [];
+  for (const v of verdicts) {
+    const currentHash = lookup(v.path);
+    if (currentHash !== v.contentHash) out.push({ ...v, currentHash });
   }
+  return out;
 }
 
 function toVerdict(r: VerdictRow): Verdict {
@@ -176,6 +234,8 @@ function toVerdict(r: VerdictRow): Verdict {
     toolCallId: r.tool_call_id,
     observationId: r.observation_id,
     inheritedFrom: r.inherited_from,
+    sealedBy: r.sealed_by,
+    abandonedBy: r.abandoned_by,
     createdAt: r.created_at,
   };
 }
@@ -189,11 +249,21 @@ function optional(v: unknown, field: string): string | null {
   return v === undefined || v === null ? null : nonEmpty(v, field);
 }
 
-function memo(fn: CurrentHashOf): CurrentHashOf {
+function memoHash(fn: CurrentHashOf): CurrentHashOf {
   if (typeof fn !== 'function') throw new InvalidArgumentError('currentHashOf', 'a function', fn);
   const cache = new Map<string, string | null>();
   return (path) => {
     if (!cache.has(path)) cache.set(path, fn(path));
     return cache.get(path)!;
+  };
+}
+
+function memo(pred: (id: string) => boolean): (id: string) => boolean {
+  if (typeof pred !== 'function') throw new InvalidArgumentError('isAncestorOrSelf', 'a function', pred);
+  const cache = new Map<string, boolean>();
+  return (id) => {
+    let v = cache.get(id);
+    if (v === undefined) cache.set(id, (v = pred(id)));
+    return v;
   };
 }

@@ -155,23 +155,60 @@ test('the malware-scan verdict does not survive a rollback that restores the uns
   t.deepEqual(log.staleVerdicts('sbx_a', after).map((v) => v.verdict), ['malware-scan:clean']);
 });
 
-test('a newer verdict of the same kind supersedes an older one unless asked for history', (t) => {
+test('no verdict supersedes another: every one that no longer matches its file is stale', (t) => {
   const log = new VerdictLog(openDb(t));
-  log.record({ ...at, path: '/w/a.ts', contentHash: 'h1', verdict: 'tests:pass' });
+  const older = log.record({ ...at, path: '/w/a.ts', contentHash: 'h1', verdict: 'tests:pass' });
   const newer = log.record({ ...at, path: '/w/a.ts', contentHash: 'h2', verdict: 'tests:pass' });
-  log.record({ ...at, path: '/w/a.ts', contentHash: 'h1', verdict: 'lint:clean' });
-  const now = hashes({ '/w/a.ts': 'h2' });
-  t.deepEqual(log.staleVerdicts('sbx_a', now).map((v) => [v.verdict, v.contentHash]), [['lint:clean', 'h1']]);
-  t.is(log.staleVerdicts('sbx_a', now, { includeSuperseded: true }).length, 2);
+  const lint = log.record({ ...at, path: '/w/a.ts', contentHash: 'h1', verdict: 'lint:clean' });
+  t.deepEqual(log.staleVerdicts('sbx_a', hashes({ '/w/a.ts': 'h2' })).map((v) => v.id), [older.id, lint.id]);
+  t.deepEqual(log.staleVerdicts('sbx_a', hashes({ '/w/a.ts': 'h1' })).map((v) => v.id), [newer.id]);
   t.is(log.currentVerdict('sbx_a', '/w/a.ts', 'tests:pass', 'h2')?.id, newer.id);
 });
 
-test('a fork inherits verdicts; content decides whether they hold there', (t) => {
+test('a rollback judges the verdicts of the restored timeline and those it abandons, each once', (t) => {
+  const log = new VerdictLog(openDb(t));
+  const v1 = log.record({ ...at, path: '/w/a', contentHash: 'h1', verdict: 'ok' });
+  log.seal('sbx_a', 'ckpt_1');
+  const v2 = log.record({ ...at, path: '/w/a', contentHash: 'h2', verdict: 'ok' });
+  log.seal('sbx_a', 'ckpt_2');
+  const v3 = log.record({ ...at, path: '/w/b', contentHash: 'hb', verdict: 'ok' }); // unsealed
+
+  const first = log.applyRollback('sbx_a', ancestorOrSelf('ckpt_1'), 'rb_1');
+  t.deepEqual(first.restored.map((v) => v.id), [v1.id]);
+  t.deepEqual(first.abandoned.map((v) => v.id), [v2.id, v3.id]);
+  // ckpt_1's files: /w/a has h1, /w/b does not exist.
+  t.deepEqual(log.staleAfterRollback(first, hashes({ '/w/a': 'h1' })).map((v) => [v.id, v.currentHash]), [
+    [v2.id, 'h1'],
+    [v3.id, null],
+  ]);
+
+  // The new timeline: v4 is sealed by ckpt_3, the abandoned unsealed v3 is not.
+  const v4 = log.record({ ...at, branchId: 'br_2', path: '/w/a', contentHash: 'h4', verdict: 'ok' });
+  t.is(log.seal('sbx_a', 'ckpt_3'), 1);
+  t.like(log.list('sbx_a').find((v) => v.id === v3.id), { sealedBy: null, abandonedBy: 'rb_1' });
+
+  // Forward to ckpt_4 (after ckpt_2): v1 and v2 are its history again; v4 is left behind; v3 was reported at rb_1.
+  const second = log.applyRollback('sbx_a', ancestorOrSelf('ckpt_4'), 'rb_2');
+  t.deepEqual(second.restored.map((v) => [v.id, v.abandonedBy]), [
+    [v1.id, null],
+    [v2.id, null],
+  ]);
+  t.deepEqual(second.abandoned.map((v) => v.id), [v4.id]);
+  t.deepEqual(log.staleAfterRollback(second, hashes({ '/w/a': 'h2' })).map((v) => v.id), [v1.id, v4.id]);
+  // Asked about content alone, every verdict of the sandbox counts, on any timeline.
+  t.deepEqual(log.staleVerdicts('sbx_a', hashes({ '/w/a': 'h2' })).map((v) => v.id), [v1.id, v3.id, v4.id]);
+});
+
+test('a fork inherits the verdicts of its fork point, sealed as they were; content decides whether they hold there', (t) => {
   const log = new VerdictLog(openDb(t));
   const v = log.record({ ...at, path: '/w/a.ts', contentHash: 'h1', verdict: 'tests:pass' });
-  t.is(log.inheritForFork('sbx_a', 'sbx_b', 'br_b'), 1);
-  t.is(log.inheritForFork('sbx_a', 'sbx_b', 'br_b'), 0);
-  t.like(log.list('sbx_b')[0], { inheritedFrom: v.id, sandboxId: 'sbx_b', branchId: 'br_b', contentHash: 'h1' });
+  log.seal('sbx_a', 'ckpt_2');
+  log.record({ ...at, path: '/w/a.ts', contentHash: 'h2', verdict: 'tests:pass' });
+  log.seal('sbx_a', 'ckpt_4');
+  log.record({ ...at, path: '/w/a.ts', contentHash: 'h3', verdict: 'tests:pass' }); // unsealed
+  t.is(log.inheritForFork('sbx_a', 'sbx_b', 'br_b', ancestorOrSelf('ckpt_2')), 1);
+  t.is(log.inheritForFork('sbx_a', 'sbx_b', 'br_b', ancestorOrSelf('ckpt_2')), 0);
+  t.like(log.list('sbx_b')[0], { inheritedFrom: v.id, sandboxId: 'sbx_b', branchId: 'br_b', contentHash: 'h1', sealedBy: 'ckpt_2', abandonedBy: null });
   t.is(log.staleVerdicts('sbx_b', hashes({ '/w/a.ts': 'h1' })).length, 0);
 });
 
