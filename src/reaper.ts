@@ -33,7 +33,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
     report.operations.push(`${op.kind}:${op.phase}:${op.sandbox_id}`);
     if (op.kind === 'checkpoint') {
-      if (!catalog.checkpoint(payload.checkpointId!)) discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
+      if (!catalog.checkpoint(payload.checkpointId!)) await discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
       try {
         cgroups.thaw(runtime.cgroupName(catalog.sandbox(op.sandbox_id)?.instance ?? op.sandbox_id));
       } catch {
@@ -86,7 +86,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     if (row.state === 'creating' || row.state === 'removing') {
       await runtime.destroy(row.instance ?? row.id).catch(() => undefined);
       if (row.standby_instance) await runtime.destroy(row.standby_instance).catch(() => undefined);
-      for (const ckpt of catalog.checkpointsOf(row.id)) discardCheckpointFiles(engine, ckpt.id, ckpt.layer_id);
+      for (const ckpt of catalog.checkpointsOf(row.id)) await discardCheckpointFiles(engine, ckpt.id, ckpt.layer_id);
       catalog.tx(() => {
         for (const ckpt of catalog.checkpointsOf(row.id)) {
           catalog.deleteCheckpointRow(ckpt.id);
@@ -135,7 +135,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   for (const id of layers.listUppers()) {
     if (!known.has(id)) {
       for (const m of mountsUnder(paths.sandboxRoot(id))) native().unmount(m, true);
-      layers.deleteUpper(id);
+      await layers.deleteUpper(id);
       report.orphans.push(`upper:${id}`);
     }
   }
@@ -145,7 +145,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   const liveCkpts = new Set(checkpoints.map((c) => c.id));
   for (const id of layers.listLayers()) {
     if (!liveLayers.has(id)) {
-      layers.deleteLayer(id);
+      await layers.deleteLayer(id);
       report.orphans.push(`layer:${id}`);
     }
   }

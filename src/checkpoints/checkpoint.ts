@@ -92,7 +92,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     t.freezeMs = frozenAt - t0;
     engine.fault('checkpoint:frozen');
     try {
-      layers.snapshotUpper(row.instance, layerId);
+      await layers.snapshotUpper(row.instance, layerId);
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
@@ -106,7 +106,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).
     const tp = performance.now();
-    layers.sync();
+    await layers.sync();
     t.persistMs = performance.now() - tp;
     engine.fault('checkpoint:persisted');
 
@@ -144,14 +144,14 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     return checkpointInfo(committed);
   } catch (e) {
     log.warn({ err: e }, 'checkpoint failed; removing partial state');
-    discardCheckpointFiles(engine, checkpointId, layerId);
+    await discardCheckpointFiles(engine, checkpointId, layerId);
     catalog.endOperation(opId);
     throw e;
   }
 }
 
 /** Removes a checkpoint's layer and process image (idempotent). */
-export function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): void {
-  engine.layers.deleteLayer(layerId);
+export async function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): Promise<void> {
+  await engine.layers.deleteLayer(layerId);
   fs.rmSync(engine.paths.processImage(checkpointId), { recursive: true, force: true });
 }

@@ -10,7 +10,7 @@
  * the package, no CDN) and /metrics (Prometheus; give `metricsToken` to
  * require `Authorization: Bearer <metricsToken>` there).
  */
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { createRequire } from 'node:module';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
@@ -83,6 +83,17 @@ function bearer(req: FastifyRequest): string | undefined {
   return m?.[1];
 }
 
+const digest = (s: string) => createHash('sha256').update(s, 'utf8').digest();
+
+/**
+ * Compares a presented secret with the expected one's digest in constant
+ * time: both sides are hashed to 32 bytes first, so neither the content nor
+ * the length of the right token leaks through how long a wrong one takes.
+ */
+function sameSecret(expected: Buffer, presented: string | undefined): boolean {
+  return timingSafeEqual(expected, digest(presented ?? '')) && presented !== undefined;
+}
+
 /** Builds the API server; call listen() on it. The caller keeps ownership of the Lockstep. */
 export function createServer(opts: ServerOptions): LockstepServer {
   const ls = opts.lockstep;
@@ -92,6 +103,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
   const operations = new OperationTracker();
   const ctx = new ApiContext(ls, metrics, operations, new IdempotencyStore(db, opts.clock));
   const fileBodyLimit = opts.fileBodyLimit ?? 16 * MiB;
+  const metricsDigest = opts.metricsToken === undefined ? undefined : digest(opts.metricsToken);
 
   const app = Fastify({
     loggerInstance: opts.logger ?? ls.engine.log,
@@ -157,7 +169,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, draining }));
   app.get('/metrics', { schema: { hide: true } }, async (req, reply) => {
-    if (opts.metricsToken !== undefined && bearer(req) !== opts.metricsToken) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
+    if (metricsDigest !== undefined && !sameSecret(metricsDigest, bearer(req))) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
     return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());
   });
 
@@ -188,7 +200,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
       checkpointRoutes(v1, ctx, { contextBodyLimit: fileBodyLimit });
       agentRoutes(v1, ctx);
       await v1.register(async (files) => {
-        files.addContentTypeParser('application/octet-stream', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+        // Raw file bytes stay a stream: the route writes them to the file as they arrive.
+        files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
         fileRoutes(files, ctx, { fileBodyLimit });
       });
     },

@@ -92,7 +92,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   const log = engine.log.child({ sandboxId: id });
   try {
     engine.runtime.prepare(id, { memoryBytes: row.memory_bytes ?? undefined, pids: row.pids_max ?? undefined });
-    engine.layers.createUpper(id);
+    await engine.layers.createUpper(id);
     engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));
     engine.catalog.tx(() => {
