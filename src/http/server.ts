@@ -180,7 +180,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
         if (!tenant) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
         ctx.setState(req, { tenant });
         // reply.log writes the "request completed" line: bind it too.
-        req.log = reply.log = req.log.child({ tenant: tenant.name });
+        req.log = reply.log = req.log.child({ tenant: tenant.name, tenantId: tenant.id });
       });
       // A POST without a body is an empty object, so that all-optional bodies may be left out.
       v1.addHook('preValidation', async (req) => {
@@ -252,7 +252,7 @@ async function claimIdempotency(ctx: ApiContext, req: FastifyRequest, reply: Fas
   const key = validateIdempotencyKey(raw);
   const state = ctx.state(req);
   const hash = requestHash(req.method, req.url, req.body);
-  const stored = ctx.idempotency.claim(state.tenant.name, key, hash);
+  const stored = ctx.idempotency.claim(state.tenant.id, key, hash);
   if (stored) {
     if (req.routeOptions.config.replaysItself) {
       state.replay = stored;
@@ -273,8 +273,8 @@ function settleIdempotency(ctx: ApiContext, req: FastifyRequest, reply: FastifyR
     // A stream: the route stores and releases when it ends.
     if (reply.statusCode < 300) return;
   } else if (reply.statusCode >= 200 && reply.statusCode < 300) {
-    ctx.idempotency.store(s.tenant.name, idem.key, idem.hash, { status: reply.statusCode, body: payload.toString(), streamed: false });
+    ctx.idempotency.store(s.tenant.id, idem.key, idem.hash, { status: reply.statusCode, body: payload.toString(), streamed: false });
   }
   idem.stored = true;
-  ctx.idempotency.release(s.tenant.name, idem.key);
+  ctx.idempotency.release(s.tenant.id, idem.key);
 }

@@ -15,6 +15,7 @@ export interface CreateOptions {
   envs?: Record<string, string> | undefined;
   metadata?: Record<string, string> | undefined;
   hostname?: string | undefined;
+  /** Id (tn_…) of the owning tenant, never its name (names can be reused after a tenant is removed). */
   tenant?: string | null | undefined;
   /** Lifetime: the sandbox is removed this many milliseconds after creation (like E2B's timeoutMs). */
   timeoutMs?: number | undefined;

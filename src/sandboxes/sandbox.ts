@@ -35,6 +35,7 @@ export interface SandboxInfo {
   branchId: string;
   headCheckpointId: string | null;
   forkedFrom: string | null;
+  /** Id (tn_…) of the owning tenant (HTTP answers show its name here and the id as tenantId). */
   tenant: string | null;
   metadata: Record<string, string>;
   createdAt: string;

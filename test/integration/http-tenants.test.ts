@@ -5,7 +5,7 @@
 import test from 'ava';
 import type Database from 'better-sqlite3';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
-import { ndjson, startServer, tenantToken, type ApiResponse } from '../fixtures/http-client.js';
+import { ndjson, startServer, tenantId, tenantToken, type ApiResponse } from '../fixtures/http-client.js';
 import { removeTenant } from '../../src/tenants/tenants.js';
 
 /** Row counts of every table: "no new rows" means these do not change. */
@@ -111,7 +111,7 @@ integration(test, () => {
 
     // B's list shows only B's sandbox.
     t.deepEqual((await b.get('/v1/sandboxes')).body.map((s: { id: string }) => s.id), [sb]);
-    t.deepEqual(ls.list('tenant-b').map((s) => s.id), [sb]);
+    t.deepEqual(ls.list(tenantId(ls, 'tenant-b')).map((s) => s.id), [sb]);
 
     // No trace: not one row more or less anywhere, and A sees what it saw.
     t.deepEqual(rowCounts(db), before);
@@ -163,27 +163,27 @@ integration(test, () => {
     const third = await small.post('/v1/sandboxes', { memoryMb: 16 });
     t.is(third.status, 429);
     t.regex(third.body.error.message, /at most 2 sandboxes/);
-    t.is(ls.list('small').length, 2);
+    t.is(ls.list(tenantId(ls, 'small')).length, 2);
     t.like((await small.get('/v1/tenant')).body, { name: 'small', maxSandboxes: 2, maxMemoryMb: 192, usage: { sandboxes: 2, memoryMb: 192 } });
 
     // A fork counts like a create.
     const ck = await small.post(`/v1/sandboxes/${second.body.id}/checkpoints`, {});
     const fork = await small.post(`/v1/sandboxes/${second.body.id}/fork`, { checkpointId: ck.body.id });
     t.is(fork.status, 429);
-    t.is(ls.list('small').length, 2);
+    t.is(ls.list(tenantId(ls, 'small')).length, 2);
 
     // Freeing room lets the next one through.
     await small.del(`/v1/sandboxes/${first.body.id}`);
     const fork2 = await small.post(`/v1/sandboxes/${second.body.id}/fork`, { checkpointId: ck.body.id, count: 1 });
     t.is(fork2.status, 200, fork2.text);
     t.is(fork2.body.ids.length, 1);
-    t.is(ls.list('small').length, 2);
+    t.is(ls.list(tenantId(ls, 'small')).length, 2);
 
     // Concurrent creates cannot both squeeze through the last slot.
     const roomy = client.as(tenantToken(ls, 'racy', { maxSandboxes: 1 }));
     const results = await Promise.all([roomy.post('/v1/sandboxes', { memoryMb: 16 }), roomy.post('/v1/sandboxes', { memoryMb: 16 })]);
     t.deepEqual(results.map((r) => r.status).sort(), [201, 429]);
-    t.is(ls.list('racy').length, 1);
+    t.is(ls.list(tenantId(ls, 'racy')).length, 1);
   });
 
   test.serial('Idempotency-Key: a retried POST is replayed, not repeated; another body with the same key is refused; keys are per tenant and expire after 24 h', async (t) => {
@@ -200,13 +200,13 @@ integration(test, () => {
     t.is(r2.text, r1.text);
     t.is(r2.headers.get('idempotent-replayed'), 'true');
     t.is(r1.headers.get('idempotent-replayed'), null);
-    t.is(ls.list('acme').length, 1, 'one sandbox');
+    t.is(ls.list(tenantId(ls, 'acme')).length, 1, 'one sandbox');
     const id: string = r1.body.id;
 
     const reused = await a.post('/v1/sandboxes', { memoryMb: 128 }, { headers: key });
     t.is(reused.status, 409);
     t.deepEqual(reused.body.error, { code: 'IDEMPOTENCY_KEY_REUSED', message: 'Idempotency-Key "create-1" was already used for a different request', field: 'Idempotency-Key' });
-    t.is(ls.list('acme').length, 1);
+    t.is(ls.list(tenantId(ls, 'acme')).length, 1);
 
     // Another tenant's same key is another key.
     const b = client.as(tenantToken(ls, 'other'));
@@ -257,7 +257,7 @@ integration(test, () => {
     t.is(later.status, 201);
     t.not(later.body.id, id);
     t.is(later.headers.get('idempotent-replayed'), null);
-    t.is(ls.list('acme').length, 2);
+    t.is(ls.list(tenantId(ls, 'acme')).length, 2);
   });
 
   test.serial('a request still running holds its key: a concurrent retry gets 409 IDEMPOTENCY_KEY_IN_PROGRESS', async (t) => {
