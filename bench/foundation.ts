@@ -55,14 +55,14 @@ async function main(): Promise<void> {
         for (let m = 0; m < Math.min(64, mib); m++) fs.writeSync(fd, chunk);
         fs.closeSync(fd);
       }
-      ls.engine.layers.sync();
+      await ls.engine.layers.sync();
       const snap: number[] = [];
       for (let i = 0; i < runs; i++) {
         const id = `bench_${process.pid}_${i}`;
         const t = performance.now();
-        ls.engine.layers.snapshotUpper(sb.info().id, id);
+        await ls.engine.layers.snapshotUpper(sb.info().id, id);
         snap.push(performance.now() - t);
-        ls.engine.layers.deleteLayer(id);
+        await ls.engine.layers.deleteLayer(id);
       }
       const cp: number[] = [];
       for (let i = 0; i < Math.min(runs, 5); i++) {

@@ -220,7 +220,7 @@ export async function measureCriuCliPeer(
     const c = await mustExec('cp', ['-a', upper, path.join(dir, 'upper')], 'cp -a of the upper directory');
     // Untimed: write back what the dump and the copy left dirty, as Lockstep's
     // checkpoint does before it returns, so the rollback does not pay for it.
-    e.layers.sync();
+    await e.layers.sync();
 
     const t0 = performance.now();
     await e.runtime.killProcesses(inst);

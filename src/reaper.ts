@@ -34,7 +34,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
     report.operations.push(`${op.kind}:${op.phase}:${op.sandbox_id}`);
     if (op.kind === 'checkpoint') {
-      if (!catalog.checkpoint(payload.checkpointId!)) discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
+      if (!catalog.checkpoint(payload.checkpointId!)) await discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
       try {
         cgroups.thaw(runtime.cgroupName(catalog.sandbox(op.sandbox_id)?.instance ?? op.sandbox_id));
       } catch {
@@ -132,7 +132,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   for (const id of layers.listUppers()) {
     if (!known.has(id)) {
       for (const m of mountsUnder(paths.sandboxRoot(id))) native().unmount(m, true);
-      layers.deleteUpper(id);
+      await layers.deleteUpper(id);
       report.orphans.push(`upper:${id}`);
     }
   }
@@ -142,7 +142,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   const liveCkpts = new Set(checkpoints.map((c) => c.id));
   for (const id of layers.listLayers()) {
     if (!liveLayers.has(id)) {
-      layers.deleteLayer(id);
+      await layers.deleteLayer(id);
       report.orphans.push(`layer:${id}`);
     }
   }

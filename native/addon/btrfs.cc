@@ -10,6 +10,7 @@
 #include <string>
 
 #include "addon.h"
+#include "async_work.h"
 #include "system_error.h"
 
 namespace lockstep {
@@ -29,100 +30,98 @@ int OpenDir(const std::string& path) { return ::open(path.c_str(), O_RDONLY | O_
 
 }  // namespace
 
-// subvolumeCreate(path)
+// Each verb returns a Promise and runs its ioctl on libuv's pool: a snapshot
+// commits a btrfs transaction and syncfs writes back the whole store, which
+// can take long enough under load to stall every other request if done on
+// the JS thread.
+
+// subvolumeCreate(path) -> Promise<void>
 static Napi::Value SubvolumeCreate(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
   std::string path = StringArg(info, 0, "path");
-  std::string parent, leaf;
-  if (!SplitPath(path, &parent, &leaf)) {
-    ThrowSystemError(env, EINVAL, "btrfs subvolume create", path);
-    return env.Undefined();
-  }
-  UniqueFd dir(OpenDir(parent));
-  if (!dir.valid()) {
-    ThrowSystemError(env, errno, "open", parent);
-    return env.Undefined();
-  }
-  struct btrfs_ioctl_vol_args_v2 args;
-  std::memset(&args, 0, sizeof(args));
-  std::strncpy(args.name, leaf.c_str(), BTRFS_SUBVOL_NAME_MAX);
-  if (::ioctl(dir.get(), BTRFS_IOC_SUBVOL_CREATE_V2, &args) != 0) {
-    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_SUBVOL_CREATE_V2)", path);
-  }
-  return env.Undefined();
+  return PromiseWorker<bool>::Start(
+      info.Env(), "lockstep:subvolumeCreate",
+      [path](SystemFailure* f) {
+        std::string parent, leaf;
+        if (!SplitPath(path, &parent, &leaf)) return Fail(f, EINVAL, "btrfs subvolume create", path, false);
+        UniqueFd dir(OpenDir(parent));
+        if (!dir.valid()) return Fail(f, errno, "open", parent, false);
+        struct btrfs_ioctl_vol_args_v2 args;
+        std::memset(&args, 0, sizeof(args));
+        std::strncpy(args.name, leaf.c_str(), BTRFS_SUBVOL_NAME_MAX);
+        if (::ioctl(dir.get(), BTRFS_IOC_SUBVOL_CREATE_V2, &args) != 0)
+          return Fail(f, errno, "ioctl(BTRFS_IOC_SUBVOL_CREATE_V2)", path, false);
+        return true;
+      },
+      [](Napi::Env env, const bool&) { return env.Undefined(); });
 }
 
-// subvolumeSnapshot(source, dest, readonly)
+// subvolumeSnapshot(source, dest, readonly) -> Promise<void>
 static Napi::Value SubvolumeSnapshot(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
   std::string source = StringArg(info, 0, "source");
   std::string dest = StringArg(info, 1, "dest");
   bool readonly = BoolArg(info, 2, false);
-  std::string parent, leaf;
-  if (!SplitPath(dest, &parent, &leaf)) {
-    ThrowSystemError(env, EINVAL, "btrfs subvolume snapshot", dest);
-    return env.Undefined();
-  }
-  UniqueFd src(OpenDir(source));
-  if (!src.valid()) {
-    ThrowSystemError(env, errno, "open", source);
-    return env.Undefined();
-  }
-  UniqueFd dir(OpenDir(parent));
-  if (!dir.valid()) {
-    ThrowSystemError(env, errno, "open", parent);
-    return env.Undefined();
-  }
-  struct btrfs_ioctl_vol_args_v2 args;
-  std::memset(&args, 0, sizeof(args));
-  args.fd = src.get();
-  if (readonly) args.flags |= BTRFS_SUBVOL_RDONLY;
-  std::strncpy(args.name, leaf.c_str(), BTRFS_SUBVOL_NAME_MAX);
-  if (::ioctl(dir.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0) {
-    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_SNAP_CREATE_V2)", dest);
-  }
-  return env.Undefined();
+  return PromiseWorker<bool>::Start(
+      info.Env(), "lockstep:subvolumeSnapshot",
+      [source, dest, readonly](SystemFailure* f) {
+        std::string parent, leaf;
+        if (!SplitPath(dest, &parent, &leaf)) return Fail(f, EINVAL, "btrfs subvolume snapshot", dest, false);
+        UniqueFd src(OpenDir(source));
+        if (!src.valid()) return Fail(f, errno, "open", source, false);
+        UniqueFd dir(OpenDir(parent));
+        if (!dir.valid()) return Fail(f, errno, "open", parent, false);
+        struct btrfs_ioctl_vol_args_v2 args;
+        std::memset(&args, 0, sizeof(args));
+        args.fd = src.get();
+        if (readonly) args.flags |= BTRFS_SUBVOL_RDONLY;
+        std::strncpy(args.name, leaf.c_str(), BTRFS_SUBVOL_NAME_MAX);
+        if (::ioctl(dir.get(), BTRFS_IOC_SNAP_CREATE_V2, &args) != 0)
+          return Fail(f, errno, "ioctl(BTRFS_IOC_SNAP_CREATE_V2)", dest, false);
+        return true;
+      },
+      [](Napi::Env env, const bool&) { return env.Undefined(); });
 }
 
-// subvolumeDelete(path): a missing subvolume counts as deleted (idempotent
-// teardown). The kernel frees the extents asynchronously.
+// subvolumeDelete(path) -> Promise<boolean>: a missing subvolume counts as
+// deleted (idempotent teardown; false). The kernel frees the extents
+// asynchronously.
 static Napi::Value SubvolumeDelete(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
   std::string path = StringArg(info, 0, "path");
-  std::string parent, leaf;
-  if (!SplitPath(path, &parent, &leaf)) {
-    ThrowSystemError(env, EINVAL, "btrfs subvolume delete", path);
-    return env.Undefined();
-  }
-  UniqueFd dir(OpenDir(parent));
-  if (!dir.valid()) {
-    if (errno == ENOENT) return Napi::Boolean::New(env, false);
-    ThrowSystemError(env, errno, "open", parent);
-    return env.Undefined();
-  }
-  struct btrfs_ioctl_vol_args args;
-  std::memset(&args, 0, sizeof(args));
-  std::strncpy(args.name, leaf.c_str(), BTRFS_PATH_NAME_MAX);
-  if (::ioctl(dir.get(), BTRFS_IOC_SNAP_DESTROY, &args) != 0) {
-    if (errno == ENOENT) return Napi::Boolean::New(env, false);
-    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_SNAP_DESTROY)", path);
-    return env.Undefined();
-  }
-  return Napi::Boolean::New(env, true);
+  return PromiseWorker<bool>::Start(
+      info.Env(), "lockstep:subvolumeDelete",
+      [path](SystemFailure* f) {
+        std::string parent, leaf;
+        if (!SplitPath(path, &parent, &leaf)) return Fail(f, EINVAL, "btrfs subvolume delete", path, false);
+        UniqueFd dir(OpenDir(parent));
+        if (!dir.valid()) {
+          if (errno == ENOENT) return false;
+          return Fail(f, errno, "open", parent, false);
+        }
+        struct btrfs_ioctl_vol_args args;
+        std::memset(&args, 0, sizeof(args));
+        std::strncpy(args.name, leaf.c_str(), BTRFS_PATH_NAME_MAX);
+        if (::ioctl(dir.get(), BTRFS_IOC_SNAP_DESTROY, &args) != 0) {
+          if (errno == ENOENT) return false;
+          return Fail(f, errno, "ioctl(BTRFS_IOC_SNAP_DESTROY)", path, false);
+        }
+        return true;
+      },
+      [](Napi::Env env, const bool& deleted) -> Napi::Value { return Napi::Boolean::New(env, deleted); });
 }
 
-// syncFilesystem(path): syncfs(2) on the filesystem holding path. On btrfs
-// this commits the transaction, which makes created snapshots durable.
+// syncFilesystem(path) -> Promise<void>: syncfs(2) on the filesystem holding
+// path. On btrfs this commits the transaction, which makes created snapshots
+// durable.
 static Napi::Value SyncFilesystem(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
   std::string path = StringArg(info, 0, "path");
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) {
-    ThrowSystemError(env, errno, "open", path);
-    return env.Undefined();
-  }
-  if (::syncfs(fd.get()) != 0) ThrowSystemError(env, errno, "syncfs", path);
-  return env.Undefined();
+  return PromiseWorker<bool>::Start(
+      info.Env(), "lockstep:syncFilesystem",
+      [path](SystemFailure* f) {
+        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!fd.valid()) return Fail(f, errno, "open", path, false);
+        if (::syncfs(fd.get()) != 0) return Fail(f, errno, "syncfs", path, false);
+        return true;
+      },
+      [](Napi::Env env, const bool&) { return env.Undefined(); });
 }
 
 void InitBtrfs(Napi::Env env, Napi::Object exports) {

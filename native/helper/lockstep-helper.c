@@ -759,18 +759,78 @@ static int cmd_enter(const struct opts *o) {
 #define MAX_DAEMONS 16
 static pid_t daemons[MAX_DAEMONS];
 
+/* What the supervisor will run, fixed when it starts: its own executable
+ * (for the helper's verbs), the CRIU binary, and its run folder (where the
+ * CRIU service's socket and log live). */
+static char self_exe[PATH_MAX];
+static char criu_exe[PATH_MAX];
+static char run_dir[PATH_MAX];
+
+static void refuse(int conn, int err, const char *why) {
+  writef(conn, "{\"error\":{\"code\":\"%s\",\"errno\":%d,\"syscall\":\"supervise\",\"message\":", strerrorname_np(err), -err);
+  char buf[512];
+  FILE *f = fmemopen(buf, sizeof(buf) - 1, "w");
+  if (!f) return;
+  json_string(f, why);
+  long n = ftell(f);
+  fclose(f);
+  if (n > 0) write_all(conn, buf, (size_t)n);
+  writef(conn, "}}\n");
+}
+
+/* A path directly inside the run folder (no subfolder, no ".."). */
+static bool in_run_dir(const char *p) {
+  size_t n = strlen(run_dir);
+  return strncmp(p, run_dir, n) == 0 && p[n] == '/' && p[n + 1] != '\0' && !strchr(p + n + 1, '/') &&
+         strcmp(p + n + 1, "..") != 0 && strcmp(p + n + 1, ".") != 0;
+}
+
+/* The only requests a supervisor serves: the helper's own create/prepare
+ * verbs, and the CRIU service on a socket in the run folder. Anything else
+ * (another program, another helper verb) is refused, so the socket is not a
+ * "run anything as root" service even for a confused or compromised client. */
+static const char *disallowed(bool daemon_mode, char **argv, int argc) {
+  if (daemon_mode) {
+    if (argc != 4 || strcmp(argv[0], criu_exe) != 0 || strcmp(argv[1], "service") != 0 || strcmp(argv[2], "--address") != 0)
+      return "only the CRIU service (criu service --address SOCKET) runs as a daemon";
+    if (!in_run_dir(argv[3])) return "the CRIU service socket must be in the supervisor's run folder";
+    return NULL;
+  }
+  char real[PATH_MAX];
+  if (argc < 2 || !realpath(argv[0], real) || strcmp(real, self_exe) != 0) return "only the supervisor's own helper executable runs";
+  if (strcmp(argv[1], "create") != 0 && strcmp(argv[1], "prepare") != 0) return "only the helper verbs create and prepare run";
+  return NULL;
+}
+
 /* Reads one request: NUL-separated tokens ending with an empty token.
  * "run" ARGV...           the child's stdout is this connection
- * "daemon" LOGFILE ARGV... the child logs to LOGFILE; we answer {"pid":N} */
+ * "daemon" LOGFILE ARGV... the child logs to LOGFILE; we answer {"pid":N}
+ * Only a peer with our own uid (SO_PEERCRED) is served, and only the
+ * requests disallowed() lets through. */
 static void handle_request(int conn) {
   static char buf[65536];
   size_t len = 0;
+  struct ucred peer;
+  socklen_t plen = sizeof(peer);
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0) {
+    report_error_fd(conn, errno, "getsockopt(SO_PEERCRED)", NULL);
+    return;
+  }
+  bool stranger = peer.uid != geteuid();
   for (;;) {
     ssize_t n = read(conn, buf + len, sizeof(buf) - 1 - len);
     if (n <= 0) return;
     len += (size_t)n;
     if (len >= 2 && buf[len - 1] == '\0' && buf[len - 2] == '\0') break;
     if (len >= sizeof(buf) - 1) return;
+  }
+  /* Read (and drop) a stranger's request before answering, so that it gets
+   * the refusal instead of a broken pipe; none of it is looked at. */
+  if (stranger) {
+    fprintf(stderr, "lockstep-helper: refused a request from pid %d uid %u\n", peer.pid, peer.uid);
+    fflush(stderr);
+    refuse(conn, EACCES, "the supervisor serves only its own user");
+    return;
   }
   char *tokens[512];
   int nt = 0;
@@ -788,6 +848,14 @@ static void handle_request(int conn) {
     return;
   }
   char **argv = daemon_mode ? &tokens[2] : &tokens[1];
+  const char *why = disallowed(daemon_mode, argv, nt - (daemon_mode ? 2 : 1));
+  if (!why && daemon_mode && !in_run_dir(tokens[1])) why = "a daemon's log must be in the supervisor's run folder";
+  if (why) {
+    fprintf(stderr, "lockstep-helper: refused %s %s: %s\n", tokens[0], argv[0] ? argv[0] : "", why);
+    fflush(stderr);
+    refuse(conn, EPERM, why);
+    return;
+  }
   pid_t pid = fork();
   if (pid < 0) {
     report_error_fd(conn, errno, "fork", NULL);
@@ -813,6 +881,8 @@ static void handle_request(int conn) {
       }
     }
     if (daemon_mode) {
+      /* The CRIU service creates its socket with our umask: owner only. */
+      umask(0077);
       int log = open(tokens[1], O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
       if (log < 0) {
         report_error_fd(conn, errno, "open", tokens[1]);
@@ -855,6 +925,27 @@ static int cmd_supervise(const struct opts *o) {
   }
   if (ftruncate(pidfd, 0) != 0) return 1;
   writef(pidfd, "%d\n", getpid());
+
+  ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+  if (n <= 0) {
+    report_error_fd(2, errno, "readlink", "/proc/self/exe");
+    return 1;
+  }
+  self_exe[n] = '\0';
+  /* Upgraded in place while we run: the path still names the helper to run. */
+  static const char deleted[] = " (deleted)";
+  size_t el = strlen(self_exe), dl = sizeof(deleted) - 1;
+  if (el > dl && strcmp(self_exe + el - dl, deleted) == 0) self_exe[el - dl] = '\0';
+  /* The manager that starts us passes the CRIU binary it is configured with. */
+  const char *criu = getenv("LOCKSTEP_CRIU");
+  snprintf(criu_exe, sizeof(criu_exe), "%s", criu && *criu ? criu : "/opt/lockstep/bin/criu");
+  snprintf(run_dir, sizeof(run_dir), "%s", o->socket_path);
+  char *slash = strrchr(run_dir, '/');
+  if (!slash || slash == run_dir) {
+    report_error_fd(2, EINVAL, "supervise", o->socket_path);
+    return 1;
+  }
+  *slash = '\0';
 
   int sk = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un addr;

@@ -95,7 +95,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     try {
       // CRIU takes a bare pid: with the tree frozen, make sure it still names this sandbox's init.
       assertInit(engine, row);
-      layers.snapshotUpper(row.instance, layerId);
+      await layers.snapshotUpper(row.instance, layerId);
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
@@ -109,7 +109,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).
     const tp = performance.now();
-    layers.sync();
+    await layers.sync();
     t.persistMs = performance.now() - tp;
     engine.fault('checkpoint:persisted');
 
@@ -147,14 +147,14 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     return checkpointInfo(committed);
   } catch (e) {
     log.warn({ err: e }, 'checkpoint failed; removing partial state');
-    discardCheckpointFiles(engine, checkpointId, layerId);
+    await discardCheckpointFiles(engine, checkpointId, layerId);
     catalog.endOperation(opId);
     throw e;
   }
 }
 
 /** Removes a checkpoint's layer and process image (idempotent). */
-export function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): void {
-  engine.layers.deleteLayer(layerId);
+export async function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): Promise<void> {
+  await engine.layers.deleteLayer(layerId);
   fs.rmSync(engine.paths.processImage(checkpointId), { recursive: true, force: true });
 }

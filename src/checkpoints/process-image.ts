@@ -72,7 +72,7 @@ export async function restoreNewInstance(
   runtime.prepare(key, { memoryBytes: like.memory_bytes ?? undefined, pids: like.pids_max ?? undefined });
   await runtime.prepareForRestore(key);
   step('prepared');
-  layers.resetUpperTo(key, ckpt.layer_id);
+  await layers.resetUpperTo(key, ckpt.layer_id);
   runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname });
   step('layer-ready');
   return engine.criu.restore(restoreOptions(engine, key, engine.paths.processImage(ckpt.id)));

@@ -22,7 +22,7 @@ export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpoi
     engine.agent.onCheckpointDeleted(ckpt);
   });
   // Files go after the commit: a crash in between leaves only orphans, which the reaper removes.
-  engine.layers.deleteLayer(ckpt.layer_id);
+  await engine.layers.deleteLayer(ckpt.layer_id);
   fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
   engine.images.collectGarbage();
 }

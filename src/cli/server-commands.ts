@@ -8,6 +8,7 @@ import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
 import { DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
 import { addTenant, listTenants, removeTenant } from '../tenants/tenants.js';
+import { purgeTenant } from '../tenants/purge.js';
 import { tenantUsage } from '../tenants/quotas.js';
 import { InvalidArgumentError } from '../errors.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
@@ -27,7 +28,8 @@ export const SERVER_HELP = `server
   tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json]
                                   prints the tenant's bearer token (shown once)
   tenant ls [--json]
-  tenant rm NAME [--force] [--json]`;
+  tenant rm NAME [--force] [--json]
+                                  --force first removes the tenant's sandboxes`;
 
 
 function port(value: string | undefined): number {
@@ -119,7 +121,7 @@ export const serverCommands: Record<string, Handler> = {
         need(positionals, 0, u);
         return withLockstep(async (ls) => {
           const db = ls.engine.catalog.db;
-          const rows = listTenants(db).map((t) => ({ ...t, usage: tenantUsage(db, t.name) }));
+          const rows = listTenants(db).map((t) => ({ ...t, usage: tenantUsage(db, t.id) }));
           if (values.json) printJson(rows);
           else {
             const lim = (n: number | null) => (n === null ? '-' : String(n));
@@ -133,7 +135,9 @@ export const serverCommands: Record<string, Handler> = {
         const { values, positionals } = parse(rest, { force: { type: 'boolean' }, json: { type: 'boolean' } }, u);
         const [name] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
-          removeTenant(ls.engine.catalog.db, name!, { force: values.force === true });
+          // --force tears the tenant's sandboxes down first; without it, a tenant with sandboxes is refused.
+          if (values.force === true) await purgeTenant(ls, name!);
+          else removeTenant(ls.engine.catalog.db, name!);
           if (values.json) printJson({ name, removed: true });
           return EXIT.ok;
         });

@@ -6,12 +6,16 @@
  *
  * Protocol: one request per connection, NUL-separated tokens ending with an
  * empty token. "run ARGV..." answers with the child's stdout; "daemon LOG
- * ARGV..." answers {"pid":N}.
+ * ARGV..." answers {"pid":N}. The supervisor serves only peers with its own
+ * uid (SO_PEERCRED) and only its allow-list: the helper's create/prepare
+ * verbs, and the CRIU service (the binary it was started with, socket and
+ * log in the run folder); anything else is refused with EPERM.
  */
 import fs from 'node:fs';
 import net from 'node:net';
 import { spawn } from 'node:child_process';
 import { helperPath } from '../native/binding.js';
+import { criuBinary } from './criu-service.js';
 import { isAlive, sleep } from './proc.js';
 import { HostError, SystemCallError, type NativeErrorLike } from '../errors.js';
 import type { StatePaths } from '../paths.js';
@@ -72,6 +76,8 @@ export class Supervisor {
     const log = fs.openSync(this.paths.supervisorLog, 'a', 0o600);
     const child = spawn(helperPath, ['supervise', '--socket', this.paths.supervisorSocket, '--pidfile', this.paths.supervisorPidfile], {
       detached: true,
+      // The one CRIU binary the supervisor will agree to run as a daemon.
+      env: { ...process.env, LOCKSTEP_CRIU: criuBinary() },
       stdio: ['ignore', log, log],
     });
     child.unref();

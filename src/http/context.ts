@@ -5,7 +5,7 @@
 import type Database from 'better-sqlite3';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Lockstep } from '../lockstep.js';
-import type { Sandbox } from '../sandboxes/sandbox.js';
+import type { Sandbox, SandboxInfo } from '../sandboxes/sandbox.js';
 import type { Tenant } from '../tenants/tenants.js';
 import { QuotaGate } from '../tenants/quotas.js';
 import type { ServerMetrics } from './metrics.js';
@@ -66,7 +66,16 @@ export class ApiContext {
   /** The request's sandbox (params.id), if the tenant owns it; SANDBOX_NOT_FOUND otherwise. */
   sandbox(req: FastifyRequest): Sandbox {
     const id = (req.params as { id: string }).id;
-    return this.lockstep.get(id, this.tenant(req).name);
+    return this.lockstep.get(id, this.tenant(req).id);
+  }
+
+  /**
+   * A sandbox as the API shows it: the library keys sandboxes by the
+   * tenant's id; the API also names the tenant, which is the caller.
+   */
+  present(req: FastifyRequest, info: SandboxInfo): SandboxInfo & { tenantId: string | null } {
+    const t = this.tenant(req);
+    return { ...info, tenant: t.name, tenantId: t.id };
   }
 
   /**

@@ -29,13 +29,15 @@ const CONFLICTS = new Set([
   'IDEMPOTENCY_KEY_CONFLICT',
   'SANDBOX_NOT_RUNNING',
   'TENANT_HAS_SANDBOXES',
+  'FILE_BUSY',
 ]);
 
 /** HTTP status for a LockstepError code (the table in src/http/README.md). */
 export function statusForCode(code: string, err?: unknown): number {
   if (err instanceof HttpError) return err.statusCode;
   if (code.endsWith('_NOT_FOUND')) return 404;
-  if (code === 'INVALID_ARGUMENT' || code === 'PATH_ESCAPES_SANDBOX' || code === 'CONTEXT_FORMAT_UNSUPPORTED') return 400;
+  if (code === 'INVALID_ARGUMENT' || code === 'PATH_ESCAPES_SANDBOX' || code === 'CONTEXT_FORMAT_UNSUPPORTED' || code === 'FILE_TYPE_NOT_SUPPORTED') return 400;
+  if (code === 'FILE_TOO_LARGE') return 413;
   if (code === 'QUOTA_EXCEEDED') return 429;
   if (code === 'COMMAND_TIMEOUT') return 504;
   // Aborted by the server's shutdown (or for a client that is gone).

@@ -1,6 +1,6 @@
 /**
  * Idempotency-Key on POST: the first successful response is stored per
- * (tenant, key) with a hash of method, path and body, and replayed for
+ * (tenant id, key) with a hash of method, path and body, and replayed for
  * retries for 24 hours. The same key with a different request is refused
  * (IDEMPOTENCY_KEY_REUSED); the same key while the first request is still
  * running is refused too (IDEMPOTENCY_KEY_IN_PROGRESS, retry later).

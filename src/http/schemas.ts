@@ -182,6 +182,8 @@ export const sandboxInfo = loose('A sandbox', {
   memoryMb: { type: ['number', 'null'] },
   headCheckpointId: { type: ['string', 'null'] },
   forkedFrom: { type: ['string', 'null'] },
+  tenant: { type: ['string', 'null'], description: "The owning tenant's name" },
+  tenantId: { type: ['string', 'null'], description: "The owning tenant's immutable id (tn_…)" },
   metadata: { type: 'object', additionalProperties: { type: 'string' } },
   createdAt: { type: 'string', format: 'date-time' },
   expiresAt: { type: ['string', 'null'], format: 'date-time' },

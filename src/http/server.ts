@@ -10,7 +10,7 @@
  * the package, no CDN) and /metrics (Prometheus; give `metricsToken` to
  * require `Authorization: Bearer <metricsToken>` there).
  */
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { createRequire } from 'node:module';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
@@ -83,6 +83,17 @@ function bearer(req: FastifyRequest): string | undefined {
   return m?.[1];
 }
 
+const digest = (s: string) => createHash('sha256').update(s, 'utf8').digest();
+
+/**
+ * Compares a presented secret with the expected one's digest in constant
+ * time: both sides are hashed to 32 bytes first, so neither the content nor
+ * the length of the right token leaks through how long a wrong one takes.
+ */
+function sameSecret(expected: Buffer, presented: string | undefined): boolean {
+  return timingSafeEqual(expected, digest(presented ?? '')) && presented !== undefined;
+}
+
 /** Builds the API server; call listen() on it. The caller keeps ownership of the Lockstep. */
 export function createServer(opts: ServerOptions): LockstepServer {
   const ls = opts.lockstep;
@@ -92,6 +103,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
   const operations = new OperationTracker();
   const ctx = new ApiContext(ls, metrics, operations, new IdempotencyStore(db, opts.clock));
   const fileBodyLimit = opts.fileBodyLimit ?? 16 * MiB;
+  const metricsDigest = opts.metricsToken === undefined ? undefined : digest(opts.metricsToken);
 
   const app = Fastify({
     loggerInstance: opts.logger ?? ls.engine.log,
@@ -157,7 +169,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, draining }));
   app.get('/metrics', { schema: { hide: true } }, async (req, reply) => {
-    if (opts.metricsToken !== undefined && bearer(req) !== opts.metricsToken) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
+    if (metricsDigest !== undefined && !sameSecret(metricsDigest, bearer(req))) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
     return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());
   });
 
@@ -168,7 +180,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
         if (!tenant) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
         ctx.setState(req, { tenant });
         // reply.log writes the "request completed" line: bind it too.
-        req.log = reply.log = req.log.child({ tenant: tenant.name });
+        req.log = reply.log = req.log.child({ tenant: tenant.name, tenantId: tenant.id });
       });
       // A POST without a body is an empty object, so that all-optional bodies may be left out.
       v1.addHook('preValidation', async (req) => {
@@ -188,7 +200,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
       checkpointRoutes(v1, ctx, { contextBodyLimit: fileBodyLimit });
       agentRoutes(v1, ctx);
       await v1.register(async (files) => {
-        files.addContentTypeParser('application/octet-stream', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+        // Raw file bytes stay a stream: the route writes them to the file as they arrive.
+        files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
         fileRoutes(files, ctx, { fileBodyLimit });
       });
     },
@@ -239,7 +252,7 @@ async function claimIdempotency(ctx: ApiContext, req: FastifyRequest, reply: Fas
   const key = validateIdempotencyKey(raw);
   const state = ctx.state(req);
   const hash = requestHash(req.method, req.url, req.body);
-  const stored = ctx.idempotency.claim(state.tenant.name, key, hash);
+  const stored = ctx.idempotency.claim(state.tenant.id, key, hash);
   if (stored) {
     if (req.routeOptions.config.replaysItself) {
       state.replay = stored;
@@ -260,8 +273,8 @@ function settleIdempotency(ctx: ApiContext, req: FastifyRequest, reply: FastifyR
     // A stream: the route stores and releases when it ends.
     if (reply.statusCode < 300) return;
   } else if (reply.statusCode >= 200 && reply.statusCode < 300) {
-    ctx.idempotency.store(s.tenant.name, idem.key, idem.hash, { status: reply.statusCode, body: payload.toString(), streamed: false });
+    ctx.idempotency.store(s.tenant.id, idem.key, idem.hash, { status: reply.statusCode, body: payload.toString(), streamed: false });
   }
   idem.stored = true;
-  ctx.idempotency.release(s.tenant.name, idem.key);
+  ctx.idempotency.release(s.tenant.id, idem.key);
 }

@@ -109,7 +109,7 @@ export function createSymlinkBeneath(root: string, name: string, target: string)
   const leaf = path.posix.basename(rel);
   let fd: number;
   try {
-    fd = native().openBeneath(root, parent === '.' ? '' : parent, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+    fd = native().openBeneathSync(root, parent === '.' ? '' : parent, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
   } catch {
     return; // the parent is missing or leads outside: nothing to link
   }

@@ -24,9 +24,11 @@ function isBtrfs(p: string): boolean {
   }
 }
 
-function wrap<T>(what: string, fn: () => T): T {
+// The ioctls and syncfs run on libuv's pool (the addon returns promises):
+// a btrfs commit under load must not stall every other request.
+async function wrap<T>(what: string, fn: () => Promise<T>): Promise<T> {
   try {
-    return fn();
+    return await fn();
   } catch (e) {
     if (isNativeError(e)) throw new SystemCallError('LAYER_STORE_FAILED', `${what}: ${e.message}`, e);
     throw e;
@@ -96,29 +98,29 @@ export class LayerStore {
   }
 
   /** A new, empty writable layer for a sandbox. */
-  createUpper(sandboxId: string): void {
+  async createUpper(sandboxId: string): Promise<void> {
     const base = this.paths.upper(sandboxId);
-    wrap('creating the writable layer', () => native().subvolumeCreate(base));
-    fs.mkdirSync(path.join(base, 'upper'), { mode: 0o755 });
-    fs.mkdirSync(path.join(base, 'work'), { mode: 0o700 });
+    await wrap('creating the writable layer', () => native().subvolumeCreate(base));
+    await fs.promises.mkdir(path.join(base, 'upper'), { mode: 0o755 });
+    await fs.promises.mkdir(path.join(base, 'work'), { mode: 0o700 });
   }
 
   /** Freezes the current writable layer of a sandbox into a read-only layer (O(1)). */
-  snapshotUpper(sandboxId: string, layerId: string): void {
-    wrap('snapshotting the writable layer', () => native().subvolumeSnapshot(this.paths.upper(sandboxId), this.paths.layer(layerId), true));
+  async snapshotUpper(sandboxId: string, layerId: string): Promise<void> {
+    await wrap('snapshotting the writable layer', () => native().subvolumeSnapshot(this.paths.upper(sandboxId), this.paths.layer(layerId), true));
   }
 
   /** Replaces a sandbox's writable layer with a writable copy of a layer (O(1)). */
-  resetUpperTo(sandboxId: string, layerId: string): void {
-    this.deleteUpper(sandboxId);
-    wrap('restoring the writable layer', () => native().subvolumeSnapshot(this.paths.layer(layerId), this.paths.upper(sandboxId), false));
+  async resetUpperTo(sandboxId: string, layerId: string): Promise<void> {
+    await this.deleteUpper(sandboxId);
+    await wrap('restoring the writable layer', () => native().subvolumeSnapshot(this.paths.layer(layerId), this.paths.upper(sandboxId), false));
   }
 
-  deleteUpper(sandboxId: string): boolean {
+  deleteUpper(sandboxId: string): Promise<boolean> {
     return wrap('deleting the writable layer', () => native().subvolumeDelete(this.paths.upper(sandboxId)));
   }
 
-  deleteLayer(layerId: string): boolean {
+  deleteLayer(layerId: string): Promise<boolean> {
     return wrap('deleting a layer', () => native().subvolumeDelete(this.paths.layer(layerId)));
   }
 
@@ -135,7 +137,7 @@ export class LayerStore {
   }
 
   /** Commits the btrfs transaction: snapshots and written files become durable. */
-  sync(): void {
-    wrap('syncing the layer store', () => native().syncFilesystem(this.paths.store));
+  async sync(): Promise<void> {
+    await wrap('syncing the layer store', () => native().syncFilesystem(this.paths.store));
   }
 }

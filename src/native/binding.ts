@@ -54,18 +54,41 @@ export interface PidWatcher {
   close(): void;
 }
 
+/** What openChecked found at a path. */
+export interface OpenedFile {
+  /** -1 unless the leaf is of the kind asked for. */
+  fd: number;
+  type: 'file' | 'directory' | 'symlink' | 'fifo' | 'socket' | 'character-device' | 'block-device' | 'unknown';
+  size: number;
+  mode: number;
+  uid: number;
+  gid: number;
+}
+
 /** The addon's surface. Errors thrown carry code, errno, syscall and path. */
 export interface NativeBinding {
   mountOverlay(target: string, lowers: string[], upper: string, work: string): void;
   unmount(target: string, detach?: boolean): boolean;
   makeSharedMount(path: string, bind?: boolean): void;
   filesystemType(path: string): number;
-  subvolumeCreate(path: string): void;
-  subvolumeSnapshot(source: string, dest: string, readonly: boolean): void;
-  subvolumeDelete(path: string): boolean;
-  syncFilesystem(path: string): void;
-  openBeneath(root: string, relativePath: string, flags: number, mode?: number): number;
-  openFlags: { O_PATH: number; O_DIRECTORY: number; O_NOFOLLOW: number };
+  /** The btrfs verbs and syncfs run on libuv's pool (they can take a while under load). */
+  subvolumeCreate(path: string): Promise<void>;
+  subvolumeSnapshot(source: string, dest: string, readonly: boolean): Promise<void>;
+  /** False when there was nothing to delete. */
+  subvolumeDelete(path: string): Promise<boolean>;
+  syncFilesystem(path: string): Promise<void>;
+  /** openat2 below root (RESOLVE_BENEATH | NO_MAGICLINKS | NO_XDEV), on libuv's pool. */
+  openBeneath(root: string, relativePath: string, flags: number, mode?: number): Promise<number>;
+  /** The same, synchronous: only for the image importer (no sandbox exists yet). */
+  openBeneathSync(root: string, relativePath: string, flags: number, mode?: number): number;
+  /**
+   * Opens the leaf O_PATH|O_NOFOLLOW, fstats it, and reopens it for I/O
+   * (O_NONBLOCK) only if it is a regular file (a directory with O_DIRECTORY);
+   * otherwise fd is -1 and nothing was opened. A symlink leaf leading outside
+   * the root fails with EXDEV.
+   */
+  openChecked(root: string, relativePath: string, flags: number): Promise<OpenedFile>;
+  openFlags: { O_PATH: number; O_DIRECTORY: number; O_NOFOLLOW: number; O_NONBLOCK: number };
   flock(fd: number, exclusive: boolean): boolean;
   criu(request: CriuRequest): Promise<number>;
   criuCgroupModes: Record<'ignore' | 'none' | 'props' | 'soft' | 'full' | 'strict', number>;

@@ -15,6 +15,7 @@ export interface CreateOptions {
   envs?: Record<string, string> | undefined;
   metadata?: Record<string, string> | undefined;
   hostname?: string | undefined;
+  /** Id (tn_…) of the owning tenant, never its name (names can be reused after a tenant is removed). */
   tenant?: string | null | undefined;
   /** Lifetime: the sandbox is removed this many milliseconds after creation (like E2B's timeoutMs). */
   timeoutMs?: number | undefined;
@@ -92,7 +93,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   const log = engine.log.child({ sandboxId: id });
   try {
     engine.runtime.prepare(id, { memoryBytes: row.memory_bytes ?? undefined, pids: row.pids_max ?? undefined });
-    engine.layers.createUpper(id);
+    await engine.layers.createUpper(id);
     engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));
     engine.catalog.tx(() => {

@@ -1,13 +1,27 @@
 /**
  * File access to a sandbox from the host, through its overlay root. Every
- * path a caller gives is resolved by the kernel with openat2(RESOLVE_BENEATH),
- * so neither "../" nor a symlink planted inside the sandbox can reach a file
- * outside it: such paths fail with PATH_ESCAPES_SANDBOX.
+ * byte of it is the sandbox's to choose, so:
+ *
+ * - every path is resolved by the kernel with openat2(RESOLVE_BENEATH):
+ *   neither "../" nor a symlink planted inside the sandbox can reach a file
+ *   outside it (PATH_ESCAPES_SANDBOX);
+ * - only regular files are read or written and only directories listed: the
+ *   leaf is looked at with O_PATH|O_NOFOLLOW and fstat before anything opens
+ *   it, so a FIFO, a device node, a socket or a symlink leaf gets
+ *   FILE_TYPE_NOT_SUPPORTED instead of an open or read that could block the
+ *   manager forever (native/addon/files.cc);
+ * - nothing runs on the event loop: the opens are async native calls and the
+ *   I/O is Node's fs on the fd, both on libuv's pool, in chunks, so a large
+ *   file streams instead of sitting in memory (readStream / writeStream);
+ * - a write goes to a temporary file beside the target that is renamed over
+ *   it at the end: a failed or cut-off write leaves the old file as it was.
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { createHash } from 'node:crypto';
-import { native } from '../native/binding.js';
+import { promisify } from 'node:util';
+import { createHash, randomBytes, type Hash } from 'node:crypto';
+import { Readable, Transform, type TransformCallback } from 'node:stream';
+import { native, type OpenedFile } from '../native/binding.js';
 import { InvalidArgumentError, LockstepError, SystemCallError, isNativeError } from '../errors.js';
 
 /** A caller's path would leave the sandbox root. */
@@ -24,6 +38,30 @@ export class FileNotFoundError extends LockstepError {
   }
 }
 
+/** The path names a FIFO, a device, a socket or a symlink: the file API reads and writes only regular files. */
+export class FileTypeNotSupportedError extends LockstepError {
+  constructor(p: string, type: string) {
+    const why = type === 'symlink' ? 'the file API does not follow a symlink at the end of a path' : 'the file API reads and writes only regular files';
+    super('FILE_TYPE_NOT_SUPPORTED', `${p} in the sandbox is a ${type}, not a regular file: ${why}`, {
+      details: { field: 'path', path: p, type },
+    });
+  }
+}
+
+/** A process in the sandbox holds a lease on the file; opening it now would wait for the lease to break. */
+export class FileBusyError extends LockstepError {
+  constructor(p: string) {
+    super('FILE_BUSY', `${p} in the sandbox is leased by a process inside it; try again later`, { details: { field: 'path', path: p } });
+  }
+}
+
+/** More bytes than the caller allowed for one file. */
+export class FileTooLargeError extends LockstepError {
+  constructor(p: string, limit: number, what = 'this request') {
+    super('FILE_TOO_LARGE', `${p} is larger than ${what} accepts (${limit} bytes)`, { details: { field: 'path', path: p, limit } });
+  }
+}
+
 export interface FileEntry {
   name: string;
   path: string;
@@ -33,7 +71,41 @@ export interface FileEntry {
   mtimeMs: number;
 }
 
+/** A file being read as a stream. */
+export interface FileReadStream {
+  stream: Readable;
+  /** Size when it was opened (the sandbox may change it while it is read). */
+  size: number;
+  /** Settles when the stream has ended: the hash and length of what it delivered. Rejects if it was cut off. */
+  done: Promise<{ sha256: string; bytes: number }>;
+}
+
+/** What a write produced. */
+export interface WriteResult {
+  sha256: string;
+  bytes: number;
+}
+
+/** Options of write and writeStream. */
+export interface WriteOptions {
+  /** Permission bits (default: those of the file it replaces, else 0644). */
+  mode?: number | undefined;
+  /** Create missing parent directories (default true). */
+  createParents?: boolean | undefined;
+  /** Refuse (FILE_TOO_LARGE) past this many bytes; nothing is changed then. */
+  maxBytes?: number | undefined;
+  signal?: AbortSignal | undefined;
+}
+
 const MAX_PATH = 4096;
+/** I/O goes in chunks of this size: no single read or write holds a pool thread long. */
+export const CHUNK_BYTES = 1024 * 1024;
+
+const read = promisify(fs.read);
+const write = promisify(fs.write);
+const close = promisify(fs.close);
+const fchmod = promisify(fs.fchmod);
+const fchown = promisify(fs.fchown);
 
 /** Validates a sandbox path and returns it relative to the root ("" for "/"). */
 export function sandboxRelative(p: unknown, field = 'path'): string {
@@ -52,71 +124,203 @@ function mapError(e: unknown, p: string): never {
     if (code === 'ENOENT' || code === 'ENOTDIR') throw new FileNotFoundError(p);
     if (code === 'EISDIR') throw new InvalidArgumentError('path', 'a regular file, not a directory', p);
     if (code === 'ENOTEMPTY') throw new InvalidArgumentError('path', 'an empty directory (pass recursive to remove a tree)', p);
+    if (code === 'EAGAIN' || code === 'EWOULDBLOCK') throw new FileBusyError(p);
     throw new SystemCallError('FILE_ACCESS_FAILED', `Cannot access ${p} in the sandbox: ${(e as Error).message}`, e as Error);
   }
   throw e;
+}
+
+const closeQuietly = (fd: number) => close(fd).catch(() => undefined);
+const viaFd = (dirFd: number, name = '') => `/proc/self/fd/${dirFd}${name ? `/${name}` : ''}`;
+
+/** Passes bytes through while hashing and counting them. */
+class Hasher extends Transform {
+  private readonly hash: Hash = createHash('sha256');
+  bytes = 0;
+  readonly done: Promise<WriteResult>;
+  private settle!: (r: WriteResult) => void;
+  private fail!: (e: Error) => void;
+
+  constructor() {
+    super({ highWaterMark: CHUNK_BYTES });
+    this.done = new Promise((resolve, reject) => {
+      this.settle = resolve;
+      this.fail = reject;
+    });
+    // Nobody may be waiting for `done`; a cut-off stream must not become an unhandled rejection.
+    this.done.catch(() => undefined);
+    this.once('close', () => this.fail(new Error('the stream was closed before its end')));
+  }
+
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    this.hash.update(chunk);
+    this.bytes += chunk.length;
+    cb(null, chunk);
+  }
+
+  override _flush(cb: TransformCallback): void {
+    this.settle({ sha256: this.hash.digest('hex'), bytes: this.bytes });
+    cb();
+  }
 }
 
 /** Files of one sandbox root on the host. */
 export class SandboxFiles {
   constructor(private readonly root: () => string) {}
 
-  private open(p: string, flags: number, mode = 0o644): number {
-    const rel = sandboxRelative(p);
+  /** Opens a regular file (or, with O_DIRECTORY, a directory) for I/O; anything else is refused. */
+  private async openChecked(p: string, flags: number, under = this.root(), rel = sandboxRelative(p)): Promise<OpenedFile> {
+    let opened: OpenedFile;
     try {
-      return native().openBeneath(this.root(), rel, flags, mode);
+      opened = await native().openChecked(under, rel, flags);
+    } catch (e) {
+      mapError(e, p);
+    }
+    if (opened.fd >= 0) return opened;
+    const wantDir = (flags & fs.constants.O_DIRECTORY) !== 0;
+    if (opened.type === 'directory') throw new InvalidArgumentError('path', 'a regular file, not a directory', p);
+    if (opened.type === 'file' && wantDir) throw new FileNotFoundError(p);
+    throw new FileTypeNotSupportedError(p, opened.type);
+  }
+
+  private async openDir(p: string, rel: string): Promise<number> {
+    try {
+      return await native().openBeneath(this.root(), rel, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
     } catch (e) {
       mapError(e, p);
     }
   }
 
   /** Opens the parent directory safely and returns [dirFd, leaf name]. */
-  private openParent(p: string): [number, string] {
+  private async openParent(p: string): Promise<[number, string]> {
     const rel = sandboxRelative(p);
     const leaf = path.posix.basename(rel);
     if (!leaf || leaf === '.' || leaf === '..') throw new InvalidArgumentError('path', 'a path naming a file, not "/" or ".."', p);
     const parent = path.posix.dirname(rel);
+    return [await this.openDir(p, parent === '.' ? '' : parent), leaf];
+  }
+
+  /** Reads fd to its end in chunks, handing each to `onChunk`. */
+  private async drain(fd: number, p: string, onChunk: (b: Buffer) => void): Promise<void> {
     try {
-      const fd = native().openBeneath(this.root(), parent === '.' ? '' : parent, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
-      return [fd, leaf];
+      for (;;) {
+        const buf = Buffer.allocUnsafe(CHUNK_BYTES);
+        const { bytesRead } = await read(fd, buf, 0, CHUNK_BYTES, null);
+        if (bytesRead === 0) return;
+        onChunk(buf.subarray(0, bytesRead));
+      }
     } catch (e) {
       mapError(e, p);
     }
   }
 
-  async read(p: string): Promise<{ content: Buffer; sha256: string }> {
-    const fd = this.open(p, fs.constants.O_RDONLY);
+  /** Reads a whole file into memory; past `maxBytes` (if given) FILE_TOO_LARGE, also for a file that grows while it is read. */
+  async read(p: string, opts: { maxBytes?: number | undefined } = {}): Promise<{ content: Buffer; sha256: string }> {
+    const { fd, size } = await this.openChecked(p, fs.constants.O_RDONLY);
     try {
-      const content = fs.readFileSync(fd);
-      return { content, sha256: createHash('sha256').update(content).digest('hex') };
-    } catch (e) {
-      mapError(e, p);
+      if (opts.maxBytes !== undefined && size > opts.maxBytes) throw new FileTooLargeError(p, opts.maxBytes);
+      const chunks: Buffer[] = [];
+      const hash = createHash('sha256');
+      let bytes = 0;
+      await this.drain(fd, p, (b) => {
+        bytes += b.length;
+        if (opts.maxBytes !== undefined && bytes > opts.maxBytes) throw new FileTooLargeError(p, opts.maxBytes);
+        chunks.push(b);
+        hash.update(b);
+      });
+      return { content: Buffer.concat(chunks), sha256: hash.digest('hex') };
     } finally {
-      fs.closeSync(fd);
+      await closeQuietly(fd);
     }
+  }
+
+  /**
+   * Opens a file for reading as a stream (chunks of CHUNK_BYTES). Refusals
+   * (missing, escaping, not a regular file) reject here, before any byte.
+   */
+  async readStream(p: string): Promise<FileReadStream> {
+    const { fd, size } = await this.openChecked(p, fs.constants.O_RDONLY);
+    const source = fs.createReadStream('', { fd, highWaterMark: CHUNK_BYTES, autoClose: true });
+    const hasher = new Hasher();
+    source.on('error', (e) => hasher.destroy(e));
+    hasher.on('close', () => source.destroy());
+    source.pipe(hasher);
+    return { stream: hasher, size, done: hasher.done };
   }
 
   /** Content hash of a file, or null when it does not exist (for bound verdicts). */
   async hash(p: string): Promise<string | null> {
+    let fd: number;
     try {
-      return (await this.read(p)).sha256;
+      fd = (await this.openChecked(p, fs.constants.O_RDONLY)).fd;
     } catch (e) {
       if (e instanceof FileNotFoundError) return null;
       throw e;
     }
+    try {
+      const hash = createHash('sha256');
+      await this.drain(fd, p, (b) => hash.update(b));
+      return hash.digest('hex');
+    } finally {
+      await closeQuietly(fd);
+    }
   }
 
-  async write(p: string, data: string | Uint8Array, opts: { mode?: number; createParents?: boolean } = {}): Promise<{ sha256: string; bytes: number }> {
-    if (opts.createParents !== false) await this.mkdir(path.posix.dirname(p.startsWith('/') ? p : `/workspace/${p}`));
-    const fd = this.open(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC, opts.mode ?? 0o644);
+  async write(p: string, data: string | Uint8Array, opts: WriteOptions = {}): Promise<WriteResult> {
+    const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    return this.writeFrom(p, chunked(buf), opts);
+  }
+
+  /** Writes a file from a stream of bytes, chunk by chunk; the file changes only if the whole stream arrives. */
+  async writeStream(p: string, source: Readable | AsyncIterable<Uint8Array | string>, opts: WriteOptions = {}): Promise<WriteResult> {
+    return this.writeFrom(p, source, opts);
+  }
+
+  private async writeFrom(p: string, source: AsyncIterable<Uint8Array | string>, opts: WriteOptions): Promise<WriteResult> {
+    if (opts.mode !== undefined && (!Number.isInteger(opts.mode) || opts.mode < 0 || opts.mode > 0o7777)) throw new InvalidArgumentError('mode', 'permission bits from 0 to 0o7777', opts.mode);
+    const rel = sandboxRelative(p);
+    if (opts.createParents !== false) await this.mkdir('/' + path.posix.dirname(rel));
+    const [dirFd, leaf] = await this.openParent(p);
+    const tmp = `.lockstep-write-${randomBytes(6).toString('hex')}`;
+    let tmpFd = -1;
     try {
-      const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
-      fs.writeSync(fd, buf);
-      return { sha256: createHash('sha256').update(buf).digest('hex'), bytes: buf.length };
-    } catch (e) {
-      mapError(e, p);
+      // What is there now decides the mode and owner the new content keeps.
+      let existing: OpenedFile | undefined;
+      try {
+        existing = await this.openChecked(p, fs.constants.O_RDONLY, viaFd(dirFd), leaf);
+        await closeQuietly(existing.fd);
+      } catch (e) {
+        if (!(e instanceof FileNotFoundError)) throw e;
+      }
+      const mode = opts.mode ?? existing?.mode ?? 0o644;
+      try {
+        tmpFd = await native().openBeneath(viaFd(dirFd), tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+      } catch (e) {
+        mapError(e, p);
+      }
+      const hash = createHash('sha256');
+      let bytes = 0;
+      try {
+        for await (const chunk of source) {
+          opts.signal?.throwIfAborted();
+          const b = typeof chunk === 'string' ? Buffer.from(chunk) : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+          bytes += b.length;
+          if (opts.maxBytes !== undefined && bytes > opts.maxBytes) throw new FileTooLargeError(p, opts.maxBytes);
+          hash.update(b);
+          for (let off = 0; off < b.length; ) off += (await write(tmpFd, b, off, Math.min(CHUNK_BYTES, b.length - off))).bytesWritten;
+        }
+        opts.signal?.throwIfAborted();
+        if (existing) await fchown(tmpFd, existing.uid, existing.gid);
+        await fchmod(tmpFd, mode);
+        await fs.promises.rename(viaFd(dirFd, tmp), viaFd(dirFd, leaf));
+      } catch (e) {
+        await fs.promises.unlink(viaFd(dirFd, tmp)).catch(() => undefined);
+        mapError(e, p);
+      }
+      return { sha256: hash.digest('hex'), bytes };
     } finally {
-      fs.closeSync(fd);
+      if (tmpFd >= 0) await closeQuietly(tmpFd);
+      await closeQuietly(dirFd);
     }
   }
 
@@ -129,17 +333,16 @@ export class SandboxFiles {
       if (part === '..') throw new PathEscapeError(p);
       const next = cur ? `${cur}/${part}` : part;
       try {
-        const fd = native().openBeneath(this.root(), next, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
-        fs.closeSync(fd);
+        await closeQuietly(await native().openBeneath(this.root(), next, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY));
       } catch (e) {
         if ((e as NodeJS.ErrnoException).code !== 'ENOENT') mapError(e, p);
-        const parentFd = native().openBeneath(this.root(), cur, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+        const parentFd = await this.openDir(p, cur);
         try {
-          fs.mkdirSync(`/proc/self/fd/${parentFd}/${part}`, { mode: 0o755 });
+          await fs.promises.mkdir(viaFd(parentFd, part), { mode: 0o755 });
         } catch (e2) {
           if ((e2 as NodeJS.ErrnoException).code !== 'EEXIST') mapError(e2, p);
         } finally {
-          fs.closeSync(parentFd);
+          await closeQuietly(parentFd);
         }
       }
       cur = next;
@@ -147,48 +350,56 @@ export class SandboxFiles {
   }
 
   async list(p: string): Promise<FileEntry[]> {
-    const fd = this.open(p, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+    const { fd } = await this.openChecked(p, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
     try {
-      const base = `/proc/self/fd/${fd}`;
+      const base = viaFd(fd);
       const abs = '/' + sandboxRelative(p);
-      return fs
-        .readdirSync(base)
-        .sort()
-        .map((name) => {
-          const st = fs.lstatSync(`${base}/${name}`);
-          const type = st.isFile() ? 'file' : st.isDirectory() ? 'directory' : st.isSymbolicLink() ? 'symlink' : 'other';
-          return { name, path: path.posix.join(abs, name), type, size: st.size, mode: st.mode & 0o7777, mtimeMs: st.mtimeMs } as FileEntry;
-        });
+      const names = (await fs.promises.readdir(base)).sort();
+      const entries: FileEntry[] = [];
+      for (const name of names) {
+        const st = await fs.promises.lstat(`${base}/${name}`).catch(() => undefined);
+        if (!st) continue; // removed by the sandbox while we listed
+        const type = st.isFile() ? 'file' : st.isDirectory() ? 'directory' : st.isSymbolicLink() ? 'symlink' : 'other';
+        entries.push({ name, path: path.posix.join(abs, name), type, size: st.size, mode: st.mode & 0o7777, mtimeMs: st.mtimeMs });
+      }
+      return entries;
     } catch (e) {
       mapError(e, p);
     } finally {
-      fs.closeSync(fd);
+      await closeQuietly(fd);
     }
   }
 
+  /** Whether the entry exists (a symlink counts as itself; it is not followed). */
   async exists(p: string): Promise<boolean> {
+    const rel = sandboxRelative(p);
     try {
-      const fd = this.open(p, native().openFlags.O_PATH);
-      fs.closeSync(fd);
+      await closeQuietly(await native().openBeneath(this.root(), rel, native().openFlags.O_PATH | fs.constants.O_NOFOLLOW));
       return true;
     } catch (e) {
-      if (e instanceof FileNotFoundError) return false;
-      throw e;
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ENOTDIR') return false;
+      mapError(e, p);
     }
   }
 
   /** Removes a file, symlink or empty directory (trees are removed inside the sandbox by the caller). */
   async remove(p: string): Promise<void> {
-    const [dirFd, leaf] = this.openParent(p);
-    const target = `/proc/self/fd/${dirFd}/${leaf}`;
+    const [dirFd, leaf] = await this.openParent(p);
+    const target = viaFd(dirFd, leaf);
     try {
-      const st = fs.lstatSync(target);
-      if (st.isDirectory()) fs.rmdirSync(target);
-      else fs.unlinkSync(target);
+      const st = await fs.promises.lstat(target);
+      if (st.isDirectory()) await fs.promises.rmdir(target);
+      else await fs.promises.unlink(target);
     } catch (e) {
       mapError(e, p);
     } finally {
-      fs.closeSync(dirFd);
+      await closeQuietly(dirFd);
     }
   }
+}
+
+/** A buffer as a sequence of chunks (so one code path writes both buffers and streams). */
+async function* chunked(buf: Buffer): AsyncIterable<Buffer> {
+  for (let off = 0; off < buf.length; off += CHUNK_BYTES) yield buf.subarray(off, off + CHUNK_BYTES);
 }

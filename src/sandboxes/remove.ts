@@ -18,7 +18,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   await engine.runtime.destroy(row?.instance ?? id);
   if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);
   for (const ckpt of catalog.checkpointsOf(id)) {
-    engine.layers.deleteLayer(ckpt.layer_id);
+    await engine.layers.deleteLayer(ckpt.layer_id);
     fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
   }
   catalog.tx(() => {

@@ -147,7 +147,7 @@ export class SandboxRuntime {
   async destroy(id: string): Promise<void> {
     await this.killProcesses(id).catch(() => undefined);
     for (const m of mountsUnder(this.paths.sandboxRun(id))) native().unmount(m, true);
-    this.layers.deleteUpper(id);
+    await this.layers.deleteUpper(id);
     fs.rmSync(this.paths.sandboxRun(id), { recursive: true, force: true });
     this.cgroups.remove(this.cgroupName(id));
   }

@@ -11,7 +11,8 @@ import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundE
 import type { Engine } from '../engine.js';
 import { namespacePid, sleep } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
-import { SandboxFiles, type FileEntry } from './files.js';
+import { SandboxFiles, type FileEntry, type FileReadStream, type WriteOptions } from './files.js';
+import type { Readable } from 'node:stream';
 import type { AgentContext } from '../context/formats.js';
 import type { EffectRecord, EffectSpec, BeginResult, Resolution, CompensationResult } from '../effects/effect-ledger.js';
 import type { JsonValue } from '../effects/idempotency.js';
@@ -37,6 +38,7 @@ export interface SandboxInfo {
   branchId: string;
   headCheckpointId: string | null;
   forkedFrom: string | null;
+  /** Id (tn_…) of the owning tenant (HTTP answers show its name here and the id as tenantId). */
   tenant: string | null;
   metadata: Record<string, string>;
   createdAt: string;
@@ -258,13 +260,37 @@ export class ObservedFiles {
   }
 
   /** Reads a file; returns its bytes, their sha256 and the observation id. */
-  async read(path: string, p: Provenance = {}): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
-    const r = await this.raw.read(path);
+  async read(path: string, p: Provenance & { maxBytes?: number | undefined } = {}): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
+    const r = await this.raw.read(path, { maxBytes: p.maxBytes });
     return { ...r, observationId: this.record('file-read', path, { contentHash: r.sha256 }, p) };
+  }
+
+  /**
+   * Reads a file as a stream, for files too large to hold in memory. The read
+   * is recorded as an observation (with the hash of what was delivered) when
+   * the stream ends; `done` then gives the hash and the observation id.
+   */
+  async readStream(path: string, p: Provenance = {}): Promise<Omit<FileReadStream, 'done'> & { done: Promise<{ sha256: string; bytes: number; observationId: string | undefined }> }> {
+    const validated = { toolCallId: validateToolCallId(p.toolCallId), observe: p.observe };
+    const r = await this.raw.readStream(path);
+    const done = r.done.then((d) => ({ ...d, observationId: this.record('file-read', path, { contentHash: d.sha256 }, validated) }));
+    done.catch(() => undefined); // a stream the caller cuts off is not an unhandled rejection
+    return { ...r, done };
   }
 
   async write(path: string, data: string | Uint8Array, opts: { mode?: number } & Provenance = {}): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
     const r = await this.raw.write(path, data, opts.mode !== undefined ? { mode: opts.mode } : {});
+    return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
+  }
+
+  /** Writes a file from a stream (a Readable or any async iterable of bytes); the file changes only once all of it arrived. */
+  async writeStream(
+    path: string,
+    source: Readable | AsyncIterable<Uint8Array | string>,
+    opts: Pick<WriteOptions, 'mode' | 'maxBytes' | 'signal'> & Provenance = {},
+  ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
+    validateToolCallId(opts.toolCallId);
+    const r = await this.raw.writeStream(path, source, { mode: opts.mode, maxBytes: opts.maxBytes, signal: opts.signal });
     return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
   }
 

@@ -23,21 +23,21 @@ export interface TenantUsage {
   memoryMb: number;
 }
 
-/** Sandboxes count while they exist; memory counts while they are (or are becoming) running. */
-export function tenantUsage(db: Database.Database, tenant: string): TenantUsage {
+/** Sandboxes count while they exist; memory counts while they are (or are becoming) running. `tenantId` is the tenant's id. */
+export function tenantUsage(db: Database.Database, tenantId: string): TenantUsage {
   const r = db
     .prepare(
       `SELECT COUNT(*) AS n,
               COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN memory_bytes ELSE 0 END), 0) AS bytes
          FROM sandboxes WHERE tenant = ? AND state != 'removing'`,
     )
-    .get(tenant) as { n: number; bytes: number };
+    .get(tenantId) as { n: number; bytes: number };
   return { sandboxes: r.n, memoryMb: Math.ceil(r.bytes / (1024 * 1024)) };
 }
 
 /** Throws QUOTA_EXCEEDED if `count` more sandboxes of `memoryMb` each would not fit. */
 export function checkQuota(db: Database.Database, tenant: Tenant, want: { count: number; memoryMb: number }): void {
-  const used = tenantUsage(db, tenant.name);
+  const used = tenantUsage(db, tenant.id);
   if (tenant.maxSandboxes !== null && used.sandboxes + want.count > tenant.maxSandboxes) {
     throw new QuotaExceededError(tenant.name, 'maxSandboxes', tenant.maxSandboxes, used.sandboxes, want.count);
   }

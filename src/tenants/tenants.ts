@@ -1,12 +1,16 @@
 /**
- * Tenants of a shared Lockstep: a name, the hash of a bearer token, and
- * quotas. The token is shown once, when the tenant is added; only its
- * sha256 is stored. Tokens are 32 random bytes, so a fast hash is enough:
- * slow password hashes (scrypt, argon2) exist for low-entropy secrets a
- * person chose, and would only slow down every request here.
+ * Tenants of a shared Lockstep: an immutable id, a name, the hash of a
+ * bearer token, and quotas. The token is shown once, when the tenant is
+ * added; only its sha256 is stored. Tokens are 32 random bytes, so a fast
+ * hash is enough: slow password hashes (scrypt, argon2) exist for
+ * low-entropy secrets a person chose, and would only slow down every request
+ * here.
  *
- * The table lives in the catalog database next to the sandboxes, whose
- * `tenant` column holds the tenant's name.
+ * The table lives in the catalog database next to the sandboxes. Everything
+ * a tenant owns (the sandboxes' `tenant` column, stored idempotent
+ * responses) is keyed by the tenant's id (`tn_…`, random, fixed when the
+ * tenant is added), never by its name: a tenant removed and added again
+ * under the same name is a new tenant and sees nothing of the old one.
  */
 import type Database from 'better-sqlite3';
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
@@ -14,6 +18,8 @@ import { AlreadyExistsError, InvalidArgumentError, InvalidStateError, NotFoundEr
 
 /** A tenant as callers see it (never the token or its hash). */
 export interface Tenant {
+  /** Immutable, random: what the tenant's sandboxes and records are keyed by. */
+  id: string;
   name: string;
   createdAt: string;
   /** Most sandboxes the tenant may have at once (null: no limit). */
@@ -29,6 +35,7 @@ export interface TenantQuotas {
 }
 
 interface TenantRow {
+  id: string;
   name: string;
   token_hash: Buffer;
   created_at: number;
@@ -40,20 +47,47 @@ interface TenantRow {
 export const TOKEN_PREFIX = 'lst_';
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
+/** A new tenant id: "tn_" and 20 random base32 characters (100 bits). */
+export function newTenantId(): string {
+  const alphabet = 'abcdefghijklmnopqrstuvwxyz234567';
+  return 'tn_' + [...randomBytes(20)].map((b) => alphabet[b & 31]).join('');
+}
+
 /**
  * Creates the tenants table (idempotent). The catalog runs it inside its
  * migration transaction; callers that open a database the catalog did not
  * migrate may run it themselves.
+ *
+ * Catalogs from before tenant ids: each tenant gets an id, and its
+ * sandboxes and stored responses are re-keyed from its name to that id, in
+ * the same transaction. Rows left by a tenant removed before (keyed by a
+ * name no tenant has) keep that name, which no id can equal: no tenant
+ * ever sees them.
  */
 export function migrateTenants(db: Database.Database): void {
-  db.exec(`
+  db.transaction(() => {
+    db.exec(`
 CREATE TABLE IF NOT EXISTS tenants (
   name          TEXT PRIMARY KEY,
   token_hash    BLOB NOT NULL UNIQUE,
   created_at    INTEGER NOT NULL,
   max_sandboxes INTEGER,
-  max_memory_mb INTEGER
+  max_memory_mb INTEGER,
+  id            TEXT
 );`);
+    const cols = db.prepare('PRAGMA table_info(tenants)').all() as { name: string }[];
+    if (!cols.some((c) => c.name === 'id')) db.exec('ALTER TABLE tenants ADD COLUMN id TEXT');
+    db.exec('CREATE UNIQUE INDEX IF NOT EXISTS tenants_id ON tenants(id)');
+    const unkeyed = db.prepare('SELECT name FROM tenants WHERE id IS NULL').all() as { name: string }[];
+    if (unkeyed.length === 0) return;
+    const hasTable = (t: string) => db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(t) !== undefined;
+    const rekey = [hasTable('sandboxes') ? 'sandboxes' : null, hasTable('http_idempotency') ? 'http_idempotency' : null].filter((t): t is string => t !== null);
+    for (const { name } of unkeyed) {
+      const id = newTenantId();
+      db.prepare('UPDATE tenants SET id = ? WHERE name = ?').run(id, name);
+      for (const table of rekey) db.prepare(`UPDATE ${table} SET tenant = ? WHERE tenant = ?`).run(id, name);
+    }
+  })();
 }
 
 /** Checks a tenant name: lower-case letters, digits, "-" and "_", at most 63 characters. */
@@ -73,7 +107,7 @@ function hashToken(token: string): Buffer {
 }
 
 function toTenant(r: TenantRow): Tenant {
-  return { name: r.name, createdAt: new Date(r.created_at).toISOString(), maxSandboxes: r.max_sandboxes, maxMemoryMb: r.max_memory_mb };
+  return { id: r.id, name: r.name, createdAt: new Date(r.created_at).toISOString(), maxSandboxes: r.max_sandboxes, maxMemoryMb: r.max_memory_mb };
 }
 
 /** Adds a tenant; returns it with its bearer token, which is not stored and cannot be shown again. */
@@ -82,9 +116,9 @@ export function addTenant(db: Database.Database, name: string, quotas: TenantQuo
   const maxSandboxes = quota(quotas.maxSandboxes, 'maxSandboxes', 1_000_000);
   const maxMemoryMb = quota(quotas.maxMemoryMb, 'maxMemoryMb', 1 << 30);
   const token = TOKEN_PREFIX + randomBytes(32).toString('base64url');
-  const row: TenantRow = { name, token_hash: hashToken(token), created_at: clock(), max_sandboxes: maxSandboxes, max_memory_mb: maxMemoryMb };
+  const row: TenantRow = { id: newTenantId(), name, token_hash: hashToken(token), created_at: clock(), max_sandboxes: maxSandboxes, max_memory_mb: maxMemoryMb };
   try {
-    db.prepare('INSERT INTO tenants (name, token_hash, created_at, max_sandboxes, max_memory_mb) VALUES (@name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb)').run(row);
+    db.prepare('INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb) VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb)').run(row);
   } catch (e) {
     if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new AlreadyExistsError('tenant', name);
     throw e;
@@ -105,21 +139,31 @@ export function listTenants(db: Database.Database): Tenant[] {
 
 /**
  * Removes a tenant, which revokes its token at once. Refused with
- * TENANT_HAS_SANDBOXES while it still has sandboxes, unless `force` is set:
- * then they stay, reachable only by an administrator (`lockstep rm`).
+ * TENANT_HAS_SANDBOXES while any sandbox of it still exists (even one being
+ * removed): `purgeTenant` (tenants/purge.ts, `tenant rm --force`) removes
+ * them first.
  */
-export function removeTenant(db: Database.Database, name: string, opts: { force?: boolean } = {}): void {
+export function removeTenant(db: Database.Database, name: string): void {
   validateTenantName(name);
   db.transaction(() => {
-    getTenant(db, name);
-    const n = (db.prepare("SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ? AND state != 'removing'").get(name) as { n: number }).n;
-    if (n > 0 && !opts.force) throw new InvalidStateError('TENANT_HAS_SANDBOXES', `Tenant ${name} still has ${n} sandbox(es); remove them first or force the removal`, { tenant: name, sandboxes: n });
-    db.prepare('DELETE FROM tenants WHERE name = ?').run(name);
-    // Stored idempotent responses are keyed by tenant name: a tenant added
-    // later under the same name must not be answered with them.
+    const { id } = getTenant(db, name);
+    const n = (db.prepare('SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ?').get(id) as { n: number }).n;
+    if (n > 0) throw new InvalidStateError('TENANT_HAS_SANDBOXES', `Tenant ${name} still has ${n} sandbox(es); remove them first or force the removal`, { tenant: name, sandboxes: n });
+    db.prepare('DELETE FROM tenants WHERE id = ?').run(id);
     const idem = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'http_idempotency'").get();
-    if (idem) db.prepare('DELETE FROM http_idempotency WHERE tenant = ?').run(name);
+    if (idem) db.prepare('DELETE FROM http_idempotency WHERE tenant = ?').run(id);
   })();
+}
+
+/**
+ * Revokes a tenant's token without removing the tenant (the first step of a
+ * forced removal, so that it cannot create sandboxes while they are torn
+ * down): the stored hash becomes random bytes, which no token hashes to.
+ */
+export function revokeTenantToken(db: Database.Database, name: string): Tenant {
+  const tenant = getTenant(db, validateTenantName(name));
+  db.prepare('UPDATE tenants SET token_hash = ? WHERE id = ?').run(randomBytes(32), tenant.id);
+  return tenant;
 }
 
 /** The tenant a bearer token belongs to, or undefined. */

@@ -198,18 +198,18 @@ integration(test, () => {
     // A half-made sandbox with no catalog row: run folder, cgroup, writable layer, mounted root.
     const halfMade = `sbx_orphan${tag()}`;
     runtime.prepare(halfMade, { pids: 16 });
-    layers.createUpper(halfMade);
+    await layers.createUpper(halfMade);
     runtime.mountRoot({ id: halfMade, imageRootfs: first.images.get('base').rootfs, runtimeLayer: runtime.ensureRuntimeLayer(), hostname: 'orphan' });
     // Pieces on their own.
     const upperOnly = `sbx_upper${tag()}`;
-    layers.createUpper(upperOnly);
+    await layers.createUpper(upperOnly);
     const cgroupOnly = `sbx_cgroup${tag()}`;
     cgroups.create(runtime.cgroupName(cgroupOnly), { pids: 8 });
     const layerId = `lyr_orphan${tag()}`;
     const donor = `sbx_donor${tag()}`;
-    layers.createUpper(donor);
-    layers.snapshotUpper(donor, layerId);
-    layers.deleteUpper(donor);
+    await layers.createUpper(donor);
+    await layers.snapshotUpper(donor, layerId);
+    await layers.deleteUpper(donor);
     const ckptId = `ckpt_orphan${tag()}`;
     fs.mkdirSync(paths.processImage(ckptId));
     fs.writeFileSync(path.join(paths.processImage(ckptId), 'pages-1.img'), randomBytes(4096));

@@ -5,8 +5,11 @@
 import test from 'ava';
 import type Database from 'better-sqlite3';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
-import { ndjson, startServer, tenantToken, type ApiResponse } from '../fixtures/http-client.js';
-import { removeTenant } from '../../src/tenants/tenants.js';
+import { ApiClient, ndjson, startServer, tenantId, tenantToken, type ApiResponse } from '../fixtures/http-client.js';
+import fs from 'node:fs';
+import { addTenant, removeTenant } from '../../src/tenants/tenants.js';
+import { purgeTenant } from '../../src/tenants/purge.js';
+import { isAlive, mountsUnder } from '../../src/host/proc.js';
 
 /** Row counts of every table: "no new rows" means these do not change. */
 function rowCounts(db: Database.Database): Record<string, number> {
@@ -111,7 +114,7 @@ integration(test, () => {
 
     // B's list shows only B's sandbox.
     t.deepEqual((await b.get('/v1/sandboxes')).body.map((s: { id: string }) => s.id), [sb]);
-    t.deepEqual(ls.list('tenant-b').map((s) => s.id), [sb]);
+    t.deepEqual(ls.list(tenantId(ls, 'tenant-b')).map((s) => s.id), [sb]);
 
     // No trace: not one row more or less anywhere, and A sees what it saw.
     t.deepEqual(rowCounts(db), before);
@@ -124,6 +127,144 @@ integration(test, () => {
     t.deepEqual((await a.get(`/v1/sandboxes/${sa}/checkpoints/${ckA}/context`)).body.context, { format: 'anthropic', messages: [{ role: 'user', content: 'secret plan' }] });
     // And A cannot reach B's checkpoint either.
     t.is((await a.get(`/v1/sandboxes/${sa}/checkpoints/${ckB}/context`)).status, 404);
+  });
+
+  test.serial("every /v1 route that names a sandbox answers another tenant's ids exactly like missing ones (route table checked against the server's own route list)", async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const a = client.as(tenantToken(ls, 'tenant-a'));
+    const b = client.as(tenantToken(ls, 'tenant-b'));
+    const sa: string = (await a.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
+    await a.put(`/v1/sandboxes/${sa}/files?path=/workspace/secret.txt`, { content: 'A only' });
+    const bg = await a.post(`/v1/sandboxes/${sa}/commands`, { cmd: 'sleep 600', background: true });
+    const pidA: number = bg.body.pid;
+    const ckA: string = (await a.post(`/v1/sandboxes/${sa}/checkpoints`, {})).body.id;
+    const effA: string = (await a.post(`/v1/sandboxes/${sa}/effects`, { kind: 'k', input: 1, reversibility: 'irreversible' })).body.effectId;
+    t.truthy(pidA && ckA && effA);
+
+    // Every route of the API, from the server itself: a route added later
+    // without a row here fails this test.
+    const doc = (await client.get('/openapi.json')).body as { paths: Record<string, Record<string, unknown>> };
+    const routes = Object.entries(doc.paths)
+      .filter(([p]) => p.includes('{id}'))
+      .flatMap(([p, ops]) => Object.keys(ops).filter((m) => m !== 'parameters').map((m) => `${m.toUpperCase()} ${p}`))
+      .sort();
+    // [query, body, headers] per route; {id} {ckpt} {effectId} {pid} are filled in.
+    const raw = { 'content-type': 'application/octet-stream' };
+    const table: Record<string, [string?, unknown?, Record<string, string>?][]> = {
+      'GET /v1/sandboxes/{id}': [[]],
+      'DELETE /v1/sandboxes/{id}': [[]],
+      'POST /v1/sandboxes/{id}/commands': [[undefined, { cmd: 'cat /workspace/secret.txt' }], [undefined, { cmd: 'rm -rf /workspace', background: true }], [undefined, { cmd: 'echo x' }, { accept: 'application/x-ndjson' }]],
+      'POST /v1/sandboxes/{id}/commands/{pid}/wait': [[undefined, { timeoutMs: 100 }]],
+      'POST /v1/sandboxes/{id}/commands/{pid}/kill': [[undefined, {}]],
+      'GET /v1/sandboxes/{id}/files': [['path=/workspace/secret.txt'], ['path=/workspace/secret.txt', undefined, { accept: 'application/octet-stream' }]],
+      'PUT /v1/sandboxes/{id}/files': [['path=/workspace/secret.txt', { content: 'pwned' }], ['path=/workspace/secret.txt', Buffer.from('pwned'), raw]],
+      'DELETE /v1/sandboxes/{id}/files': [['path=/workspace/secret.txt']],
+      'GET /v1/sandboxes/{id}/files/list': [['path=/workspace']],
+      'GET /v1/sandboxes/{id}/files/exists': [['path=/workspace/secret.txt']],
+      'POST /v1/sandboxes/{id}/checkpoints': [[undefined, { label: 'b was here' }]],
+      'GET /v1/sandboxes/{id}/checkpoints': [[]],
+      'GET /v1/sandboxes/{id}/checkpoints/{ckpt}/context': [[]],
+      'DELETE /v1/sandboxes/{id}/checkpoints/{ckpt}': [[]],
+      'POST /v1/sandboxes/{id}/rollback': [[undefined, { checkpointId: '{ckpt}' }]],
+      'POST /v1/sandboxes/{id}/fork': [[undefined, { checkpointId: '{ckpt}', count: 1 }]],
+      'GET /v1/sandboxes/{id}/effects': [[]],
+      'POST /v1/sandboxes/{id}/effects': [[undefined, { kind: 'x', input: 1, reversibility: 'irreversible' }]],
+      'GET /v1/sandboxes/{id}/effects/{effectId}': [[]],
+      'POST /v1/sandboxes/{id}/effects/{effectId}/commit': [[undefined, { output: 'stolen' }]],
+      'POST /v1/sandboxes/{id}/effects/{effectId}/fail': [[undefined, { error: 'x', definite: true }]],
+      'POST /v1/sandboxes/{id}/effects/{effectId}/resolve': [[undefined, { outcome: 'failed' }]],
+      'GET /v1/sandboxes/{id}/observations': [['includeStale=true']],
+      'POST /v1/sandboxes/{id}/verdicts': [[undefined, { path: 'secret.txt', verdict: 'fake' }]],
+      'GET /v1/sandboxes/{id}/verdicts': [[]],
+    };
+    t.deepEqual(Object.keys(table).sort(), routes, 'the table covers every route that takes a sandbox id');
+
+    const db = ls.engine.catalog.db;
+    const before = rowCounts(db);
+    const foreign = { id: sa, ckpt: ckA, effectId: effA, pid: String(pidA) };
+    const missing = { id: 'sbx_nosuchsandbox', ckpt: 'ckpt_nosuchckpt00', effectId: 'eff_00000000000000000000', pid: '99999' };
+    const fill = (text: string, ids: Record<string, string>) => text.replace(/\{(id|ckpt|effectId|pid)\}/g, (_m, k: string) => ids[k]!);
+    const fillBody = (body: unknown, ids: Record<string, string>) => (body === undefined || Buffer.isBuffer(body) ? body : JSON.parse(fill(JSON.stringify(body), ids)));
+    for (const route of routes) {
+      const [method, template] = route.split(' ') as [string, string];
+      for (const [query, body, headers] of table[route]!) {
+        const send = (ids: Record<string, string>) =>
+          b.req(method, fill(template, ids) + (query ? `?${query}` : ''), { body: fillBody(body, ids), ...(Buffer.isBuffer(body) ? { raw: true } : {}), ...(headers ? { headers } : {}) });
+        const rf = await send(foreign);
+        const rm = await send(missing);
+        t.is(rf.status, 404, `${route} ${query ?? ''}: ${rf.text}`);
+        t.is(rf.body?.error?.code, 'SANDBOX_NOT_FOUND', route);
+        t.deepEqual(shape(rf, Object.values(foreign)), shape(rm, Object.values(missing)), `${route}: the same answer as for a missing id`);
+      }
+    }
+    // Nothing changed for A: no rows, the file, the background process.
+    t.deepEqual(rowCounts(db), before);
+    t.is((await a.get(`/v1/sandboxes/${sa}/files?path=/workspace/secret.txt`)).body.content, 'A only');
+    t.is((await a.get(`/v1/sandboxes/${sa}/checkpoints`)).body.length, 1);
+    t.is((await a.post(`/v1/sandboxes/${sa}/commands`, { cmd: `kill -0 ${pidA} && echo alive` })).body.stdout, 'alive\n');
+  });
+
+  test.serial('tenant rm --force removes the tenant\'s sandboxes (processes, mounts, layers, rows); a new tenant with the same name sees nothing of the old one', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const oldToken = tenantToken(ls, 'acme');
+    const old = client.as(oldToken);
+    const key = { 'idempotency-key': 'create-1' };
+    const first = await old.post('/v1/sandboxes', { memoryMb: 64 }, { headers: key });
+    t.is(first.status, 201);
+    const ids: string[] = [first.body.id, (await old.post('/v1/sandboxes', { memoryMb: 64 })).body.id];
+    await old.put(`/v1/sandboxes/${ids[0]}/files?path=secret.txt`, { content: 'old tenant' });
+    const ck = await old.post(`/v1/sandboxes/${ids[0]}/checkpoints`, {});
+    t.is(ck.status, 201, ck.text);
+    const fork = await old.post(`/v1/sandboxes/${ids[0]}/fork`, { checkpointId: ck.body.id, count: 1 });
+    ids.push(...(fork.body.ids as string[]));
+    t.is(ids.length, 3);
+    const cat = ls.engine.catalog;
+    const host = ids.map((id) => ({ id, row: cat.sandbox(id)!, checkpoints: cat.checkpointsOf(id) }));
+    for (const h of host) t.true(isAlive(h.row.init_pid!), `${h.id} runs`);
+
+    const report = await purgeTenant(ls, 'acme');
+    t.deepEqual([...report.sandboxes].sort(), [...ids].sort());
+    // Gone on the host: processes, mounts, layers, cgroups; and in the catalog.
+    for (const h of host) {
+      t.false(isAlive(h.row.init_pid!), `${h.id}: init ${h.row.init_pid} is gone`);
+      t.deepEqual(mountsUnder(ls.engine.paths.sandboxRun(h.row.instance)), [], `${h.id}: no mounts`);
+      t.false(fs.existsSync(ls.engine.paths.upper(h.row.instance)), `${h.id}: no writable layer`);
+      for (const c of h.checkpoints) t.false(fs.existsSync(ls.engine.paths.layer(c.layer_id)), `${c.id}: no layer`);
+      t.is(cat.sandbox(h.id), undefined, `${h.id}: no row`);
+      t.deepEqual(cat.checkpointsOf(h.id), []);
+      t.deepEqual(ls.engine.cgroups.pids(ls.engine.runtime.cgroupName(h.row.instance)), [], `${h.id}: no processes in its cgroup`);
+    }
+    t.is((await old.get('/v1/sandboxes')).status, 401, 'the old token is revoked');
+
+    // Same name again: a new tenant, with nothing of the old one.
+    const fresh = client.as(addTenant(ls.engine.catalog.db, 'acme').token);
+    t.deepEqual((await fresh.get('/v1/sandboxes')).body, []);
+    for (const id of ids) t.is((await fresh.get(`/v1/sandboxes/${id}`)).status, 404);
+    t.like((await fresh.get('/v1/tenant')).body, { name: 'acme', usage: { sandboxes: 0, memoryMb: 0 } });
+    const again = await fresh.post('/v1/sandboxes', { memoryMb: 64 }, { headers: key });
+    t.is(again.status, 201);
+    t.is(again.headers.get('idempotent-replayed'), null, "the old tenant's stored response is not replayed");
+    t.false(ids.includes(again.body.id));
+    t.is((await fresh.get(`/v1/sandboxes/${again.body.id}/files/exists?path=secret.txt`)).body.exists, false);
+  });
+
+  test.serial('/metrics with a token: the right token works; a wrong one of the same or another length, or none, gets 401', async (t) => {
+    const ls = await openTestLockstep(t);
+    const secret = 'scrape-secret-0123456789';
+    const { client } = await startServer(t, ls, { metricsToken: secret });
+    const ok = await client.as(secret).get('/metrics');
+    t.is(ok.status, 200);
+    t.regex(ok.text, /lockstep_http_requests_total/);
+    const sameLength = secret.slice(0, -1) + (secret.endsWith('9') ? '8' : '9');
+    for (const wrong of [sameLength, secret.slice(0, -1), secret + 'x', 'x', undefined]) {
+      const r = await (wrong === undefined ? client : client.as(wrong)).get('/metrics');
+      t.is(r.status, 401, String(wrong));
+      t.is(r.body.error.code, 'UNAUTHENTICATED');
+      t.false(r.text.includes('lockstep_http_requests_total'));
+    }
+    t.is((await new ApiClient(client.base).get('/metrics', { headers: { authorization: `Basic ${secret}` } })).status, 401);
   });
 
   test.serial('requests without a valid bearer token get 401 and do nothing', async (t) => {
@@ -163,27 +304,27 @@ integration(test, () => {
     const third = await small.post('/v1/sandboxes', { memoryMb: 16 });
     t.is(third.status, 429);
     t.regex(third.body.error.message, /at most 2 sandboxes/);
-    t.is(ls.list('small').length, 2);
+    t.is(ls.list(tenantId(ls, 'small')).length, 2);
     t.like((await small.get('/v1/tenant')).body, { name: 'small', maxSandboxes: 2, maxMemoryMb: 192, usage: { sandboxes: 2, memoryMb: 192 } });
 
     // A fork counts like a create.
     const ck = await small.post(`/v1/sandboxes/${second.body.id}/checkpoints`, {});
     const fork = await small.post(`/v1/sandboxes/${second.body.id}/fork`, { checkpointId: ck.body.id });
     t.is(fork.status, 429);
-    t.is(ls.list('small').length, 2);
+    t.is(ls.list(tenantId(ls, 'small')).length, 2);
 
     // Freeing room lets the next one through.
     await small.del(`/v1/sandboxes/${first.body.id}`);
     const fork2 = await small.post(`/v1/sandboxes/${second.body.id}/fork`, { checkpointId: ck.body.id, count: 1 });
     t.is(fork2.status, 200, fork2.text);
     t.is(fork2.body.ids.length, 1);
-    t.is(ls.list('small').length, 2);
+    t.is(ls.list(tenantId(ls, 'small')).length, 2);
 
     // Concurrent creates cannot both squeeze through the last slot.
     const roomy = client.as(tenantToken(ls, 'racy', { maxSandboxes: 1 }));
     const results = await Promise.all([roomy.post('/v1/sandboxes', { memoryMb: 16 }), roomy.post('/v1/sandboxes', { memoryMb: 16 })]);
     t.deepEqual(results.map((r) => r.status).sort(), [201, 429]);
-    t.is(ls.list('racy').length, 1);
+    t.is(ls.list(tenantId(ls, 'racy')).length, 1);
   });
 
   test.serial('Idempotency-Key: a retried POST is replayed, not repeated; another body with the same key is refused; keys are per tenant and expire after 24 h', async (t) => {
@@ -200,13 +341,13 @@ integration(test, () => {
     t.is(r2.text, r1.text);
     t.is(r2.headers.get('idempotent-replayed'), 'true');
     t.is(r1.headers.get('idempotent-replayed'), null);
-    t.is(ls.list('acme').length, 1, 'one sandbox');
+    t.is(ls.list(tenantId(ls, 'acme')).length, 1, 'one sandbox');
     const id: string = r1.body.id;
 
     const reused = await a.post('/v1/sandboxes', { memoryMb: 128 }, { headers: key });
     t.is(reused.status, 409);
     t.deepEqual(reused.body.error, { code: 'IDEMPOTENCY_KEY_REUSED', message: 'Idempotency-Key "create-1" was already used for a different request', field: 'Idempotency-Key' });
-    t.is(ls.list('acme').length, 1);
+    t.is(ls.list(tenantId(ls, 'acme')).length, 1);
 
     // Another tenant's same key is another key.
     const b = client.as(tenantToken(ls, 'other'));
@@ -257,7 +398,7 @@ integration(test, () => {
     t.is(later.status, 201);
     t.not(later.body.id, id);
     t.is(later.headers.get('idempotent-replayed'), null);
-    t.is(ls.list('acme').length, 2);
+    t.is(ls.list(tenantId(ls, 'acme')).length, 2);
   });
 
   test.serial('a request still running holds its key: a concurrent retry gets 409 IDEMPOTENCY_KEY_IN_PROGRESS', async (t) => {

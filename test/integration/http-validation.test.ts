@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import { createHash } from 'node:crypto';
 import type Database from 'better-sqlite3';
 import { integration, openTestLockstep } from '../helpers/harness.js';
-import { startServer, tenantToken } from '../fixtures/http-client.js';
+import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
 
 function rowCounts(db: Database.Database): Record<string, number> {
   const tables = (db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name").all() as { name: string }[]).map((r) => r.name);
@@ -154,7 +154,7 @@ integration(test, () => {
     t.is(hugeCheckpoint.status, 413);
 
     t.deepEqual(rowCounts(ls.engine.catalog.db), before, 'no rows added or removed by any of it');
-    t.deepEqual(ls.list('acme').map((s) => s.id), [id]);
+    t.deepEqual(ls.list(tenantId(ls, 'acme')).map((s) => s.id), [id]);
     t.deepEqual((await api.get(`${S}/files/list?path=/workspace`)).body.entries, [], 'no file written');
     t.is((await api.get(`${S}/checkpoints`)).body.length, 1);
   });

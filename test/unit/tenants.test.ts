@@ -4,12 +4,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { Catalog, type SandboxState } from '../../src/catalog/catalog.js';
-import { addTenant, authenticate, getTenant, listTenants, migrateTenants, removeTenant, TOKEN_PREFIX } from '../../src/tenants/tenants.js';
+import { addTenant, authenticate, getTenant, listTenants, migrateTenants, removeTenant, revokeTenantToken, TOKEN_PREFIX } from '../../src/tenants/tenants.js';
 import { QuotaGate, checkQuota, tenantUsage } from '../../src/tenants/quotas.js';
 
-function catalog(t: { teardown: (fn: () => void) => void }): Catalog {
+function catalog(t: { teardown: (fn: () => void) => void }, migrations = [migrateTenants]): Catalog {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
-  const c = new Catalog(path.join(dir, 'catalog.db'), [migrateTenants]);
+  const c = new Catalog(path.join(dir, 'catalog.db'), migrations);
   c.putImage({ name: 'base', rootfs: '/nowhere', source: 'test', size_bytes: 0, created_at: 0, deleted: 0 });
   t.teardown(() => {
     c.close();
@@ -38,7 +38,9 @@ test('a token is shown once: only its sha256 is stored, and it authenticates its
   t.true(a.token.startsWith(TOKEN_PREFIX));
   t.is(Buffer.from(a.token.slice(TOKEN_PREFIX.length), 'base64url').length, 32);
   t.not(a.token, b.token);
-  t.deepEqual(a.tenant, { name: 'acme', createdAt: '2023-11-14T22:13:20.000Z', maxSandboxes: 3, maxMemoryMb: null });
+  t.deepEqual(a.tenant, { id: a.tenant.id, name: 'acme', createdAt: '2023-11-14T22:13:20.000Z', maxSandboxes: 3, maxMemoryMb: null });
+  t.regex(a.tenant.id, /^tn_[a-z2-7]{20}$/);
+  t.not(a.tenant.id, b.tenant.id);
 
   const stored = c.db.prepare('SELECT * FROM tenants WHERE name = ?').get('acme') as Record<string, unknown>;
   t.deepEqual(stored.token_hash, createHash('sha256').update(a.token).digest());
@@ -61,7 +63,7 @@ test('names are validated; a name is unique; removal revokes the token and refus
   t.throws(() => addTenant(c.db, 'acme'), { code: 'TENANT_EXISTS' });
   t.deepEqual(listTenants(c.db).map((x) => x.name), ['acme']);
 
-  const id = sandbox(c, 'acme', 64);
+  const id = sandbox(c, getTenant(c.db, 'acme').id, 64);
   t.throws(() => removeTenant(c.db, 'acme'), { code: 'TENANT_HAS_SANDBOXES' });
   t.is(authenticate(c.db, token)?.name, 'acme');
   c.deleteSandboxRow(id);
@@ -70,19 +72,68 @@ test('names are validated; a name is unique; removal revokes the token and refus
   t.throws(() => getTenant(c.db, 'acme'), { code: 'TENANT_NOT_FOUND' });
   t.throws(() => removeTenant(c.db, 'acme'), { code: 'TENANT_NOT_FOUND' });
 
-  addTenant(c.db, 'forced');
-  sandbox(c, 'forced', 64);
-  removeTenant(c.db, 'forced', { force: true });
+  // A sandbox being removed still belongs to the tenant: the row stays until
+  // it is gone (tenants/purge.ts tears sandboxes down first).
+  const forced = addTenant(c.db, 'forced');
+  const half = sandbox(c, forced.tenant.id, 64, 'removing');
+  t.throws(() => removeTenant(c.db, 'forced'), { code: 'TENANT_HAS_SANDBOXES' });
+  // Revoked first, as a forced removal does: the token stops working, the tenant is still listed.
+  revokeTenantToken(c.db, 'forced');
+  t.is(authenticate(c.db, forced.token), undefined);
+  t.deepEqual(listTenants(c.db).map((x) => x.name), ['forced']);
+  c.deleteSandboxRow(half);
+  removeTenant(c.db, 'forced');
   t.deepEqual(listTenants(c.db), []);
 });
 
 test('removing a tenant forgets its stored idempotent responses', (t) => {
   const c = catalog(t);
   c.db.exec('CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)');
-  addTenant(c.db, 'acme');
-  c.db.prepare("INSERT INTO http_idempotency VALUES ('acme', 'k', 'h', 201, '{}', 0, 0), ('other', 'k', 'h', 201, '{}', 0, 0)").run();
+  const { tenant } = addTenant(c.db, 'acme');
+  c.db.prepare("INSERT INTO http_idempotency VALUES (?, 'k', 'h', 201, '{}', 0, 0), ('tn_other', 'k', 'h', 201, '{}', 0, 0), ('acme', 'k2', 'h', 201, '{}', 0, 0)").run(tenant.id);
   removeTenant(c.db, 'acme');
-  t.deepEqual(c.db.prepare('SELECT tenant FROM http_idempotency').pluck().all(), ['other']);
+  t.deepEqual(c.db.prepare('SELECT tenant FROM http_idempotency ORDER BY tenant').pluck().all(), ['acme', 'tn_other'], "keyed by id: only this tenant's own rows go");
+});
+
+test('a tenant added again under a removed name gets a new id and none of the old rows', (t) => {
+  const c = catalog(t);
+  const first = addTenant(c.db, 'acme').tenant;
+  removeTenant(c.db, 'acme');
+  const orphan = sandbox(c, first.id, 64); // as a crash between teardown and removal could leave
+  const second = addTenant(c.db, 'acme').tenant;
+  t.not(second.id, first.id);
+  t.deepEqual(tenantUsage(c.db, second.id), { sandboxes: 0, memoryMb: 0 });
+  t.is(c.sandbox(orphan)!.tenant, first.id);
+});
+
+test('catalogs from before tenant ids: each tenant gets an id and its rows are re-keyed from name to id, once', (t) => {
+  const c = catalog(t, []);
+  // The tenants table as it was (no id column), with its rows keyed by name.
+  c.db.exec(`CREATE TABLE tenants (name TEXT PRIMARY KEY, token_hash BLOB NOT NULL UNIQUE, created_at INTEGER NOT NULL, max_sandboxes INTEGER, max_memory_mb INTEGER);
+    CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)`);
+  c.db.prepare("INSERT INTO tenants VALUES ('acme', x'01', 1, NULL, NULL), ('globex', x'02', 2, 5, NULL)").run();
+  const a = sandbox(c, 'acme', 64);
+  const g = sandbox(c, 'globex', 64);
+  const gone = sandbox(c, 'removed-long-ago', 64);
+  c.db.prepare("INSERT INTO http_idempotency VALUES ('acme', 'k', 'h', 201, '{}', 0, 0), ('removed-long-ago', 'k', 'h', 201, '{}', 0, 0)").run();
+
+  migrateTenants(c.db);
+  const acme = getTenant(c.db, 'acme');
+  const globex = getTenant(c.db, 'globex');
+  t.regex(acme.id, /^tn_/);
+  t.not(acme.id, globex.id);
+  t.is(globex.maxSandboxes, 5);
+  t.is(c.sandbox(a)!.tenant, acme.id);
+  t.is(c.sandbox(g)!.tenant, globex.id);
+  t.is(c.sandbox(gone)!.tenant, 'removed-long-ago', 'rows of no tenant keep a key no id can equal');
+  t.deepEqual(c.db.prepare('SELECT tenant FROM http_idempotency ORDER BY tenant').pluck().all(), ['removed-long-ago', acme.id].sort());
+
+  // Running it again changes nothing (a new tenant named like an old one stays apart).
+  addTenant(c.db, 'removed-long-ago');
+  migrateTenants(c.db);
+  t.is(getTenant(c.db, 'acme').id, acme.id);
+  t.is(c.sandbox(gone)!.tenant, 'removed-long-ago');
+  t.deepEqual(tenantUsage(c.db, getTenant(c.db, 'removed-long-ago').id), { sandboxes: 0, memoryMb: 0 });
 });
 
 test('usage counts existing sandboxes, and the memory of running and creating ones', (t) => {
@@ -108,10 +159,9 @@ const quotaCases: [string, { maxSandboxes: number | null; maxMemoryMb: number | 
 for (const [name, quotas, want, exceeded] of quotaCases) {
   test(`quota check: ${name}`, (t) => {
     const c = catalog(t);
-    addTenant(c.db, 'acme', quotas);
-    sandbox(c, 'acme', 64);
-    sandbox(c, 'acme', 64);
-    const tenant = getTenant(c.db, 'acme');
+    const { tenant } = addTenant(c.db, 'acme', quotas);
+    sandbox(c, tenant.id, 64);
+    sandbox(c, tenant.id, 64);
     if (exceeded === null) t.notThrows(() => checkQuota(c.db, tenant, want));
     else {
       const e = t.throws(() => checkQuota(c.db, tenant, want), { code: 'QUOTA_EXCEEDED' });

@@ -88,7 +88,7 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
       const sb = ctx.sandbox(req);
       const tenant = ctx.tenant(req);
       const count = req.body.count ?? 1;
-      const results = await ctx.gate.run(tenant.name, async () => {
+      const results = await ctx.gate.run(tenant.id, async () => {
         checkQuota(ctx.db, tenant, { count, memoryMb: sb.info().memoryMb ?? 0 });
         return m.time(m.forkSeconds, () => ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })));
       });

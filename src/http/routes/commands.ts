@@ -127,7 +127,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         )
         .then((r) => {
           const idem = state.idempotency;
-          if (idem) ctx.idempotency.store(state.tenant.name, idem.key, idem.hash, { status: 200, body: JSON.stringify(r), streamed: true });
+          if (idem) ctx.idempotency.store(state.tenant.id, idem.key, idem.hash, { status: 200, body: JSON.stringify(r), streamed: true });
           s.event('result', resultEvent(r));
         })
         .catch((e) => {
@@ -138,7 +138,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         .finally(() => {
           if (state.idempotency) {
             state.idempotency.stored = true;
-            ctx.idempotency.release(state.tenant.name, state.idempotency.key);
+            ctx.idempotency.release(state.tenant.id, state.idempotency.key);
           }
           s.end();
         });

@@ -3,15 +3,23 @@
  * library beneath the sandbox root (openat2 RESOLVE_BENEATH), so ".." and
  * symlinks that lead outside answer 400 PATH_ESCAPES_SANDBOX.
  *
- * Reads answer JSON ({content, encoding, sha256, observationId}) or, with
- * Accept: application/octet-stream, the raw bytes with the hash and the
- * observation id in X-Lockstep-Sha256 / X-Lockstep-Observation-Id. Writes
- * take raw bytes (Content-Type: application/octet-stream, up to the file
- * limit) or JSON {content, encoding}.
+ * Only regular files are read or written: a FIFO, device, socket or symlink
+ * leaf answers 400 FILE_TYPE_NOT_SUPPORTED (the manager never opens them).
+ *
+ * Reads answer JSON ({content, encoding, sha256, observationId}; files up to
+ * the file limit, else 413 FILE_TOO_LARGE) or, with Accept:
+ * application/octet-stream, the raw bytes: up to BUFFERED_READ_BYTES with the
+ * hash and the observation id in X-Lockstep-Sha256 /
+ * X-Lockstep-Observation-Id headers, larger files streamed in chunks with
+ * the two as HTTP trailers. Writes take raw bytes (Content-Type:
+ * application/octet-stream), streamed to the file as they arrive, or JSON
+ * {content, encoding}; both up to the file limit (413 past it, the file
+ * unchanged).
  */
 import { TextDecoder } from 'node:util';
+import type { IncomingMessage } from 'node:http';
 import type { FastifyInstance } from 'fastify';
-import { InvalidArgumentError } from '../../errors.js';
+import { InvalidArgumentError, LockstepError } from '../../errors.js';
 import { HttpError } from '../errors.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
@@ -31,6 +39,13 @@ interface WriteJson {
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
+/** Raw reads up to this size are buffered so the hash can go in a header; larger ones stream. */
+export const BUFFERED_READ_BYTES = 1024 * 1024;
+
+function tooLarge(): HttpError {
+  return new HttpError(413, 'PAYLOAD_TOO_LARGE', 'The request body is larger than this route accepts', { field: 'body' });
+}
+
 function isUtf8(b: Buffer): boolean {
   try {
     utf8.decode(b);
@@ -38,6 +53,10 @@ function isUtf8(b: Buffer): boolean {
   } catch {
     return false;
   }
+}
+
+function isStream(b: unknown): b is IncomingMessage {
+  return typeof b === 'object' && b !== null && typeof (b as IncomingMessage).pipe === 'function';
 }
 
 export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBodyLimit: number }): void {
@@ -56,16 +75,28 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
     },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
-      const r = await sb.files.read(req.query.path, { toolCallId: req.query.toolCallId });
       if ((req.headers.accept ?? '').includes('application/octet-stream')) {
-        return reply.type('application/octet-stream').header('x-lockstep-sha256', r.sha256).header('x-lockstep-observation-id', r.observationId).send(r.content);
+        const rs = await sb.files.readStream(req.query.path, { toolCallId: req.query.toolCallId });
+        void reply.type('application/octet-stream');
+        if (rs.size > BUFFERED_READ_BYTES) {
+          // The hash is known only at the end: trailers (the body is chunked).
+          void reply.trailer('x-lockstep-sha256', async () => (await rs.done).sha256);
+          void reply.trailer('x-lockstep-observation-id', async () => (await rs.done).observationId ?? '');
+          return reply.send(rs.stream);
+        }
+        const chunks: Buffer[] = [];
+        for await (const c of rs.stream) chunks.push(c as Buffer);
+        const done = await rs.done;
+        return reply.header('x-lockstep-sha256', done.sha256).header('x-lockstep-observation-id', done.observationId).send(Buffer.concat(chunks));
       }
+      // JSON holds the whole file in memory (twice, as base64): only up to the file limit.
+      const r = await sb.files.read(req.query.path, { toolCallId: req.query.toolCallId, maxBytes: opts.fileBodyLimit });
       const encoding = req.query.encoding ?? (isUtf8(r.content) ? 'utf8' : 'base64');
       return { path: req.query.path, content: r.content.toString(encoding), encoding, sha256: r.sha256, bytes: r.content.length, observationId: r.observationId };
     },
   );
 
-  app.put<{ Params: { id: string }; Querystring: PathQuery; Body: WriteJson | Buffer }>(
+  app.put<{ Params: { id: string }; Querystring: PathQuery; Body: WriteJson | IncomingMessage }>(
     '/sandboxes/:id/files',
     {
       bodyLimit: opts.fileBodyLimit,
@@ -88,8 +119,17 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
       let data: Buffer;
       let mode: number | undefined;
       let toolCallId = req.query.toolCallId;
-      if (Buffer.isBuffer(req.body)) {
-        data = req.body;
+      if (isStream(req.body)) {
+        // fastify enforces bodyLimit only on bodies it buffers: this one is
+        // counted here (the declared length first, then the bytes as they come).
+        if (Number(req.headers['content-length'] ?? 0) > opts.fileBodyLimit) throw tooLarge();
+        try {
+          const r = await sb.files.writeStream(req.query.path, req.body, { maxBytes: opts.fileBodyLimit, toolCallId });
+          return { path: req.query.path, ...r };
+        } catch (e) {
+          if (e instanceof LockstepError && e.code === 'FILE_TOO_LARGE') throw tooLarge();
+          throw e;
+        }
       } else if (req.headers['content-type']?.split(';')[0]?.trim().toLowerCase() !== 'application/json' || typeof req.body !== 'object') {
         // fastify parses text/plain too, but validates only the types the schema lists.
         throw new HttpError(415, 'UNSUPPORTED_MEDIA_TYPE', 'Send the file as application/octet-stream, or as JSON {content, encoding}', { field: 'Content-Type' });

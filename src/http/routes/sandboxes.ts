@@ -23,9 +23,9 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     { schema: { tags, summary: 'Create a sandbox', body: S.createBody, response: { 201: S.sandboxInfo, ...S.errors(409, 413, 429) } } },
     async (req, reply) => {
       const tenant = ctx.tenant(req);
-      const sb = await ctx.gate.run(tenant.name, async () => {
+      const sb = await ctx.gate.run(tenant.id, async () => {
         checkQuota(ctx.db, tenant, { count: 1, memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default });
-        return ctx.lockstep.create({ ...req.body, tenant: tenant.name }).catch((e: unknown) => {
+        return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch((e: unknown) => {
           // The image named in the body: say which input it was.
           if (e instanceof LockstepError && e.code === 'IMAGE_NOT_FOUND') (e.details as Record<string, unknown>).field = 'image';
           throw e;
@@ -33,16 +33,16 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
       });
       req.log = reply.log = req.log.child({ sandboxId: sb.id });
       req.log.info('sandbox created');
-      return reply.code(201).send(sb.info());
+      return reply.code(201).send(ctx.present(req, sb.info()));
     },
   );
 
   app.get('/sandboxes', { schema: { tags, summary: "List the tenant's sandboxes", response: { 200: S.arrayOf(S.sandboxInfo, 'Sandboxes, oldest first'), ...S.errors() } } }, async (req) => {
-    return ctx.lockstep.list(ctx.tenant(req).name);
+    return ctx.lockstep.list(ctx.tenant(req).id).map((info) => ctx.present(req, info));
   });
 
   app.get('/sandboxes/:id', { schema: { tags, summary: 'Get a sandbox', params: S.sandboxParams, response: { 200: S.sandboxInfo, ...S.errors() } } }, async (req) => {
-    return ctx.sandbox(req).info();
+    return ctx.present(req, ctx.sandbox(req).info());
   });
 
   app.delete<{ Params: { id: string } }>(
@@ -50,13 +50,13 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     { schema: { tags, summary: 'Remove a sandbox with its processes, files and checkpoints', params: S.sandboxParams, response: { 200: S.anyObject('{id, removed: true}'), ...S.errors(409) } } },
     async (req) => {
       const tenant = ctx.tenant(req);
-      await ctx.lockstep.remove(req.params.id, tenant.name);
+      await ctx.lockstep.remove(req.params.id, tenant.id);
       return { id: req.params.id, removed: true };
     },
   );
 
-  app.get('/tenant', { schema: { tags: ['tenant'], summary: 'The calling tenant: its quotas and what it uses', response: { 200: S.anyObject('{name, maxSandboxes, maxMemoryMb, usage: {sandboxes, memoryMb}}'), ...S.errors() } } }, async (req) => {
+  app.get('/tenant', { schema: { tags: ['tenant'], summary: 'The calling tenant: its quotas and what it uses', response: { 200: S.anyObject('{id, name, maxSandboxes, maxMemoryMb, usage: {sandboxes, memoryMb}}'), ...S.errors() } } }, async (req) => {
     const t = ctx.tenant(req);
-    return { ...t, usage: tenantUsage(ctx.db, t.name) };
+    return { ...t, usage: tenantUsage(ctx.db, t.id) };
   });
 }
