@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Install everything a Lockstep host needs. Idempotent; must run as root.
+# `lockstep setup` runs it (it ships in the npm package); `--check` only
+# reports what is missing (exit 0: nothing; 1: something) and changes nothing.
 #
 # Called at the start of every `npm test` and `npm run demo`, so the common
 # case (everything already in place) is a handful of file tests and one read,
@@ -10,7 +12,9 @@
 # What it installs:
 #  - Debian (bookworm) packages: btrfs-progs, busybox-static, debootstrap,
 #    protobuf-c headers/compiler, iproute2, iptables, docker.io (pulls in
-#    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates.
+#    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates, and
+#    the toolchain the native build needs (g++, make, python3 for node-gyp,
+#    libc6-dev for the static init).
 #  - CRIU 4.2 from Debian forky (testing) into a private prefix, /opt/lockstep/criu,
 #    together with its libc and criu's other runtime libraries: bookworm's
 #    criu 3.17 fails `criu check` on this kernel; trixie's 4.1.1 cannot dump
@@ -53,12 +57,19 @@ PKGS=(
 	xz-utils:/usr/bin/xz
 	zstd:/usr/bin/zstd
 	ca-certificates:/etc/ssl/certs/ca-certificates.crt
+	g++:/usr/bin/g++
+	make:/usr/bin/make
+	python3:/usr/bin/python3
+	libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a
 )
 PROVIDED=(
 	/usr/bin/containerd /usr/sbin/runc
 	"$LS/bin/criu" /usr/local/sbin/criu
 	"$LIBCRIU_DIR/libcriu.so.2" "$LIBCRIU_DIR/libcriu.so" "$LIBCRIU_DIR/include/criu.h"
 )
+
+CHECK_ONLY=0
+if [[ ${1:-} == --check ]]; then CHECK_ONLY=1; fi
 
 # ---- host tuning (every run; a read and at most one write) -----------------
 # CRIU walks the kernel's global conntrack hash table twice per dump (it dumps
@@ -70,7 +81,7 @@ PROVIDED=(
 # reboots; set LOCKSTEP_KEEP_CONNTRACK_HASHSIZE=1 to leave the host's value.
 CT_HASHSIZE=/sys/module/nf_conntrack/parameters/hashsize
 CT_TARGET=16384
-if [[ -z ${LOCKSTEP_KEEP_CONNTRACK_HASHSIZE:-} && -w $CT_HASHSIZE && $(id -u) -eq 0 ]]; then
+if ((!CHECK_ONLY)) && [[ -z ${LOCKSTEP_KEEP_CONNTRACK_HASHSIZE:-} && -w $CT_HASHSIZE && $(id -u) -eq 0 ]]; then
 	read -r ct_now <"$CT_HASHSIZE" || ct_now=0
 	if ((ct_now > CT_TARGET)); then
 		echo "$CT_TARGET" >"$CT_HASHSIZE" && echo "[provision] conntrack hash table: $ct_now -> $CT_TARGET buckets (faster CRIU dumps)" >&2
@@ -85,6 +96,14 @@ all_present() {
 	[[ -r $STAMP ]] && read -r line <"$STAMP" && [[ $line == "$PROVISION_VERSION" ]]
 }
 if all_present; then exit 0; fi
+if ((CHECK_ONLY)); then
+	for p in "${PKGS[@]}"; do [[ -e ${p#*:} ]] || echo "missing: ${p#*:} (Debian package ${p%%:*})" >&2; done
+	for p in "${PROVIDED[@]}"; do [[ -e $p ]] || echo "missing: $p" >&2; done
+	line=""
+	[[ -r $STAMP ]] && read -r line <"$STAMP"
+	[[ $line == "$PROVISION_VERSION" ]] || echo "not provisioned by this version: ${STAMP} says \"${line:-nothing}\", expected \"$PROVISION_VERSION\"" >&2
+	exit 1
+fi
 
 # ---- slow path --------------------------------------------------------------
 LOCKSTEP_LOG_TAG=provision

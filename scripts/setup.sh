@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Everything `npm test`, `npm run demo` and `npm run bench` need, on a fresh
-# clone of a fresh Debian 12 machine, as root: host packages and CRIU 4.x
-# (scripts/provision-host.sh), npm dependencies, the native addon and its
-# helper executables, the TypeScript build, and the base image in the build
-# cache. Each step checks first and is skipped when already done, so a second
-# run takes well under 5 seconds.
+# clone of a fresh Debian 12 machine, as root. A clone needs two things an
+# installed package already has, its npm dependencies and the TypeScript
+# build; everything else is `lockstep setup` (src/host/setup.ts): host
+# packages and CRIU, the native build, and images (here into the build cache
+# only: every test file makes its own state directory). Each step checks
+# first and is skipped when already done, so a second run takes well under
+# 5 seconds.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,7 +19,8 @@ if [[ $(id -u) -ne 0 ]]; then
 	exit 1
 fi
 
-# 1. Host packages, CRIU in its private prefix.
+# 1. Host packages first: on a fresh machine npm ci needs the toolchain
+# (`lockstep setup` runs this again below, in its fast path).
 bash scripts/provision-host.sh
 
 # true when any file under the given paths is newer than the stamp file
@@ -28,9 +31,9 @@ newer_than() {
 	[[ -n $(find "$@" -newer "$stamp" -print -quit 2>/dev/null) ]]
 }
 
-# 2. npm dependencies (npm ci keeps package-lock.json authoritative). Keyed
-# by the lock file's content, so editing scripts in package.json does not
-# reinstall everything.
+# 2. npm dependencies (npm ci keeps package-lock.json authoritative; it also
+# runs scripts/install.js, the native build). Keyed by the lock file's
+# content, so editing scripts in package.json does not reinstall everything.
 lock_hash=$(sha256sum package-lock.json | cut -d' ' -f1)
 if [[ ! -d node_modules || $(cat node_modules/.lockstep-lock-hash 2>/dev/null) != "$lock_hash" ]]; then
 	log "installing npm dependencies"
@@ -38,24 +41,16 @@ if [[ ! -d node_modules || $(cat node_modules/.lockstep-lock-hash 2>/dev/null) !
 	echo "$lock_hash" >node_modules/.lockstep-lock-hash
 fi
 
-# 3. Native addon, helper and init.
-if [[ ! -x build/Release/lockstep-helper || ! -x build/Release/lockstep-init ]] ||
-	newer_than build/Release/lockstep.node binding.gyp native; then
-	log "building the native addon and helpers"
-	npx --no-install node-gyp rebuild >&2
-fi
-
-# 4. TypeScript.
+# 3. TypeScript.
 if newer_than dist/.tsbuildinfo src test bench demo tsconfig.json package.json; then
 	log "compiling TypeScript"
 	npx --no-install tsc -p tsconfig.json
 	touch dist/.tsbuildinfo
 fi
 
-# 5. Images in the build cache (tests and the demo copy them in by hard
-# links): base always; more with --images a,b (npm test asks for dev too, so
-# that no test has to build it).
+# 4. The rest: host packages, native build (rebuilt when binding.gyp or
+# native/ changed), images: base always; more with --images a,b (npm test
+# asks for dev too, so that no test has to build it).
 images=base
 if [[ ${1:-} == --images ]]; then images=${2:?--images needs a comma-separated list}; fi
-IFS=, read -r -a image_list <<<"$images"
-for img in "${image_list[@]}"; do node dist/src/cli/main.js image cache "$img"; done
+node bin/lockstep.js setup --cache-only --images "$images"

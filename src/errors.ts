@@ -35,9 +35,10 @@ export class InvalidArgumentError extends LockstepError {
 
 /** A named thing (sandbox, image, checkpoint, effect, ...) does not exist, or is not visible to the caller. */
 export class NotFoundError extends LockstepError {
-  constructor(kind: 'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant', id: string) {
+  /** `hint`: what to do about it, appended to the message. */
+  constructor(kind: 'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant', id: string, hint?: string) {
     const what = kind === 'image' || kind === 'tenant' ? `named ${JSON.stringify(id)}` : `with id ${JSON.stringify(id)}`;
-    super(`${kind.toUpperCase()}_NOT_FOUND`, `No ${kind} ${what}`, { details: { kind, id } });
+    super(`${kind.toUpperCase()}_NOT_FOUND`, `No ${kind} ${what}${hint ? `: ${hint}` : ''}`, { details: { kind, id } });
   }
 }
 
@@ -54,6 +55,15 @@ export class InvalidStateError extends LockstepError {
     super(code, message, { details });
   }
 }
+
+/**
+ * What sets a host up (host packages, CRIU, the native build, the layer
+ * store, images): every "not set up" error names it. In a clone of the
+ * repository, `npm run setup` runs it too.
+ */
+export const SETUP_COMMAND = 'npx lockstep setup';
+/** The sentence a "not set up" error ends with. */
+export const SETUP_HINT = `run \`${SETUP_COMMAND}\` as root (in a clone of the repository: \`npm run setup\`)`;
 
 /** The host lacks something Lockstep needs (CRIU, btrfs, cgroup controller, root). */
 export class HostError extends LockstepError {

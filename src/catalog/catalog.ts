@@ -8,7 +8,7 @@
 import Database from 'better-sqlite3';
 import fs from 'node:fs';
 import { randomBytes } from 'node:crypto';
-import { NotFoundError } from '../errors.js';
+import { LockstepError, NotFoundError } from '../errors.js';
 
 export type SandboxState = 'creating' | 'running' | 'stopped' | 'removing';
 
@@ -79,9 +79,41 @@ export interface OperationRow {
   started_at: number;
 }
 
-const SCHEMA_VERSION = 3;
+// ---- schema versions ---------------------------------------------------------
+// The catalog's schema version is SQLite's `user_version`. Each numbered step
+// below moves a catalog from the previous version to its own, in a transaction
+// of its own that also records the new version, so a crash leaves the
+// catalog at a whole version. Opening runs the steps a catalog lacks; a
+// catalog from a newer Lockstep is refused (CATALOG_TOO_NEW), never guessed at.
+//
+// To change the schema: append a step with the next number (and say in
+// CHANGELOG.md whether the on-disk change is breaking). Never edit or reorder
+// a step that has shipped: catalogs already past it will not run it again.
+// Steps are idempotent (CREATE ... IF NOT EXISTS, addColumn skips existing
+// columns), because catalogs written before versions were recorded start at
+// 0 with some of the later tables and columns already in place.
 
-const SCHEMA = `
+/** One forward step of the catalog schema. */
+export interface CatalogMigration {
+  version: number;
+  /** What the step adds, for logs and the changelog. */
+  description: string;
+  up(db: Database.Database): void;
+}
+
+/** Adds a column unless the table already has it. */
+export function addColumn(db: Database.Database, table: string, column: string, type: string): void {
+  const cols = db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[];
+  if (!cols.some((c) => c.name === column)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${column} ${type}`);
+}
+
+/** Every schema step, in order; the last one's number is SCHEMA_VERSION. */
+export const MIGRATIONS: readonly CatalogMigration[] = [
+  {
+    version: 1,
+    description: 'images, sandboxes, layers, checkpoints and the operation journal',
+    up: (db) =>
+      db.exec(`
 CREATE TABLE IF NOT EXISTS images (
   name TEXT PRIMARY KEY,
   rootfs TEXT NOT NULL,
@@ -107,13 +139,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
   forked_from TEXT,
   env TEXT NOT NULL DEFAULT '{}',
   metadata TEXT NOT NULL DEFAULT '{}',
-  created_at INTEGER NOT NULL,
-  expires_at INTEGER,
-  instance TEXT,
-  standby_instance TEXT,
-  standby_checkpoint TEXT,
-  standby_pid INTEGER,
-  standby_start INTEGER
+  created_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant);
 CREATE TABLE IF NOT EXISTS layers (
@@ -145,8 +171,61 @@ CREATE TABLE IF NOT EXISTS operations (
   phase TEXT NOT NULL,
   payload TEXT NOT NULL DEFAULT '{}',
   started_at INTEGER NOT NULL
-);
-`;
+);`),
+  },
+  {
+    version: 2,
+    description: 'sandbox lifetimes (sandboxes.expires_at)',
+    up: (db) => addColumn(db, 'sandboxes', 'expires_at', 'INTEGER'),
+  },
+  {
+    version: 3,
+    description: 'instances and warm standbys',
+    up: (db) => {
+      for (const [col, type] of [['instance', 'TEXT'], ['standby_instance', 'TEXT'], ['standby_checkpoint', 'TEXT'], ['standby_pid', 'INTEGER'], ['standby_start', 'INTEGER']] as const) {
+        addColumn(db, 'sandboxes', col, type);
+      }
+      db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
+    },
+  },
+];
+
+/** The schema version this build of Lockstep writes. */
+export const SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
+
+/** The catalog was written by a newer Lockstep than this one; nothing was changed. */
+export class CatalogVersionError extends LockstepError {
+  constructor(file: string, found: number, supported: number) {
+    super('CATALOG_TOO_NEW', `The catalog ${file} has schema version ${found}, newer than version ${supported} that this Lockstep understands: upgrade Lockstep (downgrades are not supported)`, {
+      details: { file, found, supported },
+    });
+  }
+}
+
+/**
+ * Brings a catalog database forward to the last step of `steps`, one
+ * transaction per step; returns the version it started from.
+ * Refuses (CatalogVersionError) a catalog newer than the last step.
+ */
+export function migrateCatalog(db: Database.Database, steps: readonly CatalogMigration[] = MIGRATIONS, file = db.name): number {
+  const target = steps[steps.length - 1]!.version;
+  const current = () => db.pragma('user_version', { simple: true }) as number;
+  const from = current();
+  if (from > target) throw new CatalogVersionError(file, from, target);
+  for (const step of steps) {
+    // IMMEDIATE: take the write lock up front, so concurrent managers opening
+    // the same directory wait (busy_timeout) and then see the step done,
+    // instead of failing to upgrade a read transaction ("database is locked").
+    db.transaction(() => {
+      const v = current();
+      if (v > target) throw new CatalogVersionError(file, v, target);
+      if (v >= step.version) return;
+      step.up(db);
+      db.pragma(`user_version = ${step.version}`);
+    }).immediate();
+  }
+  return from;
+}
 
 /** Random ids with a readable prefix: sbx_, ckpt_, lyr_, op_, br_. */
 export function newId(prefix: string): string {
@@ -171,21 +250,11 @@ export class Catalog {
   }
 
   private migrate(): void {
-    // IMMEDIATE: take the write lock up front, so concurrent managers opening
-    // the same directory wait (busy_timeout) instead of failing to upgrade a
-    // read transaction ("database is locked").
+    migrateCatalog(this.db);
+    // Tables owned by other modules (agent state, tenants): idempotent, run on every open.
+    // Columns added with the old ad-hoc pattern go here until folded into MIGRATIONS.
     this.db.transaction(() => {
-      this.db.exec(SCHEMA);
-      // v2: sandbox lifetimes. Catalogs made by v1 lack the column.
-      const cols = this.db.prepare('PRAGMA table_info(sandboxes)').all() as { name: string }[];
-      if (!cols.some((c) => c.name === 'expires_at')) this.db.exec('ALTER TABLE sandboxes ADD COLUMN expires_at INTEGER');
-      // v3: instances and warm standbys.
-      for (const [col, type] of [['instance', 'TEXT'], ['standby_instance', 'TEXT'], ['standby_checkpoint', 'TEXT'], ['standby_pid', 'INTEGER'], ['standby_start', 'INTEGER']] as const) {
-        if (!cols.some((c) => c.name === col)) this.db.exec(`ALTER TABLE sandboxes ADD COLUMN ${col} ${type}`);
-      }
-      this.db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
       for (const m of this.extraMigrations) m(this.db);
-      if (this.db.pragma('user_version', { simple: true }) !== SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
     }).immediate();
   }
 

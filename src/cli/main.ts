@@ -14,6 +14,8 @@ import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
 import { SERVER_HELP, serverCommands } from './server-commands.js';
 import { withLockstep } from './session.js';
+import { SETUP_HELP, setupCommands } from './setup-command.js';
+import { VERSION } from '../version.js';
 
 const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for AI agents
 
@@ -49,6 +51,9 @@ images
 
 host
   doctor [--json]
+  --version [--json]
+
+${SETUP_HELP}
 
 ${SERVER_HELP}
 
@@ -63,6 +68,13 @@ type Handler = (argv: string[]) => Promise<number>;
 const commands: Record<string, Handler> = {
   async help() {
     process.stdout.write(HELP + '\n');
+    return EXIT.ok;
+  },
+
+  async version(argv) {
+    const { values } = parse(argv, { json: { type: 'boolean' } }, 'lockstep --version [--json]');
+    if (values.json) printJson({ version: VERSION });
+    else process.stdout.write(`${VERSION}\n`);
     return EXIT.ok;
   },
 
@@ -280,7 +292,7 @@ export async function main(argv: string[]): Promise<number> {
   const [cmd, ...rest] = argv;
   const json = rest.includes('--json') && !(cmd === 'exec' && rest.indexOf('--json') > rest.indexOf('--') && rest.includes('--'));
   if (!cmd || cmd === '--help' || cmd === '-h') return commands.help!([]);
-  const handler = commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd];
+  const handler = cmd === '--version' || cmd === '-V' ? commands.version : commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd] ?? setupCommands[cmd];
   try {
     if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
     return await handler(rest);

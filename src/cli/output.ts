@@ -29,10 +29,10 @@ export class UsageError extends LockstepError {
 
 export function exitCodeFor(e: unknown): number {
   if (!(e instanceof LockstepError)) return EXIT.failure;
-  if (e.code === 'USAGE' || e.code === 'INVALID_ARGUMENT' || e.code === 'PATH_ESCAPES_SANDBOX') return EXIT.usage;
+  if (e.code === 'USAGE' || e.code === 'INVALID_ARGUMENT' || e.code === 'PATH_ESCAPES_SANDBOX' || e.code === 'CONFIG_INVALID') return EXIT.usage;
   if (e.code.endsWith('_NOT_FOUND')) return EXIT.notFound;
   if (e.code.endsWith('_EXISTS') || e.code.startsWith('IDEMPOTENCY_KEY_') || ['SANDBOX_BUSY', 'IMAGE_IN_USE', 'ROLLBACK_REFUSED_IRREVERSIBLE', 'EFFECT_OUTCOME_UNKNOWN', 'QUOTA_EXCEEDED', 'TENANT_HAS_SANDBOXES'].includes(e.code)) return EXIT.conflict;
-  if (e.code.startsWith('CRIU_') || e.code.startsWith('HOST') || e.code === 'NOT_ROOT' || e.code === 'NATIVE_NOT_BUILT') return EXIT.host;
+  if (e.code.startsWith('CRIU_') || e.code.startsWith('HOST') || e.code.startsWith('NATIVE_') || ['NOT_ROOT', 'UNSUPPORTED_PLATFORM', 'CATALOG_TOO_NEW'].includes(e.code)) return EXIT.host;
   return EXIT.failure;
 }
 

@@ -6,11 +6,11 @@
 import { Lockstep } from '../lockstep.js';
 import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
-import { DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
+import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
+import { VERSION } from '../version.js';
 import { addTenant, listTenants, removeTenant } from '../tenants/tenants.js';
 import { purgeTenant } from '../tenants/purge.js';
 import { tenantUsage } from '../tenants/quotas.js';
-import { InvalidArgumentError } from '../errors.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { intFlag, need, parse } from './args.js';
 import { withLockstep } from './session.js';
@@ -21,8 +21,9 @@ type Handler = (argv: string[]) => Promise<number>;
 // imports below), so that the rest of the CLI starts as fast as before.
 
 export const SERVER_HELP = `server
-  serve [--port P] [--host H] [--metrics-token T] [--grace-ms MS] [--json]
-                                  HTTP API (default ${DEFAULT_HOST}:${DEFAULT_PORT}); SIGTERM drains and stops
+  serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]
+                                  HTTP API (default ${DEFAULT_HOST}:${DEFAULT_PORT}); SIGTERM drains and stops;
+                                  settings: flag > LOCKSTEP_* environment > config file (${DEFAULT_CONFIG_FILE})
   mcp [--sandbox ID] [--image NAME] [--memory MIB]
                                   MCP server on stdio for one sandbox (created and removed if not given)
   tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json]
@@ -32,36 +33,44 @@ export const SERVER_HELP = `server
                                   --force first removes the tenant's sandboxes`;
 
 
-function port(value: string | undefined): number {
-  const p = intFlag(value, 'port') ?? DEFAULT_PORT;
-  if (p < 0 || p > 65535) throw new InvalidArgumentError('--port', 'a port from 0 to 65535', p);
-  return p;
-}
-
 export const serverCommands: Record<string, Handler> = {
   async serve(argv) {
-    const usage = 'lockstep serve [--port P] [--host H] [--metrics-token T] [--grace-ms MS] [--json]';
+    const usage = 'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T | --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
     const { values, positionals } = parse(
       argv,
-      { port: { type: 'string' }, host: { type: 'string' }, 'metrics-token': { type: 'string' }, 'grace-ms': { type: 'string' }, json: { type: 'boolean' } },
+      {
+        config: { type: 'string' },
+        port: { type: 'string' },
+        host: { type: 'string' },
+        home: { type: 'string' },
+        'metrics-token': { type: 'string' },
+        'metrics-token-file': { type: 'string' },
+        'log-level': { type: 'string' },
+        'grace-ms': { type: 'string' },
+        json: { type: 'boolean' },
+      },
       usage,
     );
     need(positionals, 0, usage);
-    const graceMs = intFlag(values['grace-ms'], 'grace-ms') ?? 30_000;
-    const logger = createLogger(process.env.LOCKSTEP_LOG_LEVEL ?? 'info');
+    const { loadConfigFile, resolveServeConfig } = await import('../http/config.js');
+    const { file, config: fileConfig } = loadConfigFile(values.config ?? (process.env.LOCKSTEP_CONFIG || undefined));
+    const cfg = resolveServeConfig(values, process.env, fileConfig);
+    const logger = createLogger(cfg.logLevel);
+    logger.info({ version: VERSION, config: file ?? null, stateDirectory: cfg.stateDirectory, sources: cfg.sources }, 'starting');
     const { createServer } = await import('../http/server.js');
-    const ls = await Lockstep.open({ logger });
+    const ls = await Lockstep.open({ logger, home: cfg.stateDirectory });
     let app: LockstepServer | undefined;
     try {
-      app = createServer({ lockstep: ls, logger, metricsToken: values['metrics-token'] ?? process.env.LOCKSTEP_METRICS_TOKEN });
-      await app.listen({ port: port(values.port), host: values.host ?? DEFAULT_HOST });
+      app = createServer({ lockstep: ls, logger, metricsToken: cfg.metricsToken, bodyLimit: cfg.bodyLimit, fileBodyLimit: cfg.fileBodyLimit });
+      await app.listen({ port: cfg.port, host: cfg.host });
     } catch (e) {
       await app?.close().catch(() => undefined);
       await ls.close();
       throw e;
     }
+    const graceMs = cfg.graceMs;
     const addr = app.server.address();
-    const bound = typeof addr === 'object' && addr ? { host: addr.address, port: addr.port } : { host: values.host ?? DEFAULT_HOST, port: port(values.port) };
+    const bound = typeof addr === 'object' && addr ? { host: addr.address, port: addr.port } : { host: cfg.host, port: cfg.port };
     const url = `http://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}`;
     if (values.json) printJson({ url, ...bound, pid: process.pid });
     else process.stdout.write(`lockstep: listening on ${url} (docs: ${url}/docs)\n`);

@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { native, type CriuRequest } from '../native/binding.js';
-import { CriuError, HostError } from '../errors.js';
+import { CriuError, HostError, SETUP_HINT } from '../errors.js';
 import type { StatePaths } from '../paths.js';
 import type { Supervisor } from './supervisor.js';
 import { sleep } from './proc.js';
@@ -63,7 +63,7 @@ export class CriuService {
     if (v === undefined) {
       const bin = criuBinary();
       if (!fs.existsSync(bin)) {
-        throw new HostError('CRIU_NOT_INSTALLED', `CRIU is not installed at ${bin}: run scripts/provision-host.sh (npm run setup) as root`);
+        throw new HostError('CRIU_NOT_INSTALLED', `CRIU is not installed at ${bin}: ${SETUP_HINT}`);
       }
       fs.rmSync(this.paths.criuSocket, { force: true });
       await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket], { isolatedRun: true });

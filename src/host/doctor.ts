@@ -11,6 +11,7 @@ import { detectCgroups } from './cgroups.js';
 import { DockerEngine } from '../images/docker.js';
 import { resolveHome } from '../paths.js';
 import { FS_MAGIC } from '../native/binding.js';
+import { SETUP_HINT } from '../errors.js';
 
 export interface Check {
   name: string;
@@ -54,11 +55,11 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
   } catch {
     /* reported below */
   }
-  add('native build', builtOk && addonOk, builtOk && addonOk ? 'addon, helper and init built' : 'native parts missing', 'run `npm run setup` as root');
+  add('native build', builtOk && addonOk, builtOk && addonOk ? 'addon, helper and init built' : 'native parts missing', SETUP_HINT);
 
   const criu = criuBinary();
   if (!fs.existsSync(criu)) {
-    add('criu', false, `${criu} not found`, 'run scripts/provision-host.sh (installs CRIU 4.x from Debian 13 into /opt/lockstep/criu)');
+    add('criu', false, `${criu} not found`, `${SETUP_HINT}: it installs CRIU 4.x into /opt/lockstep/criu`);
   } else if (addonOk) {
     try {
       const v = await native().criu({ op: 'version', serviceBinary: criu });
@@ -90,7 +91,7 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
   } catch {
     /* ignore */
   }
-  add('layer store', mkfs && btrfsKernel, `btrfs snapshots; state directory ${home}: ${homeFs}`, 'install btrfs-progs and make sure the btrfs module loads');
+  add('layer store', mkfs && btrfsKernel, `btrfs snapshots; state directory ${home}: ${homeFs}`, `${SETUP_HINT} (installs btrfs-progs); make sure the btrfs module loads`);
 
   try {
     const buckets = Number(fs.readFileSync('/proc/sys/net/netfilter/nf_conntrack_buckets', 'utf8'));

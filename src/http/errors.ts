@@ -6,6 +6,7 @@
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import { InvalidStateError, LockstepError } from '../errors.js';
+import { noteRequestError } from './request-log.js';
 
 /** The body of every error response. */
 export interface ErrorBody {
@@ -32,6 +33,17 @@ const CONFLICTS = new Set([
   'FILE_BUSY',
 ]);
 
+const HOST_NOT_READY = new Set([
+  'NATIVE_NOT_BUILT',
+  'NATIVE_LOAD_FAILED',
+  'NATIVE_BUILD_FAILED',
+  'UNSUPPORTED_PLATFORM',
+  'CRIU_NOT_INSTALLED',
+  'HOST_PROVISIONING_FAILED',
+  'CATALOG_TOO_NEW',
+  'CONFIG_INVALID',
+]);
+
 /** HTTP status for a LockstepError code (the table in src/http/README.md). */
 export function statusForCode(code: string, err?: unknown): number {
   if (err instanceof HttpError) return err.statusCode;
@@ -46,6 +58,8 @@ export function statusForCode(code: string, err?: unknown): number {
   // The remaining state errors (already settled, not unknown, damaged, ...)
   // are conflicts with the object's current state too.
   if (err instanceof InvalidStateError) return 409;
+  // The host is not set up or cannot run this Lockstep (`lockstep setup` fixes the first).
+  if (HOST_NOT_READY.has(code)) return 503;
   return 500;
 }
 
@@ -125,8 +139,8 @@ export function toErrorResponse(err: unknown): { status: number; body: ErrorBody
 /** Fastify error handler: the error body, logged with the request's bindings. */
 export function errorHandler(err: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
   const { status, body, internal } = toErrorResponse(err);
-  if (internal) request.log.error({ err }, 'request failed');
-  else request.log.info({ code: body.error.code, status }, 'request rejected');
+  // Logged on the request's one log line (request-log.ts), with the error itself when internal.
+  noteRequestError(request, body.error.code, internal ? err : undefined);
   if (status === 401) reply.header('www-authenticate', 'Bearer realm="lockstep"');
   void reply.code(status).type('application/json; charset=utf-8').send(body);
 }

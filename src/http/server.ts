@@ -11,7 +11,6 @@
  * require `Authorization: Bearer <metricsToken>` there).
  */
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { createRequire } from 'node:module';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
@@ -28,6 +27,8 @@ import { checkpointRoutes } from './routes/checkpoints.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { RequestLogController } from './request-log.js';
+import { VERSION } from '../version.js';
 
 /** Options of createServer. */
 export interface ServerOptions {
@@ -75,7 +76,7 @@ export type LockstepServer = FastifyInstance & {
 export { DEFAULT_HOST, DEFAULT_PORT } from './defaults.js';
 const MiB = 1024 * 1024;
 
-const version = (createRequire(import.meta.url)('../../../package.json') as { version: string }).version;
+const version = VERSION;
 
 function bearer(req: FastifyRequest): string | undefined {
   const h = req.headers.authorization;
@@ -107,6 +108,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
 
   const app = Fastify({
     loggerInstance: opts.logger ?? ls.engine.log,
+    logController: new RequestLogController(),
     bodyLimit: opts.bodyLimit ?? MiB,
     // A client's X-Request-Id is kept (to follow a call across services) if
     // it is a plain token; anything else could forge or flood log lines.
@@ -167,7 +169,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
   void app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { validatorUrl: null, deepLinking: true } });
 
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
-  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, draining }));
+  app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, draining, version }));
   app.get('/metrics', { schema: { hide: true } }, async (req, reply) => {
     if (metricsDigest !== undefined && !sameSecret(metricsDigest, bearer(req))) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
     return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());

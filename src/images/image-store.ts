@@ -14,9 +14,9 @@ import { createHash } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { native, projectRoot } from '../native/binding.js';
-import { AlreadyExistsError, HostError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
+import { AlreadyExistsError, HostError, InvalidArgumentError, InvalidStateError, NotFoundError, SETUP_COMMAND } from '../errors.js';
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
-import type { StatePaths } from '../paths.js';
+import { resolveHome, type StatePaths } from '../paths.js';
 import type { DockerPort } from './docker.js';
 
 const execFileAsync = promisify(execFile);
@@ -88,7 +88,14 @@ export class ImageStore {
   }
 
   get(name: string): ImageRow {
-    return this.catalog.liveImage(validateImageName(name));
+    const row = this.catalog.image(validateImageName(name));
+    if (row && !row.deleted) return row;
+    // A shipped recipe that was never built into this state directory: that is set-up, not a typo.
+    if (listRecipes().includes(name)) {
+      const home = this.paths.home === resolveHome() ? '' : ` --home ${this.paths.home}`;
+      throw new NotFoundError('image', name, `it is a shipped recipe not built in ${this.paths.home} yet: run \`${SETUP_COMMAND} --images ${name}${home}\` as root (or \`lockstep image build ${name}\`)`);
+    }
+    throw new NotFoundError('image', name);
   }
 
   has(name: string): boolean {

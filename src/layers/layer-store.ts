@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { FS_MAGIC, native } from '../native/binding.js';
-import { HostError, SystemCallError, isNativeError } from '../errors.js';
+import { HostError, SETUP_HINT, SystemCallError, isNativeError } from '../errors.js';
 import type { StatePaths } from '../paths.js';
 
 const DEFAULT_STORE_GIB = 64;
@@ -66,7 +66,7 @@ export class LayerStore {
         execFileSync('mkfs.btrfs', ['-q', '-f', storeImage + '.tmp'], { stdio: ['ignore', 'ignore', 'pipe'] });
       } catch (e) {
         fs.rmSync(storeImage + '.tmp', { force: true });
-        throw new HostError('BTRFS_UNAVAILABLE', 'mkfs.btrfs failed: install btrfs-progs (scripts/provision-host.sh does)', { cause: e });
+        throw new HostError('BTRFS_UNAVAILABLE', `mkfs.btrfs failed (btrfs-progs is not installed?): ${SETUP_HINT}`, { cause: e });
       }
       fs.renameSync(storeImage + '.tmp', storeImage);
     }

@@ -4,10 +4,10 @@
  * native.d.ts pattern).
  */
 import { createRequire } from 'node:module';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { HostError } from '../errors.js';
+import { HostError, SETUP_HINT } from '../errors.js';
 
 export interface CriuRequest {
   op: 'dump' | 'restore' | 'check' | 'version';
@@ -126,16 +126,43 @@ export const helperPath = path.join(buildDir, 'lockstep-helper');
 /** Path of the static init that becomes pid 1 of every sandbox. */
 export const initPath = path.join(buildDir, 'lockstep-init');
 
+/**
+ * Where scripts/install.js says why `npm install` did not build the native
+ * parts (no compiler, CRIU not installed yet, ...); a build removes it.
+ */
+export const installNotePath = path.join(projectRoot, 'build', 'install-skipped.txt');
+
+/** Linux on x86_64 is the one platform Lockstep runs on (CRIU, overlayfs, btrfs, its helpers). */
+export function assertSupportedPlatform(platform: string = process.platform, arch: string = process.arch): void {
+  if (platform !== 'linux' || arch !== 'x64') {
+    throw new HostError('UNSUPPORTED_PLATFORM', `Lockstep runs on Linux x86_64 only (this is ${platform}-${arch}): it needs CRIU, overlayfs, btrfs and Linux namespaces`, {
+      details: { platform, arch },
+    });
+  }
+}
+
 let cached: NativeBinding | undefined;
 
 /** Loads the addon once; a clear error tells how to build it when missing. */
 export function native(): NativeBinding {
   if (cached) return cached;
+  assertSupportedPlatform();
   const file = path.join(buildDir, 'lockstep.node');
   if (!existsSync(file)) {
-    throw new HostError('NATIVE_NOT_BUILT', `The native addon is not built (${file} is missing): run \`npm run setup\` as root`);
+    let why = '';
+    try {
+      why = ` (npm install did not build it: ${readFileSync(installNotePath, 'utf8').trim()})`;
+    } catch {
+      /* no note: never installed through npm, or built and removed since */
+    }
+    throw new HostError('NATIVE_NOT_BUILT', `The native addon is not built${why}; ${file} is missing: ${SETUP_HINT}`, { details: { path: file } });
   }
   const require = createRequire(import.meta.url);
-  cached = require(file) as NativeBinding;
+  try {
+    cached = require(file) as NativeBinding;
+  } catch (e) {
+    // Typically libcriu.so.2 missing (the private CRIU prefix was removed) or a build from another host.
+    throw new HostError('NATIVE_LOAD_FAILED', `The native addon ${file} does not load: ${(e as Error).message.split('\n')[0]}; ${SETUP_HINT}`, { cause: e, details: { path: file } });
+  }
   return cached;
 }
