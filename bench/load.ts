@@ -132,7 +132,12 @@ class Api {
 
 /** One sandbox's life: M checkpoints, each after a write checked through exec, rollbacks and forks in between. */
 async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Promise<void> {
-  const { id } = await rec.time<{ id: string }>('create', () => api.req('POST', '/v1/sandboxes', { memoryMb: 64 }), 201);
+  let id: string;
+  try {
+    id = (await rec.time<{ id: string }>('create', () => api.req('POST', '/v1/sandboxes', { memoryMb: 64 }), 201)).id;
+  } catch {
+    return; // recorded as an error; this sandbox's share of the load is not run
+  }
   const kept: { id: string; content: string }[] = [];
   let rollbacks = 0;
   const check = async (sandboxId: string, want: string, what: string) => {
@@ -167,6 +172,7 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
       }
     }
   } catch (e) {
+    // An operation failed (recorded by time()): this sandbox stops, the others go on.
     if (!(e instanceof OpFailed)) rec.errors.push({ op: 'loop', status: 0, code: (e as { code?: string }).code ?? 'EXCEPTION', message: String(e).slice(0, 300) });
   } finally {
     await rec.time('remove', () => api.req('DELETE', `/v1/sandboxes/${id}`), 200).catch(() => undefined);

@@ -509,6 +509,7 @@ static bool relay_some(struct relay *r, ssize_t limit) {
 static int relay_until_exit(pid_t child, struct relay rel[2]) {
   int pidfd = (int)syscall(SYS_pidfd_open, child, 0);
   int status = 0;
+  bool reaped = false;
   for (;;) {
     struct pollfd p[3] = {{.fd = rel[0].from, .events = POLLIN},
                           {.fd = rel[1].from, .events = POLLIN},
@@ -518,18 +519,16 @@ static int relay_until_exit(pid_t child, struct relay rel[2]) {
     if (n < 0 && errno != EINTR) break;
     for (int i = 0; i < 2 && n > 0; i++)
       if (p[i].revents) relay_some(&rel[i], -1);
-    if (pidfd >= 0 ? (n > 0 && p[2].revents) : waitpid(child, &status, WNOHANG) == child) break;
+    if (pidfd >= 0 ? (n > 0 && p[2].revents) : (reaped = waitpid(child, &status, WNOHANG) == child)) break;
   }
   for (int i = 0; i < 2; i++) {
     int pending = 0;
     if (rel[i].from >= 0 && ioctl(rel[i].from, FIONREAD, &pending) == 0 && pending > 0) relay_some(&rel[i], pending);
     if (rel[i].from >= 0) close(rel[i].from);
   }
-  if (pidfd >= 0) {
-    while (waitpid(child, &status, 0) < 0)
-      if (errno != EINTR) return -1;
-    close(pidfd);
-  }
+  if (pidfd >= 0) close(pidfd);
+  while (!reaped && waitpid(child, &status, 0) < 0)
+    if (errno != EINTR) return -1;
   return status;
 }
 

@@ -192,6 +192,39 @@ function leftovers(ls: Lockstep) {
 }
 
 integration(test, () => {
+  test.serial('a background process holding the pipes does not hold the call; what it wrote before the exit comes back; streamed UTF-8 is intact', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const api = client.as(tenantToken(ls, 'alpha'));
+    const sb = await ls.create({ memoryMb: 64, tenant: 'alpha' });
+
+    // The call returns while `sleep` still holds the pipes (it would hang until the test's timeout otherwise).
+    const held = await sb.commands.run('sleep 1000 & echo early; echo on-stderr >&2');
+    t.like(held, { exitCode: 0, stdout: 'early\n', stderr: 'on-stderr\n' });
+    // Written by the background process before the command exited (the flag orders it): part of the result.
+    const bg = await sb.commands.run('(echo from-background; touch /tmp/flag; exec sleep 1000) & while [ ! -e /tmp/flag ]; do sleep 0.01; done; echo done');
+    t.like(bg, { exitCode: 0, stdout: 'from-background\ndone\n', stderr: '' });
+
+    // 80 000 bytes of two-byte characters: pipe reads split some of them; the
+    // streamed chunks must still join to the same text.
+    const wide = 'é'.repeat(40_000);
+    const cmd = "yes é | head -n 40000 | tr -d '\\n'";
+    let streamed = '';
+    const viaSdk = await sb.commands.run(cmd, { onStdout: (c) => (streamed += c) });
+    t.is(viaSdk.stdout, wide);
+    t.is(streamed, wide);
+    const nd = await api.post(`/v1/sandboxes/${sb.id}/commands`, { cmd }, { headers: { accept: 'application/x-ndjson' } });
+    const events = ndjson(nd.text);
+    t.is(
+      events
+        .filter((e) => e.type === 'stdout')
+        .map((e) => e.data)
+        .join(''),
+      wide,
+    );
+    t.like(events.at(-1), { type: 'result', exitCode: 0 });
+  });
+
   test.serial('16 sandboxes at once, two tenants, SDK and HTTP: every byte of every output and file read is exact, nothing is left behind', async (t) => {
     t.timeout(15 * 60_000);
     const ls = await openTestLockstep(t);
