@@ -3,7 +3,7 @@ export { Lockstep, type OpenOptions } from './lockstep.js';
 export { Sandbox, SandboxCommands, CommandHandle, ObservedFiles, SandboxEffects, SandboxVerdicts, type SandboxInfo, type ForkOptions, type Provenance, type ObservedRunResult } from './sandboxes/sandbox.js';
 export type { CreateOptions } from './sandboxes/create.js';
 export type { RunOptions, RunResult, SpawnOptions } from './sandboxes/commands.js';
-export { PathEscapeError, FileNotFoundError, type FileEntry } from './sandboxes/files.js';
+export { PathEscapeError, FileNotFoundError, FileTypeNotSupportedError, FileBusyError, FileTooLargeError, type FileEntry, type FileReadStream, type WriteOptions, type WriteResult } from './sandboxes/files.js';
 export type { CheckpointInfo, CheckpointOptions, CheckpointTimings } from './checkpoints/checkpoint.js';
 export type { RollbackReport, RollbackTimings } from './checkpoints/rollback.js';
 export type { ForkResult } from './checkpoints/fork.js';
