@@ -587,7 +587,8 @@ static int pin_init(pid_t pid, unsigned long long expected_start, int status_fd,
   out->pidfd = out->procfd = out->rootfd = -1;
   out->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
   if (out->pidfd < 0) {
-    report_error_fd(status_fd, errno == ESRCH ? ESRCH : errno, errno == ESRCH ? "identity" : "pidfd_open", path);
+    int err = errno;
+    report_error_fd(status_fd, err, err == ESRCH ? "identity" : "pidfd_open", path);
     return -1;
   }
   out->procfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -626,7 +627,8 @@ static int cmd_enter(const struct opts *o) {
   /* One setns through the pidfd joins all five namespaces at once (Linux
    * >= 5.8), or none: ESRCH if the init exited since it was pinned. */
   if (setns(init.pidfd, CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0) {
-    report_error_fd(status_fd, errno, errno == ESRCH ? "identity" : "setns", NULL);
+    int err = errno;
+    report_error_fd(status_fd, err, err == ESRCH ? "identity" : "setns", NULL);
     return 125;
   }
   if (fchdir(init.rootfd) != 0 || chroot(".") != 0) {

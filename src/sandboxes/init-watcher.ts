@@ -21,6 +21,9 @@ interface Watched {
 }
 
 type LockFn = <T>(id: string, fn: () => Promise<T>) => Promise<T>;
+/** Makes the pidfd watcher (the addon's; unit tests pass a fake). */
+export type MakePidWatcher = (onExit: (watchId: number) => void) => PidWatcher;
+const nativeWatcher: MakePidWatcher = (onExit) => new (native().PidWatcher)(onExit);
 
 /** Watches every running sandbox's init this manager knows of. */
 export class InitWatcher {
@@ -32,9 +35,10 @@ export class InitWatcher {
 
   constructor(
     private readonly catalog: Catalog,
-    private readonly runtime: SandboxRuntime,
+    private readonly runtime: Pick<SandboxRuntime, 'killProcesses' | 'destroy'>,
     private readonly withLock: LockFn,
     private readonly log: Logger,
+    private readonly makeWatcher: MakePidWatcher = nativeWatcher,
   ) {}
 
   /**
@@ -83,7 +87,7 @@ export class InitWatcher {
     const current = this.bySandbox.get(row.id);
     if (current && current.pid === row.init_pid && current.start === row.init_start) return true;
     this.untrack(row.id);
-    this.watcher ??= new (native().PidWatcher)((watchId) => this.onExit(watchId));
+    this.watcher ??= this.makeWatcher((watchId) => this.onExit(watchId));
     const w = this.watcher.watch(row.init_pid, row.init_start);
     if (!w) return false;
     this.bySandbox.set(row.id, { watchId: w.id, pid: row.init_pid, start: row.init_start });

@@ -15,6 +15,7 @@ import { eventually, integration, openTestLockstep, sleep } from '../helpers/har
 import { ApiClient } from '../fixtures/http-client.js';
 import { runCommand, spawnDetached } from '../../src/sandboxes/commands.js';
 import { helperPath } from '../../src/native/binding.js';
+import { startTime } from '../../src/host/proc.js';
 import type { Sandbox } from '../../src/index.js';
 
 const CLI = fileURLToPath(new URL('../../../bin/lockstep.js', import.meta.url));
@@ -26,23 +27,25 @@ async function killInitFromInside(sb: Sandbox): Promise<void> {
   await sb.commands.run(['sh', '-c', 'kill -TERM 1; sleep 10']);
 }
 
-function processExists(pid: number): boolean {
-  return fs.existsSync(`/proc/${pid}`);
-}
-
 /**
- * Starts a host process with the given pid: ns_last_pid makes the next pid
- * the kernel hands out `pid`, unless another process on the host takes it
- * first, so it is tried a few times.
+ * Makes a host process hold `pid`: ns_last_pid makes the next pid the kernel
+ * hands out `pid`, unless another process on the host takes it first, so it
+ * is tried many times. If some other host process got it meanwhile, that one
+ * serves as well (it is not the init: its start time differs). Returns the
+ * holder's start time, and whether it is this test's own process.
  */
-async function hostProcessWithPid(t: { teardown: (fn: () => void) => void }, pid: number): Promise<ChildProcess> {
-  for (let attempt = 0; attempt < 50; attempt++) {
+async function hostProcessWithPid(t: { teardown: (fn: () => void) => void }, pid: number, initStart: number): Promise<{ start: number; ours: boolean }> {
+  for (let attempt = 0; attempt < 500; attempt++) {
+    const holder = startTime(pid);
+    if (holder !== undefined && holder !== initStart) return { start: holder, ours: false };
     fs.writeFileSync('/proc/sys/kernel/ns_last_pid', String(pid - 1));
-    const child = spawn('sleep', ['30'], { stdio: 'ignore' });
-    t.teardown(() => void child.kill('SIGKILL'));
-    if (child.pid === pid) return child;
+    const child: ChildProcess = spawn('sleep', ['30'], { stdio: 'ignore' });
+    if (child.pid === pid) {
+      t.teardown(() => void child.kill('SIGKILL'));
+      return { start: startTime(pid)!, ours: true };
+    }
     child.kill('SIGKILL');
-    await sleep(5);
+    if (attempt % 20 === 19) await sleep(10);
   }
   throw new Error(`could not get pid ${pid} for a host process`);
 }
@@ -70,9 +73,9 @@ integration(test, () => {
     const stale = sb.core.enterTarget();
 
     await killInitFromInside(sb);
-    await eventually(() => !processExists(oldPid), 10_000);
-    const host = await hostProcessWithPid(t, oldPid);
-    t.is(host.pid, oldPid, 'a host process now holds the old init pid');
+    await eventually(() => startTime(oldPid) !== before.init_start, 10_000);
+    const host = await hostProcessWithPid(t, oldPid, before.init_start!);
+    t.not(host.start, before.init_start, 'a host process now holds the old init pid');
 
     const marker = `/tmp/lockstep-identity-${randomBytes(6).toString('hex')}`;
     t.teardown(() => fs.rmSync(marker, { force: true }));
@@ -82,7 +85,7 @@ integration(test, () => {
     await t.throwsAsync(spawnDetached(stale, ['touch', marker]), { code: 'SANDBOX_NOT_RUNNING' });
     // The command ran nowhere: not on the host, where the pid now lives.
     t.false(fs.existsSync(marker));
-    t.true(processExists(oldPid), 'the host process was left alone');
+    if (host.ours) t.is(startTime(oldPid), host.start, 'the host process was left alone');
 
     await eventually(() => ls.engine.catalog.sandbox(sb.id)!.state === 'stopped');
     const row = ls.engine.catalog.sandbox(sb.id)!;
@@ -97,8 +100,8 @@ integration(test, () => {
     const before = ls.engine.catalog.sandbox(sb.id)!;
     await killInitFromInside(sb);
     await eventually(() => ls.engine.catalog.sandbox(sb.id)!.state === 'stopped');
-    await eventually(() => !processExists(before.init_pid!), 10_000);
-    await hostProcessWithPid(t, before.init_pid!);
+    await eventually(() => startTime(before.init_pid!) !== before.init_start, 10_000);
+    await hostProcessWithPid(t, before.init_pid!, before.init_start!);
     // A manager that missed the exit (this row as an old one would have left it).
     ls.engine.catalog.updateSandbox(sb.id, { state: 'running', init_pid: before.init_pid, init_start: before.init_start });
     const marker = `/tmp/lockstep-identity-${randomBytes(6).toString('hex')}`;
