@@ -469,7 +469,8 @@ export class Sandbox {
    */
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
-    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.runningRow(), checkpointId, opts));
+    // A stopped sandbox (its init exited or was killed) can be rolled back: that is how it comes back.
+    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
     this.queueStandby(report.checkpointId); // agents often fail the same step again
     return report;
   }
@@ -484,7 +485,7 @@ export class Sandbox {
   async fork(checkpointId: string, opts: ForkOptions = {}): Promise<ForkResult[]> {
     const engine = this.core.engine;
     const count = validateForkCount(opts.count);
-    const row = this.core.runningRow();
+    const row = this.core.row(); // forks start from the checkpoint, not from the parent's processes
     const ckpt = ownCheckpoint(engine, row, checkpointId);
     opts.signal?.throwIfAborted();
     return forkSandbox(engine, row, ckpt, count, { ...(opts.onProgress ? { onProgress: opts.onProgress } : {}), ...(opts.signal ? { signal: opts.signal } : {}) });

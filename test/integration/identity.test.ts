@@ -167,7 +167,7 @@ integration(test, () => {
     t.false(await handle.kill(), 'an exited command is not signalled again');
   });
 
-  test.serial('checkpoint, rollback and fork of a stopped sandbox are refused and change nothing', async (t) => {
+  test.serial('checkpoint and freeze of a stopped sandbox are refused and change nothing; rollback and fork bring it back', async (t) => {
     const ls = await openTestLockstep(t);
     const sb = await ls.create();
     await sb.files.write('/workspace/f', 'kept');
@@ -180,14 +180,21 @@ integration(test, () => {
     t.is(before.standby_instance, null, 'the warm standby of a stopped sandbox is dropped');
 
     await t.throwsAsync(sb.checkpoint(), { code: 'SANDBOX_NOT_RUNNING' });
-    await t.throwsAsync(sb.rollback(ckpt.id), { code: 'SANDBOX_NOT_RUNNING' });
-    await t.throwsAsync(sb.fork(ckpt.id), { code: 'SANDBOX_NOT_RUNNING' });
     await t.throwsAsync(sb.freeze(), { code: 'SANDBOX_NOT_RUNNING' });
-
+    await t.throwsAsync(sb.commands.run(['true']), { code: 'SANDBOX_NOT_RUNNING' });
     t.deepEqual(ls.engine.catalog.sandbox(sb.id), before);
     t.deepEqual(sb.checkpoints().map((c) => c.id), [ckpt.id]);
-    t.deepEqual(ls.list().map((s) => s.id), [sb.id]);
     t.deepEqual(ls.engine.catalog.operations(), []);
+
+    // A fork starts from the checkpoint, not from the dead processes.
+    const [fork] = await sb.fork(ckpt.id);
+    if (!fork?.ok) return t.fail(`the fork failed: ${JSON.stringify(fork)}`);
+    t.is((await ls.get(fork.id).commands.run(['cat', '/workspace/f'])).stdout, 'kept');
+    // Rolling back is how a stopped sandbox comes back: processes restored from the checkpoint.
+    const report = await sb.rollback(ckpt.id);
+    t.is(report.path, 'restore');
+    t.is(sb.info().state, 'running');
+    t.is((await sb.commands.run(['cat', '/workspace/f'])).stdout, 'kept');
   });
 
   test.serial('env values reach the command but never a command line on the host', async (t) => {
