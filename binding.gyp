@@ -4,7 +4,9 @@
   # unshare/setns/pivot_root happen in a separate process, as node-pty's
   # spawn-helper and runc's nsenter do), and the sandbox's static init.
   # libcriu comes from the private CRIU prefix that scripts/provision-host.sh
-  # installs (see docs/ARCHITECTURE.md, "CRIU on a stock Debian 12").
+  # installs (see docs/ARCHITECTURE.md, "CRIU on a stock Debian 12"). The
+  # helper links libseccomp and libcap (Debian's libseccomp-dev, libcap-dev)
+  # for the confinement of sandbox processes (native/helper/confine.c).
   "variables": {
     "libcriu_dir%": "/opt/lockstep/libcriu"
   },
@@ -29,8 +31,9 @@
     {
       "target_name": "lockstep-helper",
       "type": "executable",
-      "sources": ["native/helper/lockstep-helper.c"],
-      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"]
+      "sources": ["native/helper/lockstep-helper.c", "native/helper/confine.c", "native/helper/seccomp-profile.c"],
+      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"],
+      "libraries": ["-lseccomp", "-lcap"]
     },
     {
       "target_name": "lockstep-init",

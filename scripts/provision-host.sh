@@ -10,7 +10,9 @@
 # What it installs:
 #  - Debian (bookworm) packages: btrfs-progs, busybox-static, debootstrap,
 #    protobuf-c headers/compiler, iproute2, iptables, docker.io (pulls in
-#    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates.
+#    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates,
+#    libseccomp-dev and libcap-dev (the helper's syscall filter and
+#    capability sets).
 #  - CRIU 4.2 from Debian forky (testing) into a private prefix, /opt/lockstep/criu,
 #    together with its libc and criu's other runtime libraries: bookworm's
 #    criu 3.17 fails `criu check` on this kernel; trixie's 4.1.1 cannot dump
@@ -53,6 +55,8 @@ PKGS=(
 	xz-utils:/usr/bin/xz
 	zstd:/usr/bin/zstd
 	ca-certificates:/etc/ssl/certs/ca-certificates.crt
+	libseccomp-dev:/usr/include/seccomp.h
+	libcap-dev:/usr/include/sys/capability.h
 )
 PROVIDED=(
 	/usr/bin/containerd /usr/sbin/runc
