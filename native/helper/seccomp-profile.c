@@ -10,7 +10,7 @@
  * The table is our own; where it differs from Docker's, the comment says so:
  *
  *  - only the native ABI (x86_64): 32-bit x86 and x32 system calls kill the
- *    process (confine.c), since their compat paths are extra kernel surface
+ *    process (seccomp-compile.c), since their compat paths are extra kernel surface
  *    and nothing a sandbox runs needs them;
  *  - io_uring_{setup,enter,register} refused (Docker >= 25 does the same): a
  *    large share of recent kernel exploits, and io_uring work bypasses
@@ -60,7 +60,7 @@
 #include <stddef.h>
 #include <sys/socket.h>
 
-#include "confine.h"
+#include "seccomp-profile.h"
 
 #ifndef AF_VSOCK
 #define AF_VSOCK 40
