@@ -276,8 +276,12 @@ static int loopback_up(int errfd) {
 }
 
 /* runc's masked paths: kernel memory, host-wide timers and scheduler
- * state, keys, hardware. A file is covered by a bind of /dev/null, a
- * directory by an empty read-only tmpfs; paths this kernel lacks are skipped. */
+ * state, keys, hardware; paths this kernel lacks are skipped. A file is
+ * covered by a bind of /dev/null. A directory is covered by a read-only bind
+ * of /dev/pts taken before devpts is mounted there, i.e. of the empty host
+ * directory under it: runc uses an empty tmpfs, but CRIU archives every
+ * tmpfs with tar on each dump and restore (measured ~60-140 ms each on this
+ * loaded VM), while a bind of a path inside the external /dev costs nothing. */
 static const char *const masked_paths[] = {"/proc/acpi",         "/proc/asound",      "/proc/kcore",
                                            "/proc/keys",         "/proc/latency_stats", "/proc/timer_list",
                                            "/proc/timer_stats",  "/proc/sched_debug", "/proc/scsi",
@@ -300,19 +304,20 @@ static bool image_has_tty_group(void) {
   return found;
 }
 
-/* Runs after pivot_root: masks /proc, mounts /dev/shm and /dev/pts, then
- * makes /dev read-only, so nothing can be created in the host directory
- * behind it while its device nodes stay usable. */
+/* Runs after pivot_root: masks /proc (before /dev/pts is mounted: see
+ * masked_paths), mounts /dev/shm and /dev/pts, then makes /dev read-only, so
+ * nothing can be created in the host directory behind it while its device
+ * nodes stay usable. */
 static int mount_dev_and_mask_proc(int errfd) {
   for (size_t i = 0; i < sizeof(masked_paths) / sizeof(masked_paths[0]); i++) {
     struct stat st;
     const char *p = masked_paths[i];
     if (lstat(p, &st) != 0) continue;
-    int r = S_ISDIR(st.st_mode)
-                ? mount("tmpfs", p, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k")
-                : mount("/dev/null", p, NULL, MS_BIND, NULL);
+    int r = S_ISDIR(st.st_mode) ? mount("/dev/pts", p, NULL, MS_BIND, NULL) : mount("/dev/null", p, NULL, MS_BIND, NULL);
+    if (r == 0 && S_ISDIR(st.st_mode))
+      r = mount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     if (r != 0) {
-      report_error_fd(errfd, errno, S_ISDIR(st.st_mode) ? "mount(tmpfs mask)" : "mount(bind /dev/null mask)", p);
+      report_error_fd(errfd, errno, "mount(bind mask)", p);
       return -1;
     }
   }
