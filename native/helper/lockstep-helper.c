@@ -289,13 +289,21 @@ static const char *const masked_paths[] = {"/proc/acpi",         "/proc/asound",
 
 /* True when the image's /etc/group has gid 5 (tty, on Debian, Alpine,
  * busybox): only then do new terminals belong to it. Runs after pivot_root,
- * so the path resolves inside the sandbox. */
+ * so the path resolves inside the sandbox; the file is the image's, so only
+ * a regular file is read (not a symlink to /dev/zero, not a FIFO), and at
+ * most 64 KiB of it. */
 static bool image_has_tty_group(void) {
-  FILE *f = fopen("/etc/group", "re");
-  if (!f) return false;
+  int fd = open("/etc/group", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  FILE *f = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? fdopen(fd, "r") : NULL;
+  if (!f) {
+    close(fd);
+    return false;
+  }
   char line[512];
   bool found = false;
-  while (!found && fgets(line, sizeof(line), f)) {
+  while (!found && ftell(f) < 65536 && fgets(line, sizeof(line), f)) {
     char *gid = strchr(line, ':');
     if (gid) gid = strchr(gid + 1, ':');
     if (gid && strncmp(gid + 1, "5:", 2) == 0) found = true;
@@ -446,8 +454,9 @@ static int prepare_dev(const char *dir, int errfd) {
       report_error_fd(errfd, errno, "mkdir", path);
       return -1;
     }
-    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
-      report_error_fd(errfd, S_ISDIR(st.st_mode) ? errno : ENOTDIR, "lstat", path);
+    int found = lstat(path, &st);
+    if (found != 0 || !S_ISDIR(st.st_mode)) {
+      report_error_fd(errfd, found != 0 ? errno : ENOTDIR, "lstat", path);
       return -1;
     }
   }
