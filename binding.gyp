@@ -4,7 +4,9 @@
   # unshare/setns/pivot_root happen in a separate process, as node-pty's
   # spawn-helper and runc's nsenter do), and the sandbox's static init.
   # libcriu comes from the private CRIU prefix that scripts/provision-host.sh
-  # installs (see docs/ARCHITECTURE.md, "CRIU on a stock Debian 12").
+  # installs (see docs/ARCHITECTURE.md, "CRIU on a stock Debian 12"). The
+  # helper links libcap, and its syscall filter is compiled at build time with
+  # libseccomp (Debian's libcap-dev, libseccomp-dev; native/helper/confine.c).
   "variables": {
     "libcriu_dir%": "/opt/lockstep/libcriu"
   },
@@ -29,10 +31,30 @@
       "defines": ["NAPI_VERSION=8"]
     },
     {
+      # Build-time compiler of the sandbox syscall profile to a BPF program
+      # (native/helper/seccomp-compile.c explains why not at run time).
+      "target_name": "lockstep-seccomp-compile",
+      "type": "executable",
+      "sources": ["native/helper/seccomp-compile.c", "native/helper/seccomp-profile.c"],
+      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-O2"],
+      "libraries": ["-lseccomp"]
+    },
+    {
       "target_name": "lockstep-helper",
       "type": "executable",
-      "sources": ["native/helper/lockstep-helper.c"],
-      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"]
+      "dependencies": ["lockstep-seccomp-compile"],
+      "actions": [
+        {
+          "action_name": "compile_seccomp_profile",
+          "inputs": ["<(PRODUCT_DIR)/lockstep-seccomp-compile"],
+          "outputs": ["<(SHARED_INTERMEDIATE_DIR)/seccomp-program.h"],
+          "action": ["<(PRODUCT_DIR)/lockstep-seccomp-compile", "<(SHARED_INTERMEDIATE_DIR)/seccomp-program.h"]
+        }
+      ],
+      "include_dirs": ["<(SHARED_INTERMEDIATE_DIR)"],
+      "sources": ["native/helper/lockstep-helper.c", "native/helper/confine.c"],
+      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"],
+      "libraries": ["-lcap"]
     },
     {
       "target_name": "lockstep-init",

@@ -12,9 +12,10 @@
 # What it installs:
 #  - Debian (bookworm) packages: btrfs-progs, busybox-static, debootstrap,
 #    protobuf-c headers/compiler, iproute2, iptables, docker.io (pulls in
-#    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates, and
-#    the toolchain the native build needs (g++, make, python3 for node-gyp,
-#    libc6-dev for the static init).
+#    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates,
+#    libseccomp-dev and libcap-dev (the helper's syscall filter and
+#    capability sets), and the toolchain the native build needs (g++, make,
+#    python3 for node-gyp, libc6-dev for the static init).
 #  - CRIU 4.2 from Debian forky (testing) into a private prefix, /opt/lockstep/criu,
 #    together with its libc and criu's other runtime libraries: bookworm's
 #    criu 3.17 fails `criu check` on this kernel; trixie's 4.1.1 cannot dump
@@ -61,6 +62,8 @@ PKGS=(
 	make:/usr/bin/make
 	python3:/usr/bin/python3
 	libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a
+	libseccomp-dev:/usr/include/seccomp.h
+	libcap-dev:/usr/include/sys/capability.h
 )
 PROVIDED=(
 	/usr/bin/containerd /usr/sbin/runc

@@ -1,0 +1,448 @@
+/**
+ * Escape attempts from inside a sandbox, one test per attack, each pinned to
+ * the exact refusal (an errno from a raw syscall made with python3's ctypes,
+ * or a command's exit status and message): namespaces, mounts, keyrings,
+ * io_uring, bpf, perf, sysctls, masked /proc files, /dev and /dev/shm, and
+ * the confinement itself (capability sets, no_new_privs, seccomp, rlimits)
+ * of the init and of commands, also after a rollback through both paths and
+ * in a fork. Syscall numbers are x86_64's.
+ */
+import fs from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import test, { type ExecutionContext } from 'ava';
+import type { Lockstep, Sandbox } from '../../src/index.js';
+import { dropStandby } from '../../src/checkpoints/standby.js';
+import { integration, openTestLockstep } from '../helpers/harness.js';
+
+/**
+ * Prelude of every probe: sc(nr, *args) makes a raw syscall and answers 'ok'
+ * or the errno's name; probes fill `out` and it is printed as JSON.
+ */
+const PRELUDE = String.raw`
+import ctypes, errno, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def arg(a):
+    if isinstance(a, int): return ctypes.c_long(a)
+    if isinstance(a, bytes): return ctypes.c_char_p(a)
+    return a
+def sc(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[arg(a) for a in args])
+    if r == 0 and nr in (56, 435):  # a clone that went through: the child leaves at once
+        os._exit(0)
+    return 'ok' if r >= 0 else errno.errorcode[ctypes.get_errno()]
+def oserr(fn):
+    try:
+        fn()
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+out = {}
+`;
+
+/** Runs a probe in the sandbox and returns its `out` object. */
+async function probe(sb: Sandbox, body: string): Promise<Record<string, unknown>> {
+  const r = await sb.commands.run(['python3', '-c', `${PRELUDE}\n${body}\nprint(json.dumps(out))`]);
+  if (r.exitCode !== 0) throw new Error(`probe failed (${r.exitCode}): ${r.stderr}`);
+  return JSON.parse(r.stdout) as Record<string, unknown>;
+}
+
+// Docker's default capability set without CAP_MKNOD, by bit number.
+const SANDBOX_CAPS = {
+  CAP_CHOWN: 0,
+  CAP_DAC_OVERRIDE: 1,
+  CAP_FOWNER: 3,
+  CAP_FSETID: 4,
+  CAP_KILL: 5,
+  CAP_SETGID: 6,
+  CAP_SETUID: 7,
+  CAP_SETPCAP: 8,
+  CAP_NET_BIND_SERVICE: 10,
+  CAP_NET_RAW: 13,
+  CAP_SYS_CHROOT: 18,
+  CAP_AUDIT_WRITE: 29,
+  CAP_SETFCAP: 31,
+};
+const SANDBOX_CAP_MASK = Object.values(SANDBOX_CAPS).reduce((m, bit) => m | (1n << BigInt(bit)), 0n);
+
+/** The confinement fields of a /proc/<pid>/status. */
+function confinement(status: string): Record<string, string | bigint> {
+  const field = (name: string) => {
+    const m = new RegExp(`^${name}:\\s*(\\S+)$`, 'm').exec(status);
+    if (!m) throw new Error(`${name} missing from status:\n${status}`);
+    return m[1]!;
+  };
+  const caps = Object.fromEntries(['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb'].map((f) => [f, BigInt(`0x${field(f)}`)]));
+  return { ...caps, NoNewPrivs: field('NoNewPrivs'), Seccomp: field('Seccomp') };
+}
+
+const CONFINED = { CapInh: 0n, CapPrm: SANDBOX_CAP_MASK, CapEff: SANDBOX_CAP_MASK, CapBnd: SANDBOX_CAP_MASK, CapAmb: 0n, NoNewPrivs: '1', Seccomp: '2' };
+
+/** runc's masked paths, as the helper masks them. */
+const MASKED = ['/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list', '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi'];
+
+const hostPython = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+
+integration(test, () => {
+  let ls: Lockstep;
+  const teardowns: (() => Promise<void>)[] = [];
+
+  test.before(async () => {
+    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['dev'] });
+  });
+  test.after.always(async () => {
+    for (const fn of teardowns.reverse()) await fn();
+  });
+
+  async function sandbox(t: ExecutionContext): Promise<Sandbox> {
+    const sb = await ls.create({ image: 'dev' });
+    t.teardown(() => ls.remove(sb.id).catch(() => undefined));
+    return sb;
+  }
+
+  test.serial('creating a user namespace with `unshare -Ur` fails with EPERM', async (t) => {
+    const sb = await sandbox(t);
+    const r = await sb.commands.run(['unshare', '-Ur', 'id', '-u']);
+    t.is(r.exitCode, 1);
+    t.is(r.stdout, '');
+    t.regex(r.stderr, /unshare failed: Operation not permitted/);
+  });
+
+  test.serial('raw unshare, clone with CLONE_NEW* and setns fail with EPERM; clone3 with ENOSYS', async (t) => {
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+SIGCHLD = 17
+out['unshare(CLONE_NEWUSER)'] = sc(272, 0x10000000)
+out['unshare(CLONE_NEWNS)'] = sc(272, 0x00020000)
+out['unshare(CLONE_NEWNET)'] = sc(272, 0x40000000)
+out['clone(CLONE_NEWUSER)'] = sc(56, 0x10000000 | SIGCHLD, 0, 0, 0, 0)
+out['clone(CLONE_NEWPID)'] = sc(56, 0x20000000 | SIGCHLD, 0, 0, 0, 0)
+out['clone3'] = sc(435, ctypes.create_string_buffer(88), 88)
+fd = os.open('/proc/1/ns/mnt', os.O_RDONLY)
+out['setns(mnt)'] = sc(308, fd, 0)
+pid = os.fork()
+if pid == 0: os._exit(7)
+out['fork still works'] = os.waitpid(pid, 0)[1] >> 8
+`,
+    );
+    t.deepEqual(out, {
+      'unshare(CLONE_NEWUSER)': 'EPERM',
+      'unshare(CLONE_NEWNS)': 'EPERM',
+      'unshare(CLONE_NEWNET)': 'EPERM',
+      'clone(CLONE_NEWUSER)': 'EPERM',
+      'clone(CLONE_NEWPID)': 'EPERM',
+      clone3: 'ENOSYS',
+      'setns(mnt)': 'EPERM',
+      'fork still works': 7,
+    });
+  });
+
+  test.serial('mounting (mount, umount2, pivot_root and the new mount API) fails with EPERM', async (t) => {
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+os.makedirs('/mnt/x', exist_ok=True)
+out['mount(tmpfs)'] = sc(165, b'none', b'/mnt/x', b'tmpfs', 0, 0)
+out['mount(remount /dev rw)'] = sc(165, 0, b'/dev', 0, 0x20 | 0x1000, 0)
+out['umount2(/proc/keys)'] = sc(166, b'/proc/keys', 2)
+out['pivot_root'] = sc(155, b'/mnt', b'/mnt/x')
+out['fsopen'] = sc(430, b'tmpfs', 0)
+out['open_tree'] = sc(428, -100, b'/', 1)
+out['move_mount'] = sc(429, -100, b'/tmp', -100, b'/mnt/x', 0)
+out['mount_setattr'] = sc(442, -100, b'/dev', 0, ctypes.create_string_buffer(32), 32)
+out['mounts'] = open('/proc/self/mounts').read().count(' /mnt/x ')
+`,
+    );
+    t.deepEqual(out, {
+      'mount(tmpfs)': 'EPERM',
+      'mount(remount /dev rw)': 'EPERM',
+      'umount2(/proc/keys)': 'EPERM',
+      pivot_root: 'EPERM',
+      fsopen: 'EPERM',
+      open_tree: 'EPERM',
+      move_mount: 'EPERM',
+      mount_setattr: 'EPERM',
+      mounts: 0,
+    });
+  });
+
+  test.serial('keyrings: add_key, keyctl and request_key fail with EPERM, and no key of the host or of another sandbox is visible', async (t) => {
+    // A key in host root's user keyring, which every uid-0 process of the
+    // host's user namespace could reach if keyctl were allowed.
+    const desc = `lockstep-escape-${randomBytes(4).toString('hex')}`;
+    const hostKey = execFileSync(hostPython, [
+      '-c',
+      `import ctypes; l = ctypes.CDLL(None, use_errno=True); l.syscall.restype = ctypes.c_long; print(l.syscall(ctypes.c_long(248), b"user", b"${desc}", b"host secret", ctypes.c_long(11), ctypes.c_long(-4)))`,
+    ])
+      .toString()
+      .trim();
+    t.true(Number(hostKey) > 0, `control: the host added its key (${hostKey})`);
+    t.teardown(() => {
+      execFileSync(hostPython, ['-c', `import ctypes; l = ctypes.CDLL(None); l.syscall(ctypes.c_long(250), ctypes.c_long(9), ctypes.c_long(${hostKey}), ctypes.c_long(-4))`]);
+    });
+    t.true(fs.readFileSync('/proc/keys', 'utf8').includes(desc), 'control: the host sees its key in /proc/keys');
+
+    const a = await sandbox(t);
+    const b = await sandbox(t);
+    const planted = await probe(
+      a,
+      String.raw`
+out['add_key(session)'] = sc(248, b'user', b'from-a', b'sandbox a secret', 16, -3)
+out['add_key(user)'] = sc(248, b'user', b'from-a', b'sandbox a secret', 16, -4)
+out['keyctl(JOIN_SESSION_KEYRING)'] = sc(250, 1, b'shared')
+`,
+    );
+    t.deepEqual(planted, { 'add_key(session)': 'EPERM', 'add_key(user)': 'EPERM', 'keyctl(JOIN_SESSION_KEYRING)': 'EPERM' });
+    const seen = await probe(
+      b,
+      String.raw`
+out['keyctl(GET_KEYRING_ID session)'] = sc(250, 0, -3, 0)
+out['keyctl(SEARCH user keyring)'] = sc(250, 10, -4, b'user', b'${desc}', 0)
+out['keyctl(READ host key)'] = sc(250, 11, ${hostKey}, 0, 0)
+out['request_key'] = sc(249, b'user', b'${desc}', 0, 0)
+out['/proc/keys'] = open('/proc/keys').read()
+`,
+    );
+    t.deepEqual(seen, {
+      'keyctl(GET_KEYRING_ID session)': 'EPERM',
+      'keyctl(SEARCH user keyring)': 'EPERM',
+      'keyctl(READ host key)': 'EPERM',
+      request_key: 'EPERM',
+      '/proc/keys': '',
+    });
+  });
+
+  test.serial('io_uring_setup, bpf, perf_event_open and userfaultfd fail with EPERM', async (t) => {
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+out['io_uring_setup'] = sc(425, 1, ctypes.create_string_buffer(120))
+out['io_uring_enter'] = sc(426, 0, 1, 0, 0, 0, 0)
+out['io_uring_register'] = sc(427, 0, 0, 0, 0)
+out['bpf(BPF_MAP_CREATE)'] = sc(321, 0, ctypes.create_string_buffer(72), 72)
+attr = ctypes.create_string_buffer(128)
+attr[0:4] = (1).to_bytes(4, 'little')    # PERF_TYPE_SOFTWARE
+attr[4:8] = (128).to_bytes(4, 'little')  # size
+out['perf_event_open'] = sc(298, attr, 0, -1, -1, 0)
+out['userfaultfd'] = sc(323, 0)
+`,
+    );
+    t.deepEqual(out, {
+      io_uring_setup: 'EPERM',
+      io_uring_enter: 'EPERM',
+      io_uring_register: 'EPERM',
+      'bpf(BPF_MAP_CREATE)': 'EPERM',
+      perf_event_open: 'EPERM',
+      userfaultfd: 'EPERM',
+    });
+  });
+
+  test.serial('loading kernel modules, kexec, open_by_handle_at, reboot and socket(AF_VSOCK) fail with EPERM', async (t) => {
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+out['init_module'] = sc(175, 0, 0, b'')
+out['finit_module'] = sc(313, 0, b'', 0)
+out['delete_module'] = sc(176, b'ext4', 0)
+out['kexec_load'] = sc(246, 0, 0, 0, 0)
+out['open_by_handle_at'] = sc(304, -100, ctypes.create_string_buffer(16), 0)
+out['name_to_handle_at'] = sc(303, -100, b'/', ctypes.create_string_buffer(136), ctypes.create_string_buffer(4), 0)
+out['reboot'] = sc(169, 0xfee1dead, 672274793, 0x4321fedc, 0)
+out['socket(AF_VSOCK)'] = sc(41, 40, 1, 0)
+out['socket(AF_VSOCK | high bits)'] = sc(41, (1 << 32) | 40, 1, 0)
+out['socket(AF_INET) still works'] = sc(41, 2, 1, 0)
+out['sethostname'] = sc(170, b'evil', 4)
+`,
+    );
+    t.deepEqual(out, {
+      init_module: 'EPERM',
+      finit_module: 'EPERM',
+      delete_module: 'EPERM',
+      kexec_load: 'EPERM',
+      open_by_handle_at: 'EPERM',
+      name_to_handle_at: 'EPERM',
+      reboot: 'EPERM',
+      'socket(AF_VSOCK)': 'EPERM',
+      'socket(AF_VSOCK | high bits)': 'EPERM',
+      'socket(AF_INET) still works': 'ok',
+      sethostname: 'EPERM',
+    });
+  });
+
+  test.serial('writing a sysctl fails with EROFS and the host value stays', async (t) => {
+    const file = '/proc/sys/kernel/printk_ratelimit';
+    const before = fs.readFileSync(file, 'utf8');
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+out['write'] = oserr(lambda: open('${file}', 'w').write('${Number(before) + 1}'))
+out['write core_pattern'] = oserr(lambda: open('/proc/sys/kernel/core_pattern', 'w').write('|/tmp/x'))
+out['sysrq-trigger'] = oserr(lambda: open('/proc/sysrq-trigger', 'w').write('h'))
+`,
+    );
+    // sysrq-trigger exists only on kernels built with CONFIG_MAGIC_SYSRQ.
+    t.deepEqual(out, { write: 'EROFS', 'write core_pattern': 'EROFS', 'sysrq-trigger': fs.existsSync('/proc/sysrq-trigger') ? 'EROFS' : 'ENOENT' });
+    t.is(fs.readFileSync(file, 'utf8'), before);
+  });
+
+  test.serial('reading masked /proc files gives nothing: kcore, keys, timer_list, sched_debug, acpi, ...', async (t) => {
+    t.true(fs.readFileSync('/proc/timer_list').length > 0, 'control: the host’s timer_list has content');
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+for p in ${JSON.stringify(MASKED)}:
+    if not os.path.lexists(p): out[p] = 'missing'
+    elif os.path.isdir(p): out[p] = 'dir:%d' % len(os.listdir(p))
+    else:
+        with open(p, 'rb') as f: out[p] = 'file:%d' % len(f.read())
+out['write /proc/acpi'] = oserr(lambda: open('/proc/acpi/x', 'w'))
+`,
+    );
+    const expected: Record<string, string> = { 'write /proc/acpi': fs.existsSync('/proc/acpi') ? 'EROFS' : 'ENOENT' };
+    for (const p of MASKED) {
+      // What the host has is masked; what it lacks the sandbox lacks too.
+      expected[p] = !fs.existsSync(p) ? 'missing' : fs.statSync(p).isDirectory() ? 'dir:0' : 'file:0';
+    }
+    t.deepEqual(out, expected);
+    t.true(Object.values(expected).some((v) => v === 'file:0'), 'at least one masked file exists on this kernel');
+  });
+
+  test.serial('filling /dev fails with EROFS; its device nodes still work and the host folder is unchanged', async (t) => {
+    const sb = await sandbox(t);
+    const devDir = ls.engine.paths.sandboxDev(ls.engine.catalog.sandbox(sb.id)!.instance);
+    const hostBefore = fs.readdirSync(devDir).sort();
+    const out = await probe(
+      sb,
+      String.raw`
+out['create file'] = oserr(lambda: open('/dev/fill', 'wb').write(b'x' * 4096))
+out['mkdir'] = oserr(lambda: os.mkdir('/dev/dir'))
+out['mkfifo'] = oserr(lambda: os.mkfifo('/dev/fifo'))
+out['symlink'] = oserr(lambda: os.symlink('/etc/passwd', '/dev/link'))
+out['unlink null'] = oserr(lambda: os.unlink('/dev/null'))
+out['chmod null'] = oserr(lambda: os.chmod('/dev/null', 0o600))
+out['write /dev/null'] = oserr(lambda: open('/dev/null', 'wb').write(b'x'))
+out['read /dev/zero'] = open('/dev/zero', 'rb').read(4) == b'\0' * 4
+m, s = os.openpty()
+out['new terminal'] = os.ttyname(s)
+`,
+    );
+    t.deepEqual(out, {
+      'create file': 'EROFS',
+      mkdir: 'EROFS',
+      mkfifo: 'EROFS',
+      symlink: 'EROFS',
+      'unlink null': 'EROFS',
+      'chmod null': 'EROFS',
+      'write /dev/null': 'ok',
+      'read /dev/zero': true,
+      'new terminal': '/dev/pts/0',
+    });
+    t.deepEqual(fs.readdirSync(devDir).sort(), hostBefore);
+  });
+
+  test.serial('filling /dev/shm stops at 64 MiB with ENOSPC, and nothing in it can be executed', async (t) => {
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+fd = os.open('/dev/shm/fill', os.O_WRONLY | os.O_CREAT, 0o644)
+chunk = b'x' * (1 << 20)
+written = 0
+try:
+    while written < (256 << 20):
+        written += os.write(fd, chunk)
+    out['error'] = None
+except OSError as e:
+    out['error'] = errno.errorcode[e.errno]
+out['written'] = written
+os.close(fd)
+os.unlink('/dev/shm/fill')
+import shutil
+shutil.copy('/bin/true', '/dev/shm/true')
+os.chmod('/dev/shm/true', 0o755)
+out['exec'] = oserr(lambda: os.execv('/dev/shm/true', ['true']))
+`,
+    );
+    t.deepEqual(out, { error: 'ENOSPC', written: 64 * 1024 * 1024, exec: 'EACCES' });
+  });
+
+  test.serial('a command and the init have the sandbox capability set in every set, no_new_privs, seccomp and no core dumps', async (t) => {
+    const sb = await sandbox(t);
+    const detached = await sb.commands.spawn(['sleep', '1000']);
+    const r = await sb.commands.run(['sh', '-c', `cat /proc/self/status; echo ===; cat /proc/1/status; echo ===; cat /proc/${detached}/status; echo ===; grep 'core file' /proc/self/limits`]);
+    t.is(r.exitCode, 0, r.stderr);
+    const [self, init, spawned, limits] = r.stdout.split('===\n');
+    t.deepEqual(confinement(self!), CONFINED, 'a command');
+    t.deepEqual(confinement(init!), CONFINED, 'the init');
+    t.deepEqual(confinement(spawned!), CONFINED, 'a detached command');
+    t.regex(limits!, /^Max core file size\s+0\s+0\s+bytes\s*$/);
+  });
+
+  test.serial('ptrace within the sandbox is allowed (as under Docker), and the tracee stays filtered', async (t) => {
+    const sb = await sandbox(t);
+    const out = await probe(
+      sb,
+      String.raw`
+import subprocess, time
+child = subprocess.Popen(['sleep', '1000'])
+time.sleep(0.1)
+out['PTRACE_SEIZE'] = sc(101, 0x4206, child.pid, 0, 0)
+out['tracee seccomp'] = [l.split()[1] for l in open('/proc/%d/status' % child.pid) if l.startswith('Seccomp:')][0]
+child.kill()
+child.wait()
+`,
+    );
+    t.deepEqual(out, { PTRACE_SEIZE: 'ok', 'tracee seccomp': '2' });
+  });
+
+  const confinedAfter = test.macro({
+    title: (_, how: 'standby' | 'restore' | 'fork') =>
+      ({ standby: 'confinement and /dev, /proc mounts are the same after a rollback through the warm standby', restore: 'confinement and /dev, /proc mounts are the same after a rollback through a CRIU restore', fork: 'confinement and /dev, /proc mounts are the same in a fork' })[how],
+    async exec(t, how: 'standby' | 'restore' | 'fork') {
+      const sb = await sandbox(t);
+      const sleeper = await sb.commands.spawn(['sleep', '1000']);
+      t.is((await sb.commands.run(['sh', '-c', 'echo in-shm > /dev/shm/kept'])).exitCode, 0);
+      // CRIU may restore sibling mounts in another order: compare them sorted.
+      const mountsOf = async (s: Sandbox) => (await s.commands.run(['sh', '-c', "awk '{print $2, $3, $4}' /proc/self/mounts | grep -v '^/ ' | sort"])).stdout;
+      const mountsBefore = await mountsOf(sb);
+      const ckpt = await sb.checkpoint({ label: 'confined' });
+      await sb.settled();
+
+      let target: Sandbox = sb;
+      if (how === 'fork') {
+        const [res] = await sb.fork(ckpt.id);
+        if (!res?.ok) return t.fail(JSON.stringify(res));
+        target = ls.get(res.id);
+        t.teardown(() => ls.remove(res.id).catch(() => undefined));
+      } else {
+        if (how === 'restore') await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
+        const report = await sb.rollback(ckpt.id);
+        t.is(report.path, how);
+      }
+      const r = await target.commands.run(['sh', '-c', `cat /proc/1/status; echo ===; cat /proc/${sleeper}/status; echo ===; cat /proc/self/status; echo ===; cat /dev/shm/kept; touch /dev/x 2>&1; cat /proc/keys | wc -c; unshare -Ur true 2>&1; echo unshare=$?`]);
+      const [init, restored, fresh, rest] = r.stdout.split('===\n');
+      t.deepEqual(confinement(init!), CONFINED, 'the restored init');
+      t.deepEqual(confinement(restored!), CONFINED, 'a restored process');
+      t.deepEqual(confinement(fresh!), CONFINED, 'a command after the restore');
+      t.is(rest, "in-shm\ntouch: cannot touch '/dev/x': Read-only file system\n0\nunshare: unshare failed: Operation not permitted\nunshare=1\n");
+      const mountsAfter = await mountsOf(target);
+      t.is(mountsAfter, mountsBefore);
+      t.regex(mountsAfter, /^\/dev \S+ ro,/m);
+      t.regex(mountsAfter, /^\/dev\/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k/m);
+      t.regex(mountsAfter, /^\/dev\/pts devpts rw,nosuid,noexec/m);
+      t.regex(mountsAfter, /^\/proc\/keys /m);
+    },
+  });
+  test.serial(confinedAfter, 'standby');
+  test.serial(confinedAfter, 'restore');
+  test.serial(confinedAfter, 'fork');
+});
