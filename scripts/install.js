@@ -85,6 +85,9 @@ const missing = [];
 for (const [cmd, pkg] of [['python3', 'python3'], ['make', 'make'], ['g++', 'g++'], ['cc', 'gcc']]) if (!onPath(cmd)) missing.push(pkg);
 // lockstep-init is linked statically.
 if (!['/usr/lib/x86_64-linux-gnu/libc.a', '/usr/lib64/libc.a', '/usr/lib/libc.a'].some((f) => fs.existsSync(f))) missing.push('libc6-dev');
+// The helper's syscall filter is compiled with libseccomp at build time; its capability sets use libcap.
+if (!fs.existsSync('/usr/include/seccomp.h')) missing.push('libseccomp-dev');
+if (!fs.existsSync('/usr/include/sys/capability.h')) missing.push('libcap-dev');
 if (missing.length) skip(`the build tools are missing (Debian packages: ${missing.join(', ')})`);
 if (!fs.existsSync(path.join(libcriuDir, 'include', 'criu.h')) || !fs.existsSync(path.join(libcriuDir, 'libcriu.so'))) {
   skip(`CRIU's library is not installed yet (${libcriuDir}; the addon links it)`, `run ${SETUP}: it installs CRIU first, then builds them`);
