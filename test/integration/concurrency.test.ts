@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import test from 'ava';
 import type { Lockstep } from '../../src/index.js';
 import { integration, openTestLockstep, eventually, sleep } from '../helpers/harness.js';
-import { ApiClient, ndjson, sse, startServer, tenantToken } from '../fixtures/http-client.js';
+import { ApiClient, ndjson, sse, startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
 import { cgroupChildren, listDir, mountPointsUnder } from '../fixtures/host-state.js';
 
 const SANDBOXES = 16;
@@ -196,7 +196,7 @@ integration(test, () => {
     const ls = await openTestLockstep(t);
     const { client } = await startServer(t, ls);
     const api = client.as(tenantToken(ls, 'alpha'));
-    const sb = await ls.create({ memoryMb: 64, tenant: 'alpha' });
+    const sb = await ls.create({ memoryMb: 64, tenant: tenantId(ls, 'alpha') });
 
     // The call returns while `sleep` still holds the pipes (it would hang until the test's timeout otherwise).
     const held = await sb.commands.run('sleep 1000 & echo early; echo on-stderr >&2');
