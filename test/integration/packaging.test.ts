@@ -5,7 +5,9 @@
  * command, checkpoints, rolls back and forks through the installed package,
  * and the installed CLI. Host packages, CRIU and the image build cache are
  * the machine's (already provisioned), and npm resolves from its warm cache
- * (--prefer-offline), so the time goes to the native build.
+ * (--prefer-offline), so the time goes to native builds: Lockstep's own
+ * (~90 s on the loaded 2-vCPU VM) and, where prebuild-install cannot reach
+ * its download host, better-sqlite3's SQLite (most of a ~19 min install here).
  *
  * LOCKSTEP_PACKAGING_TRANSCRIPT=FILE writes the commands and their output there.
  */
