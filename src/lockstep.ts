@@ -18,7 +18,7 @@ import { InitWatcher } from './sandboxes/init-watcher.js';
 import { SandboxLocks, type Engine } from './engine.js';
 import { envFaultHook, type FaultHook } from './faults.js';
 import { createLogger, type Logger } from './log.js';
-import { native } from './native/binding.js';
+import { assertSupportedPlatform, native } from './native/binding.js';
 import { HostError, InvalidArgumentError } from './errors.js';
 import { reap, type ReapReport } from './reaper.js';
 import { AgentState } from './agent-state/agent-state.js';
@@ -58,6 +58,7 @@ export class Lockstep {
 
   /** Opens (and if needed initialises) a state directory; reaps what a crashed manager left. */
   static async open(opts: OpenOptions = {}): Promise<Lockstep> {
+    assertSupportedPlatform();
     if (process.getuid?.() !== 0) throw new HostError('NOT_ROOT', 'Lockstep manages namespaces, cgroups and mounts: run it as root');
     const paths = new StatePaths(resolveHome(opts.home));
     fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 });

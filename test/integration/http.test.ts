@@ -278,8 +278,11 @@ integration(test, () => {
     t.is(ck.headers.get('x-request-id'), 'trace-42');
     const forged = await api.get('/v1/sandboxes', { headers: { 'x-request-id': 'bad id {"level":60}' } });
     t.regex(forged.headers.get('x-request-id') ?? '', /^req_[0-9a-f]{16}$/, 'a request id that is not a plain token is replaced');
-    const done = lines.find((l) => l.msg === 'request completed' && l.reqId === 'trace-42');
-    t.like(done, { tenant: 'acme', sandboxId: id, res: { statusCode: 201 } });
+    // One line per request, with everything about it (no separate "incoming request" line).
+    const mine = lines.filter((l) => l.reqId === 'trace-42' && (l.msg === 'request' || l.msg === 'incoming request' || l.msg === 'request completed'));
+    t.is(mine.length, 1);
+    t.like(mine[0], { msg: 'request', tenant: 'acme', sandboxId: id, method: 'POST', route: '/v1/sandboxes/:id/checkpoints', status: 201 });
+    t.is(typeof mine[0]!.durationMs, 'number');
     t.like(lines.find((l) => l.msg === 'checkpoint taken'), { reqId: 'trace-42', tenant: 'acme', sandboxId: id, checkpointId: ck.body.id });
     t.false(JSON.stringify(lines).includes(api.token!), 'tokens are never logged');
   });
