@@ -18,7 +18,8 @@
         "native/addon/btrfs.cc",
         "native/addon/files.cc",
         "native/addon/locks.cc",
-        "native/addon/criu.cc"
+        "native/addon/criu.cc",
+        "native/addon/quota.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
       "include_dirs": ["<(libcriu_dir)/include"],

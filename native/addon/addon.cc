@@ -11,6 +11,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitFiles(env, exports);
   InitLocks(env, exports);
   InitCriu(env, exports);
+  InitQuota(env, exports);
   return exports;
 }
 

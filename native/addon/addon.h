@@ -7,4 +7,5 @@ void InitBtrfs(Napi::Env env, Napi::Object exports);
 void InitFiles(Napi::Env env, Napi::Object exports);
 void InitLocks(Napi::Env env, Napi::Object exports);
 void InitCriu(Napi::Env env, Napi::Object exports);
+void InitQuota(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

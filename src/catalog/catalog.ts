@@ -52,6 +52,13 @@ export interface SandboxRow {
   standby_checkpoint: string | null;
   standby_pid: number | null;
   standby_start: number | null;
+  /** CPU weight (cgroup v2 scale, 1-10000); null on rows made before limits existed. */
+  cpu_weight: number | null;
+  /** Hard CPU cap in microseconds per 100 ms period, or null for none. */
+  cpu_quota_us: number | null;
+  io_weight: number | null;
+  /** Disk quota of the writable layer in bytes, or null for none. */
+  disk_bytes: number | null;
 }
 
 export interface CheckpointRow {
@@ -184,6 +191,10 @@ export class Catalog {
         if (!cols.some((c) => c.name === col)) this.db.exec(`ALTER TABLE sandboxes ADD COLUMN ${col} ${type}`);
       }
       this.db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
+      // Resource limits beyond memory and pids (CPU, I/O, disk quota).
+      for (const col of ['cpu_weight', 'cpu_quota_us', 'io_weight', 'disk_bytes']) {
+        if (!cols.some((c) => c.name === col)) this.db.exec(`ALTER TABLE sandboxes ADD COLUMN ${col} INTEGER`);
+      }
       for (const m of this.extraMigrations) m(this.db);
       if (this.db.pragma('user_version', { simple: true }) !== SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
     }).immediate();
@@ -269,9 +280,11 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
-          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance)
+          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance,
+          cpu_weight, cpu_quota_us, io_weight, disk_bytes)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
-          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance)`,
+          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance,
+          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes)`,
       )
       .run(row);
   }

@@ -37,6 +37,8 @@ export function statusForCode(code: string, err?: unknown): number {
   if (code.endsWith('_NOT_FOUND')) return 404;
   if (code === 'INVALID_ARGUMENT' || code === 'PATH_ESCAPES_SANDBOX' || code === 'CONTEXT_FORMAT_UNSUPPORTED') return 400;
   if (code === 'QUOTA_EXCEEDED') return 429;
+  // The request is well-formed but names a limit this host cannot enforce.
+  if (code === 'LIMIT_UNSUPPORTED') return 422;
   if (code === 'COMMAND_TIMEOUT') return 504;
   // Aborted by the server's shutdown (or for a client that is gone).
   if (code === 'COMMAND_ABORTED') return 503;

@@ -46,6 +46,12 @@ export interface NativeBinding {
   subvolumeSnapshot(source: string, dest: string, readonly: boolean): void;
   subvolumeDelete(path: string): boolean;
   syncFilesystem(path: string): void;
+  /** Turns on btrfs qgroup accounting for the filesystem holding path (idempotent). */
+  quotaEnable(path: string): void;
+  /** Sets the max-referenced limit of a subvolume's qgroup (0 clears it). */
+  qgroupLimit(subvolume: string, maxReferencedBytes: number): void;
+  /** A subvolume's qgroup numbers as of the last commit; null when quotas are off. */
+  qgroupUsage(subvolume: string): { referenced: number; exclusive: number; maxReferenced: number | null } | null;
   openBeneath(root: string, relativePath: string, flags: number, mode?: number): number;
   openFlags: { O_PATH: number; O_DIRECTORY: number; O_NOFOLLOW: number };
   flock(fd: number, exclusive: boolean): boolean;

@@ -7,6 +7,7 @@ import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { isAlive, namespacePid, sleep } from '../host/proc.js';
+import { CPU_PERIOD_US } from '../host/cgroups.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
 import { SandboxFiles, type FileEntry } from './files.js';
 import type { AgentContext } from '../context/formats.js';
@@ -30,6 +31,13 @@ export interface SandboxInfo {
   pid: number | null;
   memoryMb: number | null;
   pids: number | null;
+  /** Relative CPU weight (cgroup v2 scale, default 100). */
+  cpuWeight: number | null;
+  /** Hard CPU cap in CPUs, or null for none. */
+  cpus: number | null;
+  ioWeight: number | null;
+  /** Disk quota of the writable layer in MiB, or null for none. */
+  diskMb: number | null;
   lineageId: string;
   branchId: string;
   headCheckpointId: string | null;
@@ -48,6 +56,10 @@ export function sandboxInfo(row: SandboxRow): SandboxInfo {
     pid: row.init_pid,
     memoryMb: row.memory_bytes === null ? null : row.memory_bytes / (1024 * 1024),
     pids: row.pids_max,
+    cpuWeight: row.cpu_weight,
+    cpus: row.cpu_quota_us === null ? null : row.cpu_quota_us / CPU_PERIOD_US,
+    ioWeight: row.io_weight,
+    diskMb: row.disk_bytes === null ? null : row.disk_bytes / (1024 * 1024),
     lineageId: row.lineage_id,
     branchId: row.branch_id,
     headCheckpointId: row.head_checkpoint_id,

@@ -1,0 +1,139 @@
+/**
+ * CPU weight and cap, disk quota of the writable layer, and their refusal of
+ * bad values: each limit is read back from the kernel (cgroup files, btrfs
+ * qgroups) and shown to act (counters, errno inside the sandbox), across
+ * checkpoint, rollback (both paths) and fork.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import test from 'ava';
+import type { Lockstep, Sandbox } from '../../src/index.js';
+import { dropStandby } from '../../src/checkpoints/standby.js';
+import { integration, openTestLockstep, sleep } from '../helpers/harness.js';
+
+const MiB = 1024 * 1024;
+
+/** The sandbox's directory in the cpu hierarchy (v1) or the unified one (v2). */
+function cpuDir(ls: Lockstep, instance: string): string {
+  const name = ls.engine.runtime.cgroupName(instance);
+  return ls.engine.cgroups.version === 2 ? path.join('/sys/fs/cgroup', name) : path.join('/sys/fs/cgroup/cpu', name);
+}
+
+function cpuWeightFile(ls: Lockstep, instance: string): string {
+  const file = ls.engine.cgroups.version === 2 ? 'cpu.weight' : 'cpu.shares';
+  return fs.readFileSync(path.join(cpuDir(ls, instance), file), 'utf8').trim();
+}
+
+const instanceOf = (sb: Sandbox) => sb.core.row().instance;
+
+/** Starts `n` busy loops in the background inside the sandbox. */
+async function spin(sb: Sandbox, n: number): Promise<void> {
+  for (let i = 0; i < n; i++) await sb.commands.run('while :; do :; done', { background: true });
+}
+
+integration(test, () => {
+  test.serial('a write past the disk quota fails with EDQUOT inside; the sandbox, checkpoint, rollback, fork and neighbours carry on', async (t) => {
+    const ls = await openTestLockstep(t);
+    const sb = await ls.create({ diskMb: 8 });
+    const other = await ls.create();
+    t.is(sb.info().diskMb, 8);
+    t.is(other.info().diskMb, null);
+    t.is(ls.engine.layers.upperUsage(instanceOf(sb))?.quotaBytes, 8 * MiB, 'the qgroup limit of the writable layer');
+
+    // dd stops at the quota; busybox prints strerror(EDQUOT).
+    const dd = await sb.commands.run(['sh', '-c', 'dd if=/dev/zero of=/workspace/big bs=1M count=20; echo "dd=$?"; wc -c < /workspace/big'], { timeoutMs: 60_000 });
+    t.regex(dd.stderr, /Disk quota exceeded/);
+    t.regex(dd.stdout, /^dd=1$/m);
+    const written = Number(dd.stdout.trim().split('\n').pop());
+    t.true(written > 4 * MiB && written <= 8 * MiB, `dd wrote ${written} bytes before the quota stopped it`);
+    const small = await sb.commands.run(['sh', '-c', 'echo more > /workspace/small']);
+    t.not(small.exitCode, 0);
+    t.regex(small.stderr, /Disk quota exceeded/);
+
+    // The sandbox still answers, and a neighbour without a quota can write.
+    t.is((await sb.commands.run(['echo', 'alive'])).stdout, 'alive\n');
+    const big = await other.commands.run(['sh', '-c', 'dd if=/dev/zero of=/workspace/big bs=1M count=20 2>/dev/null; wc -c < /workspace/big'], { timeoutMs: 60_000 });
+    t.is(big.stdout.trim(), String(20 * MiB));
+
+    // A checkpoint of a full layer works; a rollback to it (warm standby) keeps the quota.
+    const ckpt = await sb.checkpoint({ label: 'full' });
+    await sb.commands.run(['sh', '-c', 'rm /workspace/big; echo after > /workspace/after']);
+    await sb.settled();
+    const back = await sb.rollback(ckpt.id);
+    t.is((await sb.files.read('/workspace/big')).content.length, written, 'the checkpoint kept the file');
+    t.false(await sb.files.exists('/workspace/after'));
+    t.is(ls.engine.layers.upperUsage(instanceOf(sb))?.quotaBytes, 8 * MiB, `quota kept after a rollback (${back.path})`);
+    const stillFull = await sb.commands.run(['sh', '-c', 'dd if=/dev/zero of=/workspace/more bs=1M count=4']);
+    t.regex(stillFull.stderr, /Disk quota exceeded/, 'the restored layer is still full');
+
+    // The CRIU restore path (no standby) keeps it too.
+    await sb.settled();
+    await dropStandby(ls.engine, sb.id);
+    const restored = await sb.rollback(ckpt.id);
+    t.is(restored.path, 'restore');
+    t.is(ls.engine.layers.upperUsage(instanceOf(sb))?.quotaBytes, 8 * MiB, 'quota kept after a CRIU rollback');
+    t.regex((await sb.commands.run(['sh', '-c', 'echo x > /workspace/x'])).stderr, /Disk quota exceeded/);
+
+    // Deleting the file gives the room back.
+    const freed = await sb.commands.run(['sh', '-c', 'rm /workspace/big /workspace/more 2>/dev/null; sync; dd if=/dev/zero of=/workspace/again bs=1M count=4 2>&1 && wc -c < /workspace/again'], { timeoutMs: 60_000 });
+    t.is(freed.exitCode, 0, freed.stdout + freed.stderr);
+    t.regex(freed.stdout, new RegExp(`^${4 * MiB}$`, 'm'));
+
+    // A fork of the full checkpoint has the same quota, and is full too.
+    const [fork] = await sb.fork(ckpt.id);
+    t.true(fork!.ok, JSON.stringify(fork));
+    const child = ls.get((fork as { id: string }).id);
+    t.is(child.info().diskMb, 8);
+    t.is(ls.engine.layers.upperUsage(instanceOf(child))?.quotaBytes, 8 * MiB);
+    t.regex((await child.commands.run(['sh', '-c', 'dd if=/dev/zero of=/workspace/more bs=1M count=4'])).stderr, /Disk quota exceeded/);
+  });
+
+  test.serial('CPU weights 100:400 give the heavier sandbox clearly more CPU, measured by its cgroup counters; a cap holds', async (t) => {
+    const ls = await openTestLockstep(t);
+    const light = await ls.create({ cpuWeight: 100 });
+    const heavy = await ls.create({ cpuWeight: 400 });
+    const v1 = ls.engine.cgroups.version === 1;
+    t.is(cpuWeightFile(ls, light.id), v1 ? '1024' : '100');
+    t.is(cpuWeightFile(ls, heavy.id), v1 ? '4096' : '400');
+    t.is(heavy.info().cpuWeight, 400);
+
+    const cores = (await light.commands.run(['nproc'])).stdout.trim();
+    await spin(light, Number(cores));
+    await spin(heavy, Number(cores));
+    await sleep(500); // let both reach steady state
+    const cg = (sb: Sandbox) => ls.engine.runtime.cgroupName(instanceOf(sb));
+    const l0 = ls.engine.cgroups.cpuUsageUsec(cg(light));
+    const h0 = ls.engine.cgroups.cpuUsageUsec(cg(heavy));
+    await sleep(4000);
+    const dl = ls.engine.cgroups.cpuUsageUsec(cg(light)) - l0;
+    const dh = ls.engine.cgroups.cpuUsageUsec(cg(heavy)) - h0;
+    t.log(`cpu used over the interval: light ${dl} us, heavy ${dh} us, ratio ${(dh / dl).toFixed(2)}`);
+    t.true(dl > 0 && dh / dl > 2, `heavy/light = ${(dh / dl).toFixed(2)}`);
+
+    // A fork has the same weight.
+    const ckpt = await heavy.checkpoint();
+    const [f] = await heavy.fork(ckpt.id);
+    t.true(f!.ok);
+    t.is(cpuWeightFile(ls, (f as { id: string }).id), v1 ? '4096' : '400');
+    await ls.remove(light.id);
+    await ls.remove(heavy.id);
+    await ls.remove((f as { id: string }).id);
+
+    // A hard cap of 0.2 CPU: the cgroup can never use more than 20 ms per 100 ms period.
+    const capped = await ls.create({ cpus: 0.2 });
+    t.is(capped.info().cpus, 0.2);
+    const quotaFile = v1 ? fs.readFileSync(path.join(cpuDir(ls, capped.id), 'cpu.cfs_quota_us'), 'utf8').trim() : fs.readFileSync(path.join(cpuDir(ls, capped.id), 'cpu.max'), 'utf8').trim();
+    t.is(quotaFile, v1 ? '20000' : '20000 100000');
+    await spin(capped, 2);
+    await sleep(300);
+    const c0 = ls.engine.cgroups.cpuUsageUsec(cg(capped));
+    const w0 = performance.now();
+    await sleep(2000);
+    const used = ls.engine.cgroups.cpuUsageUsec(cg(capped)) - c0;
+    const elapsedUs = (performance.now() - w0) * 1000;
+    t.log(`capped at 0.2 CPU: used ${used} us in ${elapsedUs.toFixed(0)} us`);
+    // An upper bound only (a loaded host gives less, never more): 0.2 of the time plus one period of slack.
+    t.true(used <= 0.2 * elapsedUs + 100_000, `used ${used} us`);
+    t.true(used > 0);
+  });
+});
