@@ -45,6 +45,8 @@ export class LayerStore {
     for (const dir of [paths.uppers, paths.layers, paths.processImages, paths.scratch]) {
       fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     }
+    // Quotas on from the start: checkpoint sizes then always include their layers.
+    if (process.env.LOCKSTEP_DISK_QUOTA === 'on' && store.ownsFilesystem() && !store.quotasEnabled()) store.enableQuotas();
     return store;
   }
 
@@ -123,6 +125,11 @@ export class LayerStore {
     return !isBtrfs(this.paths.home);
   }
 
+  private enableQuotas(): void {
+    wrap('enabling btrfs quotas on the layer store', () => native().quotaEnable(this.paths.store));
+    this.quotasOn = true;
+  }
+
   private quotasEnabled(): boolean {
     if (this.quotasOn) return true;
     this.quotasOn = wrap('reading the quota state', () => native().qgroupUsage(this.paths.layers) !== null);
@@ -140,10 +147,7 @@ export class LayerStore {
     if (quotaBytes === null) return;
     const why = this.quotaUnavailable();
     if (why) throw new HostError('DISK_QUOTA_UNAVAILABLE', why);
-    if (!this.quotasEnabled()) {
-      wrap('enabling btrfs quotas on the layer store', () => native().quotaEnable(this.paths.store));
-      this.quotasOn = true;
-    }
+    if (!this.quotasEnabled()) this.enableQuotas();
     wrap('setting the writable layer quota', () => native().qgroupLimit(this.paths.upper(sandboxId), quotaBytes));
   }
 

@@ -48,6 +48,13 @@ export interface SandboxInfo {
   expiresAt: string | null;
 }
 
+/** Resources a sandbox uses (null where the host cannot tell). */
+export interface SandboxUsage {
+  cpuSeconds: number | null;
+  /** Bytes the writable layer references, as of the last btrfs commit; null when the store has no quotas on. */
+  diskUsedMb: number | null;
+}
+
 export function sandboxInfo(row: SandboxRow): SandboxInfo {
   return {
     id: row.id,
@@ -381,6 +388,26 @@ export class Sandbox {
 
   info(): SandboxInfo {
     return sandboxInfo(this.core.row());
+  }
+
+  /** What the sandbox uses now: CPU time since it (or its current instance) started, and its writable layer's bytes. */
+  usage(): SandboxUsage {
+    const engine = this.core.engine;
+    const instance = this.core.row().instance;
+    let cpuSeconds: number | null = null;
+    try {
+      cpuSeconds = engine.cgroups.cpuUsageUsec(engine.runtime.cgroupName(instance)) / 1e6;
+    } catch {
+      /* no cgroup (stopped) or no CPU accounting */
+    }
+    let diskUsedMb: number | null = null;
+    try {
+      const u = engine.layers.upperUsage(instance);
+      if (u) diskUsedMb = u.usedBytes / (1024 * 1024);
+    } catch {
+      /* no writable layer */
+    }
+    return { cpuSeconds, diskUsedMb };
   }
 
   /** Removes the sandbox with everything it owns (E2B's kill). */

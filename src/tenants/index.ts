@@ -1,3 +1,3 @@
 /** Tenants of a shared Lockstep: bearer tokens and quotas. */
 export { migrateTenants, addTenant, removeTenant, listTenants, getTenant, authenticate, validateTenantName, TOKEN_PREFIX, type Tenant, type TenantQuotas } from './tenants.js';
-export { QuotaExceededError, QuotaGate, checkQuota, tenantUsage, type TenantUsage } from './quotas.js';
+export { QuotaExceededError, QuotaGate, checkQuota, checkStandbyQuota, checkCheckpointQuota, tenantUsage, type TenantUsage, type QuotaName } from './quotas.js';
