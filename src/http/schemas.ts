@@ -77,7 +77,7 @@ export const createBody = obj({
   memoryMb: int(LIMITS.memoryMb.min, LIMITS.memoryMb.max, `Memory limit in MiB (default ${LIMITS.memoryMb.default})`),
   pids: int(LIMITS.pids.min, LIMITS.pids.max, `Most processes (default ${LIMITS.pids.default})`),
   cpuWeight: int(LIMITS.cpuWeight.min, LIMITS.cpuWeight.max, `Relative CPU weight, cgroup v2 scale (default ${LIMITS.cpuWeight.default} or the tenant's default; v1 cpu.shares = weight * 1024 / 100)`),
-  cpus: { type: 'number', minimum: LIMITS.cpus.min, maximum: LIMITS.cpus.max, multipleOf: 0.01, description: 'Hard CPU cap in CPUs (0.5 = half a core); default none' },
+  cpus: { type: 'number', minimum: LIMITS.cpus.min, maximum: LIMITS.cpus.max, description: 'Hard CPU cap in CPUs, at most two decimals (0.5 = half a core); default none' },
   ioWeight: int(LIMITS.ioWeight.min, LIMITS.ioWeight.max, 'Relative I/O weight; 422 LIMIT_UNSUPPORTED where no I/O scheduler honours one (see lockstep doctor)'),
   diskMb: int(LIMITS.diskMb.min, LIMITS.diskMb.max, 'Disk quota of the writable layer in MiB (writes past it fail with EDQUOT); default none'),
   envs,

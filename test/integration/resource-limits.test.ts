@@ -9,7 +9,8 @@ import path from 'node:path';
 import test from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
-import { integration, openTestLockstep, sleep } from '../helpers/harness.js';
+import { eventually, integration, openTestLockstep, sleep } from '../helpers/harness.js';
+import { startServer, tenantToken } from '../fixtures/http-client.js';
 
 const MiB = 1024 * 1024;
 
@@ -135,5 +136,116 @@ integration(test, () => {
     // An upper bound only (a loaded host gives less, never more): 0.2 of the time plus one period of slack.
     t.true(used <= 0.2 * elapsedUs + 100_000, `used ${used} us`);
     t.true(used > 0);
+  });
+
+  // [field, bad value, why it is bad]
+  const badValues: [string, unknown, string][] = [
+    ['cpuWeight', 0, 'zero'],
+    ['cpuWeight', -100, 'negative'],
+    ['cpuWeight', 10_001, 'past the maximum'],
+    ['cpuWeight', 1e12, 'huge'],
+    ['cpuWeight', 150.5, 'not an integer'],
+    ['cpuWeight', '200', 'a string'],
+    ['cpus', 0, 'zero'],
+    ['cpus', -1, 'negative'],
+    ['cpus', 0.005, 'below 0.01'],
+    ['cpus', 0.123, 'more than two decimals'],
+    ['cpus', 1e9, 'huge'],
+    ['cpus', '1', 'a string'],
+    ['ioWeight', 0, 'zero'],
+    ['ioWeight', -5, 'negative'],
+    ['ioWeight', 1001, 'past the maximum'],
+    ['ioWeight', 2.5, 'not an integer'],
+    ['diskMb', 0, 'zero'],
+    ['diskMb', -8, 'negative'],
+    ['diskMb', 2 ** 40, 'huge'],
+    ['diskMb', 8.5, 'not an integer'],
+    ['diskMb', true, 'a boolean'],
+  ];
+
+  test.serial('bad values of every new limit are refused with INVALID_ARGUMENT naming the field, through the SDK and HTTP, and nothing is created', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const api = client.as(tenantToken(ls, 'acme'));
+    const rowsBefore = ls.engine.catalog.allSandboxes().length;
+    for (const [field, value, why] of badValues) {
+      const e = await t.throwsAsync(ls.create({ [field]: value } as never), { code: 'INVALID_ARGUMENT' }, `SDK ${field} ${why}`);
+      t.is((e as unknown as { field: string }).field, field, `SDK ${field} ${why}`);
+      const r = await api.post('/v1/sandboxes', { [field]: value });
+      t.is(r.status, 400, `HTTP ${field} ${why}: ${r.text}`);
+      t.like(r.body.error, { code: 'INVALID_ARGUMENT', field }, `HTTP ${field} ${why}`);
+    }
+    t.is(ls.engine.catalog.allSandboxes().length, rowsBefore, 'no sandbox row was left behind');
+    t.deepEqual(ls.engine.layers.listUppers(), []);
+
+    // A well-formed I/O weight on a host where no scheduler honours one is refused, not ignored.
+    const io = ls.engine.cgroups.ioWeightSupport();
+    const r = await api.post('/v1/sandboxes', { ioWeight: 200 });
+    if (io.ok) {
+      t.is(r.status, 201, r.text);
+      t.is(r.body.ioWeight, 200);
+    } else {
+      t.is(r.status, 422, r.text);
+      t.like(r.body.error, { code: 'LIMIT_UNSUPPORTED', field: 'ioWeight' });
+      await t.throwsAsync(ls.create({ ioWeight: 200 }), { code: 'LIMIT_UNSUPPORTED' });
+      t.deepEqual(ls.engine.layers.listUppers(), []);
+    }
+
+    // Good values come back in the sandbox JSON.
+    const ok = await api.post('/v1/sandboxes', { cpuWeight: 300, cpus: 1.5, diskMb: 64, memoryMb: 64 });
+    t.is(ok.status, 201, ok.text);
+    t.like(ok.body, { cpuWeight: 300, cpus: 1.5, diskMb: 64, memoryMb: 64 });
+    t.like((await api.get(`/v1/sandboxes/${ok.body.id}`)).body, { cpuWeight: 300, cpus: 1.5, diskMb: 64 });
+  });
+
+  test.serial('tenant quotas: a warm standby counts against maxMemoryMb (a create past it is refused; a standby past it is not made) and checkpoint bytes against maxCheckpointMb', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+
+    // Room for a 64 MiB sandbox and its standby, exactly.
+    const tight = client.as(tenantToken(ls, 'tight', { maxMemoryMb: 128 }));
+    const a = (await tight.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
+    await tight.post(`/v1/sandboxes/${a}/checkpoints`, {});
+    await eventually(() => ls.engine.catalog.sandbox(a)!.standby_instance !== null, 30_000);
+    t.like((await tight.get('/v1/tenant')).body.usage, { memoryMb: 64, standbyMemoryMb: 64 });
+    const refused = await tight.post('/v1/sandboxes', { memoryMb: 64 });
+    t.is(refused.status, 429, refused.text);
+    t.like(refused.body.error, { code: 'QUOTA_EXCEEDED' });
+    t.regex(refused.body.error.message, /at most 128 MiB of memory .*it has 128 and asked for 64 more/);
+    t.is(ls.list('tight').length, 1);
+
+    // No room for a standby: none is made, and a rollback restores with CRIU instead.
+    const lean = client.as(tenantToken(ls, 'lean', { maxMemoryMb: 100 }));
+    const b = (await lean.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
+    const ck = (await lean.post(`/v1/sandboxes/${b}/checkpoints`, {})).body.id as string;
+    await ls.get(b).settled();
+    t.is(ls.engine.catalog.sandbox(b)!.standby_instance, null, 'no standby past the quota');
+    t.like((await lean.get('/v1/tenant')).body.usage, { memoryMb: 64, standbyMemoryMb: 0 });
+    const rb = await lean.post(`/v1/sandboxes/${b}/rollback`, { checkpointId: ck });
+    t.is(rb.status, 200, rb.text);
+    t.is(ls.engine.catalog.sandbox(b)!.state, 'running');
+
+    // Checkpoint bytes: a 3 MiB file makes each checkpoint over 3 MiB (the layer counts once quotas are on).
+    const ckq = client.as(tenantToken(ls, 'ckq', { maxCheckpointMb: 5 }));
+    const c = (await ckq.post('/v1/sandboxes', { memoryMb: 64, diskMb: 64 })).body.id as string;
+    await ckq.post(`/v1/sandboxes/${c}/commands`, { cmd: 'head -c 3145728 /dev/urandom > /workspace/data' });
+    const first = await ckq.post(`/v1/sandboxes/${c}/checkpoints`, {});
+    t.is(first.status, 201, first.text);
+    const firstBytes = first.body.sizes.processImageBytes + first.body.sizes.layerBytes;
+    t.true(first.body.sizes.layerBytes >= 3 * MiB && firstBytes <= 5 * MiB, JSON.stringify(first.body.sizes));
+    await ls.get(c).settled();
+    const layersBefore = ls.engine.layers.listLayers().sort();
+    const imagesBefore = fs.readdirSync(ls.engine.paths.processImages).sort();
+    const second = await ckq.post(`/v1/sandboxes/${c}/checkpoints`, {});
+    t.is(second.status, 429, second.text);
+    t.like(second.body.error, { code: 'QUOTA_EXCEEDED' });
+    t.regex(second.body.error.message, /at most 5 MiB of checkpoints/);
+    t.is((await ckq.get(`/v1/sandboxes/${c}/checkpoints`)).body.length, 1);
+    t.deepEqual(ls.engine.layers.listLayers().sort(), layersBefore, 'the refused checkpoint left no layer');
+    t.deepEqual(fs.readdirSync(ls.engine.paths.processImages).sort(), imagesBefore, 'nor a process image');
+    t.is((await ckq.post(`/v1/sandboxes/${c}/commands`, { cmd: 'echo still running' })).body.stdout, 'still running\n');
+    // Deleting the first checkpoint gives the room back.
+    t.is((await ckq.del(`/v1/sandboxes/${c}/checkpoints/${first.body.id}`)).status, 200);
+    t.is((await ckq.post(`/v1/sandboxes/${c}/checkpoints`, {})).status, 201);
   });
 });
