@@ -14,7 +14,7 @@ export type QuotaName = 'maxSandboxes' | 'maxMemoryMb' | 'maxCpuWeight' | 'maxCh
 
 const UNITS: Record<QuotaName, string> = {
   maxSandboxes: 'sandboxes',
-  maxMemoryMb: 'MiB of memory (running sandboxes and their warm standbys)',
+  maxMemoryMb: 'MiB of memory',
   maxCpuWeight: 'CPU weight in total',
   maxCheckpointMb: 'MiB of checkpoints',
 };
@@ -23,7 +23,8 @@ const UNITS: Record<QuotaName, string> = {
 export class QuotaExceededError extends LockstepError {
   constructor(tenant: string, quota: QuotaName, limit: number, used: number, requested: number) {
     const what = UNITS[quota];
-    super('QUOTA_EXCEEDED', `Tenant ${tenant} may have at most ${limit} ${what}; it has ${used} and asked for ${requested} more`, {
+    const note = quota === 'maxMemoryMb' ? ' (running sandboxes and their warm standbys count)' : '';
+    super('QUOTA_EXCEEDED', `Tenant ${tenant} may have at most ${limit} ${what}; it has ${used} and asked for ${requested} more${note}`, {
       details: { tenant, quota, limit, used, requested },
     });
   }

@@ -211,7 +211,7 @@ integration(test, () => {
     const refused = await tight.post('/v1/sandboxes', { memoryMb: 64 });
     t.is(refused.status, 429, refused.text);
     t.like(refused.body.error, { code: 'QUOTA_EXCEEDED' });
-    t.regex(refused.body.error.message, /at most 128 MiB of memory .*it has 128 and asked for 64 more/);
+    t.regex(refused.body.error.message, /at most 128 MiB of memory; it has 128 and asked for 64 more \(running sandboxes and their warm standbys count\)/);
     t.is(ls.list('tight').length, 1);
 
     // No room for a standby: none is made, and a rollback restores with CRIU instead.
