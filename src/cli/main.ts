@@ -165,8 +165,8 @@ const commands: Record<string, Handler> = {
       const list = ls.list();
       if (values.json) printJson(list);
       else {
-        const rows = list.map((s) => [s.id, s.image, s.state, s.headCheckpointId ?? '-', limitsText(s), s.createdAt]);
-        process.stdout.write(table(['ID', 'IMAGE', 'STATE', 'HEAD', 'LIMITS', 'CREATED'], rows) + '\n');
+        const rows = list.map((s) => [s.id, s.image, s.state, s.headCheckpointId ?? '-', s.createdAt, limitsText(s)]);
+        process.stdout.write(table(['ID', 'IMAGE', 'STATE', 'HEAD', 'CREATED', 'LIMITS'], rows) + '\n');
       }
       return EXIT.ok;
     });

@@ -6,6 +6,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import test from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
@@ -13,6 +15,16 @@ import { eventually, integration, openTestLockstep, sleep } from '../helpers/har
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 
 const MiB = 1024 * 1024;
+const bin = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../bin/lockstep.js');
+
+function cli(home: string, ...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, [bin, ...args], { env: { ...process.env, LOCKSTEP_HOME: home, NO_COLOR: '1' } }, (err, stdout, stderr) => {
+      if (err && typeof err.code !== 'number') return reject(err);
+      resolve({ code: err ? (err.code as number) : 0, stdout, stderr });
+    });
+  });
+}
 
 /** The sandbox's directory in the cpu hierarchy (v1) or the unified one (v2). */
 function cpuDir(ls: Lockstep, instance: string): string {
@@ -247,5 +259,36 @@ integration(test, () => {
     // Deleting the first checkpoint gives the room back.
     t.is((await ckq.del(`/v1/sandboxes/${c}/checkpoints/${first.body.id}`)).status, 200);
     t.is((await ckq.post(`/v1/sandboxes/${c}/checkpoints`, {})).status, 201);
+  });
+
+  test.serial('the CLI sets limits at create and shows them with what is used in ls and inspect; bad flags exit 2 naming the field', async (t) => {
+    const ls = await openTestLockstep(t);
+    const home = ls.home;
+    await ls.close(); // the CLI processes are the managers from here on
+    const made = await cli(home, 'create', '--cpu-weight', '300', '--cpus', '0.5', '--disk-mb', '32', '--memory', '64', '--json');
+    t.is(made.code, 0, made.stderr);
+    const id = (JSON.parse(made.stdout) as { id: string }).id;
+    t.is((await cli(home, 'exec', id, '--', 'sh', '-c', 'head -c 2097152 /dev/zero > /workspace/two; sync')).code, 0);
+    const inspect = await cli(home, 'inspect', id, '--json');
+    t.is(inspect.code, 0, inspect.stderr);
+    const info = JSON.parse(inspect.stdout) as { cpuWeight: number; cpus: number; diskMb: number; usage: { cpuSeconds: number; diskUsedMb: number } };
+    t.like(info, { cpuWeight: 300, cpus: 0.5, diskMb: 32 });
+    t.true(info.usage.diskUsedMb >= 2 && info.usage.diskUsedMb < 32, `disk used ${info.usage.diskUsedMb} MiB`);
+    t.true(info.usage.cpuSeconds >= 0);
+    t.regex((await cli(home, 'inspect', id)).stdout, /^limits +mem 64M pids 256 cpu 300 cap 0.5 disk 32M$/m);
+    t.regex((await cli(home, 'ls')).stdout, new RegExp(`^${id} .* mem 64M pids 256 cpu 300 cap 0.5 disk 32M$`, 'm'));
+    for (const [flags, field] of [
+      [['--disk-mb', '0'], 'diskMb'],
+      [['--cpu-weight=-1'], 'cpuWeight'],
+      [['--cpus', '0.001'], 'cpus'],
+    ] as const) {
+      const r = await cli(home, 'create', ...flags, '--json');
+      t.is(r.code, 2, r.stdout + r.stderr);
+      t.like(JSON.parse(r.stdout).error, { code: 'INVALID_ARGUMENT', field });
+    }
+    const usage = await cli(home, 'create', '--cpus', 'half', '--json');
+    t.is(usage.code, 2);
+    t.like(JSON.parse(usage.stdout).error, { code: 'USAGE' });
+    t.is(JSON.parse((await cli(home, 'ls', '--json')).stdout).length, 1, 'refused creates made nothing');
   });
 });
