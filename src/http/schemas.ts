@@ -41,6 +41,7 @@ const STATUS_TEXT: Record<number, string> = {
   422: 'A requested limit this host cannot enforce (LIMIT_UNSUPPORTED; `field` names it)',
   429: 'A tenant quota would be exceeded (QUOTA_EXCEEDED)',
   503: 'The server is shutting down',
+  507: "A write past the sandbox's disk quota (DISK_QUOTA_EXCEEDED) or a full layer store (DISK_FULL)",
   504: 'The command timed out (COMMAND_TIMEOUT)',
   500: 'Internal error (details only in the server log)',
 };

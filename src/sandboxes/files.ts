@@ -52,6 +52,8 @@ function mapError(e: unknown, p: string): never {
     if (code === 'ENOENT' || code === 'ENOTDIR') throw new FileNotFoundError(p);
     if (code === 'EISDIR') throw new InvalidArgumentError('path', 'a regular file, not a directory', p);
     if (code === 'ENOTEMPTY') throw new InvalidArgumentError('path', 'an empty directory (pass recursive to remove a tree)', p);
+    if (code === 'EDQUOT') throw new SystemCallError('DISK_QUOTA_EXCEEDED', `Cannot write ${p}: the sandbox's disk quota is used up`, e as Error);
+    if (code === 'ENOSPC') throw new SystemCallError('DISK_FULL', `Cannot write ${p}: the layer store is full`, e as Error);
     throw new SystemCallError('FILE_ACCESS_FAILED', `Cannot access ${p} in the sandbox: ${(e as Error).message}`, e as Error);
   }
   throw e;
@@ -111,7 +113,9 @@ export class SandboxFiles {
     const fd = this.open(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC, opts.mode ?? 0o644);
     try {
       const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
-      fs.writeSync(fd, buf);
+      // write(2) may be short (a disk quota reached mid-buffer): loop, so the
+      // next call reports EDQUOT instead of a silently truncated file.
+      for (let off = 0; off < buf.length; ) off += fs.writeSync(fd, buf, off, buf.length - off);
       return { sha256: createHash('sha256').update(buf).digest('hex'), bytes: buf.length };
     } catch (e) {
       mapError(e, p);

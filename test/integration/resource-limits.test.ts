@@ -86,6 +86,8 @@ integration(test, () => {
     t.is(restored.path, 'restore');
     t.is(ls.engine.layers.upperUsage(instanceOf(sb))?.quotaBytes, 8 * MiB, 'quota kept after a CRIU rollback');
     t.regex((await sb.commands.run(['sh', '-c', 'echo x > /workspace/x'])).stderr, /Disk quota exceeded/);
+    // The files API meets the same quota and says so, rather than reporting a truncated write as done.
+    await t.throwsAsync(sb.files.write('/workspace/via-api', Buffer.alloc(4 * MiB, 1)), { code: 'DISK_QUOTA_EXCEEDED' });
 
     // Deleting the file gives the room back.
     const freed = await sb.commands.run(['sh', '-c', 'rm /workspace/big /workspace/more 2>/dev/null; sync; dd if=/dev/zero of=/workspace/again bs=1M count=4 2>&1 && wc -c < /workspace/again'], { timeoutMs: 60_000 });
