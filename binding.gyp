@@ -22,7 +22,8 @@
         "native/addon/locks.cc",
         "native/addon/criu.cc",
         "native/addon/pidwatch.cc",
-        "native/addon/pidfd.cc"
+        "native/addon/pidfd.cc",
+        "native/addon/quota.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
       "include_dirs": ["<(libcriu_dir)/include"],

@@ -42,7 +42,7 @@ export interface Engine {
 }
 
 export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
-  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname };
+  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname, diskBytes: row.disk_bytes };
 }
 
 /** In-process queue + cross-process flock on <run>/sandboxes/<id>/lock. */

@@ -65,6 +65,15 @@ export const SETUP_COMMAND = 'npx lockstep setup';
 /** The sentence a "not set up" error ends with. */
 export const SETUP_HINT = `run \`${SETUP_COMMAND}\` as root (in a clone of the repository: \`npm run setup\`)`;
 
+/** A requested resource limit that this host cannot enforce (no controller, no I/O scheduler that honours weights, no quotas). */
+export class LimitUnsupportedError extends LockstepError {
+  readonly field: string;
+  constructor(field: string, reason: string) {
+    super('LIMIT_UNSUPPORTED', `Cannot apply ${field} on this host: ${reason}`, { details: { field, reason } });
+    this.field = field;
+  }
+}
+
 /** The host lacks something Lockstep needs (CRIU, btrfs, cgroup controller, root). */
 export class HostError extends LockstepError {
   constructor(code: string, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {

@@ -13,6 +13,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitCriu(env, exports);
   InitPidWatch(env, exports);
   InitPidfd(env, exports);
+  InitQuota(env, exports);
   return exports;
 }
 

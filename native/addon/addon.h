@@ -9,4 +9,5 @@ void InitLocks(Napi::Env env, Napi::Object exports);
 void InitCriu(Napi::Env env, Napi::Object exports);
 void InitPidWatch(Napi::Env env, Napi::Object exports);
 void InitPidfd(Napi::Env env, Napi::Object exports);
+void InitQuota(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

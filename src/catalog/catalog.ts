@@ -52,6 +52,13 @@ export interface SandboxRow {
   standby_checkpoint: string | null;
   standby_pid: number | null;
   standby_start: number | null;
+  /** CPU weight (cgroup v2 scale, 1-10000); null on rows made before limits existed. */
+  cpu_weight: number | null;
+  /** Hard CPU cap in microseconds per 100 ms period, or null for none. */
+  cpu_quota_us: number | null;
+  io_weight: number | null;
+  /** Disk quota of the writable layer in bytes, or null for none. */
+  disk_bytes: number | null;
 }
 
 export interface CheckpointRow {
@@ -254,6 +261,8 @@ export class Catalog {
     // Tables owned by other modules (agent state, tenants): idempotent, run on every open.
     // Columns added with the old ad-hoc pattern go here until folded into MIGRATIONS.
     this.db.transaction(() => {
+      // Resource limits beyond memory and pids (CPU, I/O, disk quota).
+      for (const col of ['cpu_weight', 'cpu_quota_us', 'io_weight', 'disk_bytes']) addColumn(this.db, 'sandboxes', col, 'INTEGER');
       for (const m of this.extraMigrations) m(this.db);
     }).immediate();
   }
@@ -338,9 +347,11 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
-          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance)
+          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance,
+          cpu_weight, cpu_quota_us, io_weight, disk_bytes)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
-          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance)`,
+          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance,
+          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes)`,
       )
       .run(row);
   }

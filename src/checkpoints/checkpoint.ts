@@ -12,6 +12,7 @@ import type { Engine } from '../engine.js';
 import { dumpOptions, processImageBytes } from './process-image.js';
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
+import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
@@ -40,7 +41,8 @@ export interface CheckpointInfo {
   createdAt: string;
   contextId: string | null;
   ledgerCursor: number;
-  sizes: { processImageBytes: number; contextBytes?: number };
+  /** layerBytes: what the checkpoint's layer referenced when taken (absent when the store has no quotas on). */
+  sizes: { processImageBytes: number; layerBytes?: number; contextBytes?: number };
   timings: Partial<CheckpointTimings>;
 }
 
@@ -115,8 +117,13 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
 
     const tc = performance.now();
     const sizes: CheckpointInfo['sizes'] = { processImageBytes: processImageBytes(imagesDir) };
+    const layerBytes = layers.layerBytes(layerId); // exact now: the sync above committed the qgroup numbers
+    if (layerBytes !== null) sizes.layerBytes = layerBytes;
     let committed!: CheckpointRow;
     catalog.tx(() => {
+      // In the commit transaction, so that two checkpoints cannot both fit the last room.
+      const tenant = tenantOf(catalog.db, row.tenant);
+      if (tenant) checkCheckpointQuota(catalog.db, tenant, sizes.processImageBytes + (sizes.layerBytes ?? 0));
       const fresh = catalog.sandbox(row.id)!;
       const extra = engine.agent.onCheckpoint(fresh, checkpointId, context);
       if (extra.contextBytes !== undefined) sizes.contextBytes = extra.contextBytes;

@@ -15,6 +15,7 @@ import path from 'node:path';
 import { native, type CriuRequest } from '../native/binding.js';
 import type { Engine } from '../engine.js';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
+import { limitsOf } from '../sandboxes/create.js';
 
 export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string): CriuRequest & { imagesDir: string; pid: number } {
   const b = native();
@@ -56,9 +57,9 @@ export function processImageBytes(dir: string): number {
 
 /**
  * A new instance of a sandbox restored from a checkpoint: run folder, /dev,
- * cgroup with the sandbox's limits, a writable copy of the checkpoint's
- * layer, the overlay root, then CRIU. Forks and warm standbys are made this
- * way; `step` marks the points the crash tests stop at. Returns the restored
+ * cgroup with the sandbox's limits (CPU, memory, pids, I/O), a writable
+ * copy of the checkpoint's layer, the overlay root (which sets the layer's
+ * disk quota), then CRIU. Forks and warm standbys are made this way; `step` marks the points the crash tests stop at. Returns the restored
  * root's host pid; on failure the caller removes the instance.
  */
 export async function restoreNewInstance(
@@ -69,11 +70,11 @@ export async function restoreNewInstance(
   step: (point: 'prepared' | 'layer-ready') => void = () => undefined,
 ): Promise<number> {
   const { runtime, layers } = engine;
-  runtime.prepare(key, { memoryBytes: like.memory_bytes ?? undefined, pids: like.pids_max ?? undefined });
+  runtime.prepare(key, limitsOf(like));
   await runtime.prepareForRestore(key);
   step('prepared');
   await layers.resetUpperTo(key, ckpt.layer_id);
-  runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname });
+  runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname, diskBytes: like.disk_bytes });
   step('layer-ready');
   return engine.criu.restore(restoreOptions(engine, key, engine.paths.processImage(ckpt.id)));
 }

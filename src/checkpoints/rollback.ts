@@ -68,7 +68,7 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
 
   let m = performance.now();
   runtime.unmountRoot(row.instance);
-  await layers.resetUpperTo(row.instance, ckpt.layer_id);
+  await layers.resetUpperTo(row.instance, ckpt.layer_id); // the cgroup, and so its limits, stay; mountRoot sets the disk quota
   t.layerMs = performance.now() - m;
   engine.fault('rollback:layer-reset');
 

@@ -17,6 +17,7 @@ import type { Engine } from '../engine.js';
 import { startTime } from '../host/proc.js';
 import { isInitOf } from '../sandboxes/identity.js';
 import { restoreNewInstance } from './process-image.js';
+import { checkStandbyQuota, tenantOf } from '../tenants/quotas.js';
 
 /** STANDBY=off disables it (memory-tight hosts); on by default. */
 export function standbyEnabled(): boolean {
@@ -41,6 +42,23 @@ export async function dropStandby(engine: Engine, sandboxId: string): Promise<vo
 }
 
 /**
+ * A standby is a whole second copy of the sandbox's memory: it counts against
+ * the tenant's maxMemoryMb, and is not made when it would not fit (the
+ * rollback then restores with CRIU).
+ */
+function standbyFits(engine: Engine, row: SandboxRow): boolean {
+  const tenant = tenantOf(engine.catalog.db, row.tenant);
+  if (!tenant || row.memory_bytes === null) return true;
+  try {
+    checkStandbyQuota(engine.catalog.db, tenant, row.memory_bytes);
+    return true;
+  } catch (e) {
+    engine.log.info({ err: e, sandboxId: row.id }, 'no warm standby: tenant memory quota');
+    return false;
+  }
+}
+
+/**
  * Restores a frozen standby of `ckpt` for the sandbox. Call it under the
  * sandbox's lock. A failure only costs the fast path: rollback falls back to
  * a CRIU restore.
@@ -49,6 +67,7 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
   const row = engine.catalog.sandbox(sandboxId);
   if (!row || row.state !== 'running' || hasStandbyFor(engine, row, ckpt.id)) return;
   await dropStandby(engine, sandboxId);
+  if (!standbyFits(engine, row)) return;
   const key = `${sandboxId}.${randomBytes(3).toString('hex')}`;
   const { runtime, cgroups } = engine;
   try {
@@ -59,6 +78,9 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
     if (!fresh || fresh.state !== 'running') throw new Error('sandbox changed while its standby was prepared');
     const start = startTime(pid) ?? null;
     if (!isInitOf(engine, key, pid, start)) throw new Error('the restored standby exited before it was frozen');
+    // Checked again with the commit, in the same tick: another sandbox of
+    // the tenant may have taken the room while this one was restoring.
+    if (!standbyFits(engine, fresh)) throw new Error('the tenant has no memory left for a standby');
     engine.catalog.updateSandbox(sandboxId, { standby_instance: key, standby_checkpoint: ckpt.id, standby_pid: pid, standby_start: start });
     engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
   } catch (e) {

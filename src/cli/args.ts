@@ -30,6 +30,13 @@ export function intFlag(value: string | undefined, flag: string): number | undef
   return Number(value);
 }
 
+/** A decimal flag (--cpus 0.5); range checks are the library's, which name the field. */
+export function numberFlag(value: string | undefined, flag: string): number | undefined {
+  if (value === undefined) return undefined;
+  if (!/^-?\d+(\.\d+)?$/.test(value)) throw new UsageError(`--${flag} must be a number, got ${JSON.stringify(value)}`);
+  return Number(value);
+}
+
 /** ["K=V", ...] -> { K: V } */
 export function envFlags(values: string[] | undefined): Record<string, string> | undefined {
   if (!values?.length) return undefined;

@@ -6,7 +6,8 @@
  */
 import fs from 'node:fs';
 import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } from './output.js';
-import { envFlags, intFlag, need, parse, splitCommand } from './args.js';
+import { envFlags, intFlag, need, numberFlag, parse, splitCommand } from './args.js';
+import type { SandboxInfo } from '../sandboxes/sandbox.js';
 import { runDoctor } from '../host/doctor.js';
 import { drawTree } from '../checkpoints/tree.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
@@ -17,15 +18,25 @@ import { withLockstep } from './session.js';
 import { SETUP_HELP, setupCommands } from './setup-command.js';
 import { VERSION } from '../version.js';
 
+/** "mem 512M pids 256 cpu 100 cap 0.5 disk 8M": the limits of a sandbox on one line. */
+function limitsText(s: SandboxInfo): string {
+  const parts = [`mem ${s.memoryMb ?? '-'}M`, `pids ${s.pids ?? '-'}`, `cpu ${s.cpuWeight ?? '-'}`];
+  if (s.cpus !== null) parts.push(`cap ${s.cpus}`);
+  if (s.ioWeight !== null) parts.push(`io ${s.ioWeight}`);
+  if (s.diskMb !== null) parts.push(`disk ${s.diskMb}M`);
+  return parts.join(' ');
+}
+
 const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for AI agents
 
 usage: lockstep <command> [options]
 
 sandboxes
-  create [--image NAME] [--memory MIB] [--pids N] [--env K=V]... [--json]
+  create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]
   exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]
   spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]
   ls [--json]
+  inspect ID [--json]             limits and what the sandbox uses (CPU time, disk)
   rm ID [--json]
 
 checkpoints
@@ -94,11 +105,31 @@ const commands: Record<string, Handler> = {
   },
 
   async create(argv) {
-    const usage = 'lockstep create [--image NAME] [--memory MIB] [--pids N] [--env K=V]... [--json]';
-    const { values, positionals } = parse(argv, { image: { type: 'string' }, memory: { type: 'string' }, pids: { type: 'string' }, env: { type: 'string', multiple: true }, json: { type: 'boolean' } }, usage);
+    const usage = 'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
+    const options = {
+      image: { type: 'string' },
+      memory: { type: 'string' },
+      pids: { type: 'string' },
+      'cpu-weight': { type: 'string' },
+      cpus: { type: 'string' },
+      'io-weight': { type: 'string' },
+      'disk-mb': { type: 'string' },
+      env: { type: 'string', multiple: true },
+      json: { type: 'boolean' },
+    } as const;
+    const { values, positionals } = parse(argv, options, usage);
     need(positionals, 0, usage);
     return withLockstep(async (ls) => {
-      const sb = await ls.create({ image: values.image, memoryMb: intFlag(values.memory, 'memory'), pids: intFlag(values.pids, 'pids'), envs: envFlags(values.env) });
+      const sb = await ls.create({
+        image: values.image,
+        memoryMb: intFlag(values.memory, 'memory'),
+        pids: intFlag(values.pids, 'pids'),
+        cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
+        cpus: numberFlag(values.cpus, 'cpus'),
+        ioWeight: intFlag(values['io-weight'], 'io-weight'),
+        diskMb: intFlag(values['disk-mb'], 'disk-mb'),
+        envs: envFlags(values.env),
+      });
       if (values.json) printJson({ id: sb.id });
       else process.stdout.write(`${sb.id}\n`);
       return EXIT.ok;
@@ -145,7 +176,36 @@ const commands: Record<string, Handler> = {
     return withLockstep(async (ls) => {
       const list = ls.list();
       if (values.json) printJson(list);
-      else process.stdout.write(table(['ID', 'IMAGE', 'STATE', 'HEAD', 'CREATED'], list.map((s) => [s.id, s.image, s.state, s.headCheckpointId ?? '-', s.createdAt])) + '\n');
+      else {
+        const rows = list.map((s) => [s.id, s.image, s.state, s.headCheckpointId ?? '-', s.createdAt, limitsText(s)]);
+        process.stdout.write(table(['ID', 'IMAGE', 'STATE', 'HEAD', 'CREATED', 'LIMITS'], rows) + '\n');
+      }
+      return EXIT.ok;
+    });
+  },
+
+  async inspect(argv) {
+    const usage = 'lockstep inspect ID [--json]';
+    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const [id] = need(positionals, 1, usage);
+    return withLockstep(async (ls) => {
+      const sb = ls.get(id!);
+      const info = { ...sb.info(), usage: sb.usage() };
+      if (values.json) printJson(info);
+      else {
+        const u = info.usage;
+        const lines: [string, string][] = [
+          ['id', info.id],
+          ['image', info.image],
+          ['state', info.state],
+          ['head', info.headCheckpointId ?? '-'],
+          ['limits', limitsText(info)],
+          ['cpu used', u.cpuSeconds === null ? '-' : `${u.cpuSeconds.toFixed(2)} s`],
+          ['disk used', u.diskUsedMb === null ? '- (no quotas on the store)' : `${u.diskUsedMb.toFixed(1)} MiB${info.diskMb === null ? '' : ` of ${info.diskMb} MiB`}`],
+          ['created', info.createdAt],
+        ];
+        process.stdout.write(lines.map(([k, v]) => `${k.padEnd(10)} ${v}`).join('\n') + '\n');
+      }
       return EXIT.ok;
     });
   },

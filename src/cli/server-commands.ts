@@ -26,7 +26,7 @@ export const SERVER_HELP = `server
                                   settings: flag > LOCKSTEP_* environment > config file (${DEFAULT_CONFIG_FILE})
   mcp [--sandbox ID] [--image NAME] [--memory MIB]
                                   MCP server on stdio for one sandbox (created and removed if not given)
-  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json]
+  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]
                                   prints the tenant's bearer token (shown once)
   tenant ls [--json]
   tenant rm NAME [--force] [--json]
@@ -108,14 +108,28 @@ export const serverCommands: Record<string, Handler> = {
 
   async tenant(argv) {
     const [sub, ...rest] = argv;
-    const usage = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
+    const usage = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
-        const u = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--json]';
-        const { values, positionals } = parse(rest, { 'max-sandboxes': { type: 'string' }, 'max-memory': { type: 'string' }, json: { type: 'boolean' } }, u);
+        const u = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
+        const opts = {
+          'max-sandboxes': { type: 'string' },
+          'max-memory': { type: 'string' },
+          'cpu-weight': { type: 'string' },
+          'max-cpu-weight': { type: 'string' },
+          'max-checkpoint-mb': { type: 'string' },
+          json: { type: 'boolean' },
+        } as const;
+        const { values, positionals } = parse(rest, opts, u);
         const [name] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
-          const { tenant, token } = addTenant(ls.engine.catalog.db, name!, { maxSandboxes: intFlag(values['max-sandboxes'], 'max-sandboxes'), maxMemoryMb: intFlag(values['max-memory'], 'max-memory') });
+          const { tenant, token } = addTenant(ls.engine.catalog.db, name!, {
+            maxSandboxes: intFlag(values['max-sandboxes'], 'max-sandboxes'),
+            maxMemoryMb: intFlag(values['max-memory'], 'max-memory'),
+            cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
+            maxCpuWeight: intFlag(values['max-cpu-weight'], 'max-cpu-weight'),
+            maxCheckpointMb: intFlag(values['max-checkpoint-mb'], 'max-checkpoint-mb'),
+          });
           if (values.json) printJson({ ...tenant, token });
           else {
             process.stdout.write(`${token}\n`);
@@ -134,7 +148,15 @@ export const serverCommands: Record<string, Handler> = {
           if (values.json) printJson(rows);
           else {
             const lim = (n: number | null) => (n === null ? '-' : String(n));
-            process.stdout.write(table(['NAME', 'SANDBOXES', 'MEMORY MIB', 'CREATED'], rows.map((t) => [t.name, `${t.usage.sandboxes}/${lim(t.maxSandboxes)}`, `${t.usage.memoryMb}/${lim(t.maxMemoryMb)}`, t.createdAt])) + '\n');
+            const cells = rows.map((t) => [
+              t.name,
+              `${t.usage.sandboxes}/${lim(t.maxSandboxes)}`,
+              `${t.usage.memoryMb}+${t.usage.standbyMemoryMb}/${lim(t.maxMemoryMb)}`,
+              `${t.usage.cpuWeight}/${lim(t.maxCpuWeight)}`,
+              `${t.usage.checkpointMb}/${lim(t.maxCheckpointMb)}`,
+              t.createdAt,
+            ]);
+            process.stdout.write(table(['NAME', 'SANDBOXES', 'MEMORY+STANDBY MIB', 'CPU WEIGHT', 'CHECKPOINT MIB', 'CREATED'], cells) + '\n');
           }
           return EXIT.ok;
         });

@@ -11,6 +11,38 @@ import { HostError, InvalidStateError } from '../errors.js';
 export interface CgroupLimits {
   memoryBytes?: number | undefined;
   pids?: number | undefined;
+  /** Relative CPU weight on the cgroup v2 scale (1-10000, kernel default 100); v1 gets cpu.shares = weight * 1024 / 100. */
+  cpuWeight?: number | undefined;
+  /** Hard CPU cap: microseconds of CPU time per 100 ms period (cpus * 100000). */
+  cpuQuotaUs?: number | undefined;
+  /** Relative I/O weight (1-10000, default 100); only where ioWeightSupport() says it takes effect. */
+  ioWeight?: number | undefined;
+}
+
+/** The CFS period every CPU cap is expressed against (the kernel default). */
+export const CPU_PERIOD_US = 100_000;
+
+/** cgroup v1 cpu.shares for a v2-scale weight: linear, so ratios between sandboxes are kept (100 -> 1024, the kernel default). */
+export function sharesForWeight(weight: number): number {
+  return Math.max(2, Math.round((weight * 1024) / 100));
+}
+
+/** Whether a relative I/O weight would take effect here, and through which file. */
+export type IoWeightSupport = { ok: true; file: string; detail: string } | { ok: false; detail: string };
+
+/** Block devices whose active I/O scheduler is BFQ (the only one that honours blkio/io.bfq.weight). */
+function bfqDevices(sysBlock = '/sys/block'): string[] {
+  try {
+    return fs.readdirSync(sysBlock).filter((d) => {
+      try {
+        return /\[bfq\]/.test(fs.readFileSync(path.join(sysBlock, d, 'queue', 'scheduler'), 'utf8'));
+      } catch {
+        return false;
+      }
+    });
+  } catch {
+    return [];
+  }
 }
 
 /** What the sandbox code needs from a cgroup hierarchy. */
@@ -31,6 +63,11 @@ export interface CgroupDriver {
   /** Names of the children of a group (for the reaper). */
   children(group: string): string[];
   oomKills(name: string): number;
+  /** True when CPU weights and caps can be set (the cpu controller is there). */
+  readonly cpuControl: boolean;
+  /** Total CPU time the cgroup's processes used, in microseconds (cpuacct.usage / cpu.stat usage_usec). */
+  cpuUsageUsec(name: string): number;
+  ioWeightSupport(): IoWeightSupport;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -72,26 +109,71 @@ async function waitFor(cond: () => boolean, timeoutMs: number, what: string): Pr
   }
 }
 
-/** cgroup v1: pids, memory and freezer hierarchies. */
+/**
+ * cgroup v1: pids, memory and freezer hierarchies, plus cpu, cpuacct and
+ * blkio where they are mounted (separately or co-mounted as "cpu,cpuacct":
+ * the per-controller paths are then symlinks to one directory).
+ */
 export class CgroupV1 implements CgroupDriver {
   readonly version = 1 as const;
   static readonly controllers = ['pids', 'memory', 'freezer'] as const;
-  constructor(private readonly root = '/sys/fs/cgroup') {}
+  /** Hierarchies used when mounted; a sandbox joins each of them. */
+  private readonly hierarchies: string[];
+  readonly cpuControl: boolean;
+  constructor(
+    private readonly root = '/sys/fs/cgroup',
+    private readonly sysBlock = '/sys/block',
+  ) {
+    const optional = ['cpu', 'cpuacct', 'blkio'].filter((c) => fs.existsSync(path.join(root, c, 'cgroup.procs')));
+    this.hierarchies = [...CgroupV1.controllers, ...optional];
+    this.cpuControl = fs.existsSync(path.join(root, 'cpu', 'cpu.shares'));
+  }
 
   private dir(ctrl: string, name: string) {
     return path.join(this.root, ctrl, name);
   }
 
   create(name: string, limits: CgroupLimits): void {
-    for (const c of CgroupV1.controllers) fs.mkdirSync(this.dir(c, name), { recursive: true, mode: 0o755 });
+    for (const c of this.hierarchies) fs.mkdirSync(this.dir(c, name), { recursive: true, mode: 0o755 });
     if (limits.pids !== undefined) fs.writeFileSync(path.join(this.dir('pids', name), 'pids.max'), String(limits.pids));
     if (limits.memoryBytes !== undefined) {
       fs.writeFileSync(path.join(this.dir('memory', name), 'memory.limit_in_bytes'), String(limits.memoryBytes));
     }
+    if (limits.cpuWeight !== undefined || limits.cpuQuotaUs !== undefined) {
+      if (!this.cpuControl) throw new HostError('CGROUP_CONTROLLERS', `The cpu cgroup controller is not mounted under ${this.root}`);
+      const cpu = this.dir('cpu', name);
+      if (limits.cpuWeight !== undefined) fs.writeFileSync(path.join(cpu, 'cpu.shares'), String(sharesForWeight(limits.cpuWeight)));
+      if (limits.cpuQuotaUs !== undefined) {
+        fs.writeFileSync(path.join(cpu, 'cpu.cfs_period_us'), String(CPU_PERIOD_US));
+        fs.writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(limits.cpuQuotaUs));
+      }
+    }
+    if (limits.ioWeight !== undefined) {
+      const io = this.ioWeightSupport();
+      if (!io.ok) throw new HostError('CGROUP_CONTROLLERS', `I/O weight unavailable: ${io.detail}`);
+      fs.writeFileSync(path.join(this.dir('blkio', name), io.file), String(io.file === 'blkio.weight' ? Math.max(10, Math.min(1000, limits.ioWeight)) : Math.max(1, Math.min(1000, limits.ioWeight))));
+    }
   }
 
   procsFiles(name: string): string[] {
-    return CgroupV1.controllers.map((c) => path.join(this.dir(c, name), 'cgroup.procs'));
+    return this.hierarchies.map((c) => path.join(this.dir(c, name), 'cgroup.procs'));
+  }
+
+  cpuUsageUsec(name: string): number {
+    const acct = fs.existsSync(path.join(this.root, 'cpuacct')) ? 'cpuacct' : 'cpu';
+    return Math.floor(Number(readTrim(path.join(this.dir(acct, name), 'cpuacct.usage'))) / 1000);
+  }
+
+  ioWeightSupport(): IoWeightSupport {
+    const blkio = path.join(this.root, 'blkio');
+    if (!fs.existsSync(path.join(blkio, 'cgroup.procs'))) return { ok: false, detail: 'the blkio cgroup controller is not mounted' };
+    const bfq = bfqDevices(this.sysBlock);
+    if (fs.existsSync(path.join(blkio, 'blkio.bfq.weight'))) {
+      if (bfq.length) return { ok: true, file: 'blkio.bfq.weight', detail: `blkio.bfq.weight on ${bfq.join(', ')} (BFQ)` };
+      return { ok: false, detail: 'blkio.bfq.weight exists but no block device uses the BFQ scheduler' };
+    }
+    if (fs.existsSync(path.join(blkio, 'blkio.weight'))) return { ok: true, file: 'blkio.weight', detail: 'blkio.weight' };
+    return { ok: false, detail: 'this kernel\'s blkio (v1) hierarchy has no weight file (no blkio.weight or blkio.bfq.weight)' };
   }
 
   freezerPath(name: string): string {
@@ -137,7 +219,7 @@ export class CgroupV1 implements CgroupDriver {
   }
 
   remove(name: string): void {
-    for (const c of CgroupV1.controllers) rmdirIfExists(this.dir(c, name));
+    for (const c of this.hierarchies) rmdirIfExists(this.dir(c, name));
   }
 
   children(group: string): string[] {
@@ -161,24 +243,48 @@ export class CgroupV1 implements CgroupDriver {
 /** cgroup v2: one unified hierarchy, controllers enabled down the path. */
 export class CgroupV2 implements CgroupDriver {
   readonly version = 2 as const;
-  constructor(private readonly root = '/sys/fs/cgroup') {}
+  readonly cpuControl: boolean;
+  private readonly available: string[];
+  constructor(
+    private readonly root = '/sys/fs/cgroup',
+    private readonly sysBlock = '/sys/block',
+  ) {
+    try {
+      this.available = readTrim(path.join(root, 'cgroup.controllers')).split(/\s+/);
+    } catch {
+      this.available = [];
+    }
+    this.cpuControl = this.available.includes('cpu');
+  }
 
   private dir(name: string) {
     return path.join(this.root, name);
   }
 
   create(name: string, limits: CgroupLimits): void {
-    // Enable memory and pids for every ancestor's children, top-down.
+    // Enable memory and pids (and cpu, io where the hierarchy has them) for
+    // every ancestor's children, top-down.
+    const wanted = ['memory', 'pids', ...['cpu', 'io'].filter((c) => this.available.includes(c))];
     const parts = name.split('/');
     let cur = this.root;
     for (const part of parts) {
       try {
-        fs.writeFileSync(path.join(cur, 'cgroup.subtree_control'), '+memory +pids');
+        fs.writeFileSync(path.join(cur, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' '));
       } catch (e) {
-        throw new HostError('CGROUP_CONTROLLERS', `Cannot enable memory and pids controllers in ${cur}`, { cause: e });
+        throw new HostError('CGROUP_CONTROLLERS', `Cannot enable the ${wanted.join(', ')} controllers in ${cur}`, { cause: e });
       }
       cur = path.join(cur, part);
       fs.mkdirSync(cur, { recursive: true, mode: 0o755 });
+    }
+    if (limits.cpuWeight !== undefined || limits.cpuQuotaUs !== undefined) {
+      if (!this.cpuControl) throw new HostError('CGROUP_CONTROLLERS', `The cpu controller is not available in ${this.root}`);
+      if (limits.cpuWeight !== undefined) fs.writeFileSync(path.join(cur, 'cpu.weight'), String(limits.cpuWeight));
+      if (limits.cpuQuotaUs !== undefined) fs.writeFileSync(path.join(cur, 'cpu.max'), `${limits.cpuQuotaUs} ${CPU_PERIOD_US}`);
+    }
+    if (limits.ioWeight !== undefined) {
+      const io = this.ioWeightSupport();
+      if (!io.ok) throw new HostError('CGROUP_CONTROLLERS', `I/O weight unavailable: ${io.detail}`);
+      fs.writeFileSync(path.join(cur, io.file), io.file === 'io.bfq.weight' ? String(Math.min(1000, limits.ioWeight)) : `default ${limits.ioWeight}`);
     }
     if (limits.pids !== undefined) fs.writeFileSync(path.join(cur, 'pids.max'), String(limits.pids));
     if (limits.memoryBytes !== undefined) {
@@ -246,6 +352,26 @@ export class CgroupV2 implements CgroupDriver {
     } catch {
       return 0;
     }
+  }
+
+  cpuUsageUsec(name: string): number {
+    const m = /^usage_usec (\d+)$/m.exec(fs.readFileSync(path.join(this.dir(name), 'cpu.stat'), 'utf8'));
+    return m ? Number(m[1]) : 0;
+  }
+
+  ioWeightSupport(): IoWeightSupport {
+    if (!this.available.includes('io')) return { ok: false, detail: `the io controller is not available in ${this.root} (bound to a v1 hierarchy, or not built)` };
+    // io.weight only acts when io.cost is enabled on a device; io.bfq.weight only under BFQ.
+    const bfq = bfqDevices(this.sysBlock);
+    if (bfq.length) return { ok: true, file: 'io.bfq.weight', detail: `io.bfq.weight on ${bfq.join(', ')} (BFQ)` };
+    let qos = '';
+    try {
+      qos = fs.readFileSync(path.join(this.root, 'io.cost.qos'), 'utf8');
+    } catch {
+      /* no iocost */
+    }
+    if (/enable=1/.test(qos)) return { ok: true, file: 'io.weight', detail: 'io.weight (io.cost enabled)' };
+    return { ok: false, detail: 'no block device uses the BFQ scheduler and io.cost is not enabled, so an I/O weight would have no effect' };
   }
 }
 

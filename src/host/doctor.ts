@@ -43,6 +43,21 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
   try {
     const cg = detectCgroups();
     add('cgroups', true, cg.version === 2 ? 'cgroup v2 (unified): memory, pids, freeze' : 'cgroup v1: pids, memory and freezer hierarchies');
+    checks.push({
+      name: 'cpu limits',
+      ok: cg.cpuControl,
+      optional: true,
+      detail: cg.cpuControl ? `cpuWeight and cpus apply (${cg.version === 2 ? 'cpu.weight, cpu.max' : 'cpu.shares, cpu.cfs_quota_us'})` : 'no cpu controller: creates that set cpuWeight or cpus are refused (LIMIT_UNSUPPORTED)',
+      ...(cg.cpuControl ? {} : { fix: 'mount the cpu cgroup controller (v1) or make it available in the unified hierarchy (v2)' }),
+    });
+    const io = cg.ioWeightSupport();
+    checks.push({
+      name: 'io weight',
+      ok: io.ok,
+      optional: true,
+      detail: io.ok ? `ioWeight applies: ${io.detail}` : `ioWeight unavailable, creates that set it are refused (LIMIT_UNSUPPORTED): ${io.detail}`,
+      ...(io.ok ? {} : { fix: 'select the BFQ scheduler on the disk that holds the state directory (echo bfq > /sys/block/DEV/queue/scheduler) on a kernel whose blkio/io controller has bfq.weight, or enable io.cost (cgroup v2)' }),
+    });
   } catch (e) {
     add('cgroups', false, (e as Error).message, 'mount the pids, memory and freezer cgroup v1 controllers, or cgroup v2');
   }

@@ -51,6 +51,9 @@ export function statusForCode(code: string, err?: unknown): number {
   if (code === 'INVALID_ARGUMENT' || code === 'PATH_ESCAPES_SANDBOX' || code === 'CONTEXT_FORMAT_UNSUPPORTED' || code === 'FILE_TYPE_NOT_SUPPORTED') return 400;
   if (code === 'FILE_TOO_LARGE') return 413;
   if (code === 'QUOTA_EXCEEDED') return 429;
+  // The request is well-formed but names a limit this host cannot enforce.
+  if (code === 'LIMIT_UNSUPPORTED') return 422;
+  if (code === 'DISK_QUOTA_EXCEEDED' || code === 'DISK_FULL') return 507;
   if (code === 'COMMAND_TIMEOUT') return 504;
   // Aborted by the server's shutdown (or for a client that is gone).
   if (code === 'COMMAND_ABORTED') return 503;

@@ -35,8 +35,20 @@ async function wrap<T>(what: string, fn: () => Promise<T>): Promise<T> {
   }
 }
 
+// The qgroup ioctls are still synchronous: they only set or read a few
+// numbers of one subvolume (enabling quotas once per store is the slow one).
+function wrapSync<T>(what: string, fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    if (isNativeError(e)) throw new SystemCallError('LAYER_STORE_FAILED', `${what}: ${e.message}`, e);
+    throw e;
+  }
+}
+
 /** btrfs-backed store of writable and checkpoint layers. */
 export class LayerStore {
+  private quotasOn: boolean | undefined;
   private constructor(private readonly paths: StatePaths) {}
 
   /** Mounts (creating if needed) the store and its folders. Idempotent and quick when already mounted. */
@@ -46,6 +58,8 @@ export class LayerStore {
     for (const dir of [paths.uppers, paths.layers, paths.processImages, paths.scratch]) {
       fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     }
+    // Quotas on from the start: checkpoint sizes then always include their layers.
+    if (process.env.LOCKSTEP_DISK_QUOTA === 'on' && store.ownsFilesystem() && !store.quotasEnabled()) store.enableQuotas();
     return store;
   }
 
@@ -105,15 +119,84 @@ export class LayerStore {
     await fs.promises.mkdir(path.join(base, 'work'), { mode: 0o700 });
   }
 
+  /**
+   * Why a disk quota cannot be had here, or undefined when it can. Quotas
+   * are btrfs qgroups, which cost every snapshot of the filesystem a
+   * transaction commit (docs/ARCHITECTURE.md, "Disk quota"): they are turned
+   * on only on Lockstep's own loop-mounted store, the first time a sandbox
+   * asks for a quota; on a state directory that is itself on btrfs, only if
+   * an administrator has enabled them.
+   */
+  quotaUnavailable(): string | undefined {
+    if (process.env.LOCKSTEP_DISK_QUOTA === 'off') return 'disk quotas are turned off (LOCKSTEP_DISK_QUOTA=off)';
+    if (this.quotasEnabled() || this.ownsFilesystem()) return undefined;
+    return `btrfs quotas are off on ${this.paths.home}, a host btrfs Lockstep does not own: enable them there (btrfs quota enable) to allow disk quotas`;
+  }
+
+  /** True when the layers live in Lockstep's own loop-mounted btrfs image (not a host btrfs). */
+  private ownsFilesystem(): boolean {
+    return !isBtrfs(this.paths.home);
+  }
+
+  private enableQuotas(): void {
+    wrapSync('enabling btrfs quotas on the layer store', () => native().quotaEnable(this.paths.store));
+    this.quotasOn = true;
+  }
+
+  private quotasEnabled(): boolean {
+    if (this.quotasOn) return true;
+    this.quotasOn = wrapSync('reading the quota state', () => native().qgroupUsage(this.paths.layers) !== null);
+    return this.quotasOn;
+  }
+
+  /**
+   * Sets the writable layer's quota (a btrfs qgroup "max referenced" limit),
+   * enabling quotas on the store first if needed. A snapshot's qgroup starts
+   * with no limit, so every new copy of a layer needs this again. Call it
+   * after the overlay is mounted: overlayfs makes its work directory at mount
+   * time and, if a full layer refused that, would mount read-only.
+   */
+  setQuota(sandboxId: string, quotaBytes: number | null): void {
+    if (quotaBytes === null) return;
+    const why = this.quotaUnavailable();
+    if (why) throw new HostError('DISK_QUOTA_UNAVAILABLE', why);
+    if (!this.quotasEnabled()) this.enableQuotas();
+    wrapSync('setting the writable layer quota', () => native().qgroupLimit(this.paths.upper(sandboxId), quotaBytes));
+  }
+
+  /**
+   * Bytes a layer references (shared extents included) as of the last
+   * commit, or null when quotas are off. Used as a checkpoint's disk size:
+   * an upper bound on what deleting it alone could free.
+   */
+  layerBytes(layerId: string): number | null {
+    if (!this.quotasEnabled()) return null;
+    return wrapSync('reading a layer size', () => native().qgroupUsage(this.paths.layer(layerId))?.referenced ?? null);
+  }
+
+  /** A writable layer's quota and usage (bytes; usage as of the last commit), or null when quotas are off. */
+  upperUsage(sandboxId: string): { usedBytes: number; quotaBytes: number | null } | null {
+    if (!this.quotasEnabled()) return null;
+    const u = wrapSync('reading the writable layer usage', () => native().qgroupUsage(this.paths.upper(sandboxId)));
+    return u ? { usedBytes: u.referenced, quotaBytes: u.maxReferenced } : null;
+  }
+
   /** Freezes the current writable layer of a sandbox into a read-only layer (O(1)). */
   async snapshotUpper(sandboxId: string, layerId: string): Promise<void> {
     await wrap('snapshotting the writable layer', () => native().subvolumeSnapshot(this.paths.upper(sandboxId), this.paths.layer(layerId), true));
   }
 
-  /** Replaces a sandbox's writable layer with a writable copy of a layer (O(1)). */
+  /**
+   * Replaces a sandbox's writable layer with a writable copy of a layer
+   * (O(1)). A snapshot inherits its source's qgroup limit; it is lifted here
+   * so that overlayfs can make its work directory in a full layer, and set
+   * again by setQuota once the overlay is mounted.
+   */
   async resetUpperTo(sandboxId: string, layerId: string): Promise<void> {
     await this.deleteUpper(sandboxId);
-    await wrap('restoring the writable layer', () => native().subvolumeSnapshot(this.paths.layer(layerId), this.paths.upper(sandboxId), false));
+    const upper = this.paths.upper(sandboxId);
+    await wrap('restoring the writable layer', () => native().subvolumeSnapshot(this.paths.layer(layerId), upper, false));
+    if (this.quotasEnabled()) wrapSync('lifting the inherited quota', () => native().qgroupLimit(upper, 0));
   }
 
   deleteUpper(sandboxId: string): Promise<boolean> {

@@ -88,6 +88,12 @@ export interface NativeBinding {
    * the root fails with EXDEV.
    */
   openChecked(root: string, relativePath: string, flags: number): Promise<OpenedFile>;
+  /** Turns on btrfs qgroup accounting for the filesystem holding path (idempotent). */
+  quotaEnable(path: string): void;
+  /** Sets the max-referenced limit of a subvolume's qgroup (0 clears it). */
+  qgroupLimit(subvolume: string, maxReferencedBytes: number): void;
+  /** A subvolume's qgroup numbers as of the last commit; null when quotas are off. */
+  qgroupUsage(subvolume: string): { referenced: number; exclusive: number; maxReferenced: number | null } | null;
   openFlags: { O_PATH: number; O_DIRECTORY: number; O_NOFOLLOW: number; O_NONBLOCK: number };
   flock(fd: number, exclusive: boolean): boolean;
   criu(request: CriuRequest): Promise<number>;

@@ -1,6 +1,7 @@
 /** Verb: create a sandbox (cgroup, writable layer, overlay root, namespaces, init). */
 import { newId, type SandboxRow } from '../catalog/catalog.js';
-import { InvalidArgumentError } from '../errors.js';
+import { InvalidArgumentError, LimitUnsupportedError } from '../errors.js';
+import { CPU_PERIOD_US, type CgroupLimits } from '../host/cgroups.js';
 import type { Engine } from '../engine.js';
 import { validateImageName } from '../images/image-store.js';
 import { hostOf } from '../engine.js';
@@ -11,6 +12,19 @@ export interface CreateOptions {
   memoryMb?: number | undefined;
   /** Maximum number of processes (default 256). */
   pids?: number | undefined;
+  /**
+   * Relative CPU weight, on the cgroup v2 scale: 1-10000, default 100 (or the
+   * tenant's default). Under contention a sandbox with weight 400 gets four
+   * times the CPU of one with 100; on cgroup v1 it is written as
+   * cpu.shares = weight * 1024 / 100, which keeps the ratios.
+   */
+  cpuWeight?: number | undefined;
+  /** Hard CPU cap in CPUs (0.01-1024, two decimals): 0.5 is half of one core. Default: no cap. */
+  cpus?: number | undefined;
+  /** Relative I/O weight, 1-1000; refused (LIMIT_UNSUPPORTED) on a host where no weight would take effect. */
+  ioWeight?: number | undefined;
+  /** Disk quota of the writable layer in MiB: a write past it fails with EDQUOT inside the sandbox. Default: none. */
+  diskMb?: number | undefined;
   /** Environment every command in the sandbox gets. */
   envs?: Record<string, string> | undefined;
   metadata?: Record<string, string> | undefined;
@@ -24,7 +38,32 @@ export interface CreateOptions {
 export const LIMITS = {
   memoryMb: { min: 16, max: 1024 * 1024, default: 512 },
   pids: { min: 8, max: 1 << 22, default: 256 },
+  cpuWeight: { min: 1, max: 10_000, default: 100 },
+  cpus: { min: 0.01, max: 1024 },
+  ioWeight: { min: 1, max: 1000 },
+  diskMb: { min: 1, max: 1 << 24 },
 };
+
+/** The sandbox's resource limits as its catalog row records them (forks, standbys and rollbacks reuse these). */
+export function limitsOf(row: SandboxRow): CgroupLimits {
+  return {
+    memoryBytes: row.memory_bytes ?? undefined,
+    pids: row.pids_max ?? undefined,
+    cpuWeight: row.cpu_weight ?? undefined,
+    cpuQuotaUs: row.cpu_quota_us ?? undefined,
+    ioWeight: row.io_weight ?? undefined,
+  };
+}
+
+/** cpus (0.5) as microseconds of CPU per period; undefined when absent, INVALID_ARGUMENT when not a multiple of 0.01 in range. */
+function cpuQuota(v: unknown): number | undefined {
+  if (v === undefined || v === null) return undefined;
+  const centis = typeof v === 'number' ? Math.round(v * 100) : NaN;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < LIMITS.cpus.min || v > LIMITS.cpus.max || Math.abs(centis - v * 100) > 1e-6) {
+    throw new InvalidArgumentError('cpus', `a number of CPUs from ${LIMITS.cpus.min} to ${LIMITS.cpus.max} with at most two decimals`, v);
+  }
+  return (centis * CPU_PERIOD_US) / 100;
+}
 
 function intInRange(field: string, v: unknown, min: number, max: number, dflt: number): number {
   if (v === undefined || v === null) return dflt;
@@ -39,6 +78,10 @@ export function validateCreateOptions(opts: CreateOptions): Required<Pick<Create
   const image = validateImageName(opts.image ?? 'base');
   const memoryMb = intInRange('memoryMb', opts.memoryMb, LIMITS.memoryMb.min, LIMITS.memoryMb.max, LIMITS.memoryMb.default);
   const pids = intInRange('pids', opts.pids, LIMITS.pids.min, LIMITS.pids.max, LIMITS.pids.default);
+  const cpuWeight = intInRange('cpuWeight', opts.cpuWeight, LIMITS.cpuWeight.min, LIMITS.cpuWeight.max, LIMITS.cpuWeight.default);
+  cpuQuota(opts.cpus);
+  if (opts.ioWeight !== undefined) intInRange('ioWeight', opts.ioWeight, LIMITS.ioWeight.min, LIMITS.ioWeight.max, 0);
+  if (opts.diskMb !== undefined) intInRange('diskMb', opts.diskMb, LIMITS.diskMb.min, LIMITS.diskMb.max, 0);
   if (opts.timeoutMs !== undefined && (typeof opts.timeoutMs !== 'number' || !Number.isInteger(opts.timeoutMs) || opts.timeoutMs < 1000 || opts.timeoutMs > 30 * 24 * 3600 * 1000)) {
     throw new InvalidArgumentError('timeoutMs', 'an integer number of milliseconds from 1000 to 30 days', opts.timeoutMs);
   }
@@ -53,13 +96,40 @@ export function validateCreateOptions(opts: CreateOptions): Required<Pick<Create
       if (field === 'envs' && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new InvalidArgumentError(`envs.${k}`, 'a name of letters, digits and "_"', k);
     }
   }
-  return { ...opts, image, memoryMb, pids };
+  return { ...opts, image, memoryMb, pids, cpuWeight: opts.cpuWeight === undefined ? undefined : cpuWeight };
+}
+
+/**
+ * Refuses, before anything is made, a limit this host cannot enforce: an I/O
+ * weight where no scheduler honours one, a CPU limit without the cpu
+ * controller, a disk quota on a store that cannot have quotas.
+ */
+function checkEnforceable(engine: Engine, opts: CreateOptions): void {
+  if ((opts.cpuWeight !== undefined || opts.cpus !== undefined) && !engine.cgroups.cpuControl) {
+    throw new LimitUnsupportedError(opts.cpus !== undefined ? 'cpus' : 'cpuWeight', 'the cpu cgroup controller is not available on this host');
+  }
+  if (opts.ioWeight !== undefined) {
+    const io = engine.cgroups.ioWeightSupport();
+    if (!io.ok) throw new LimitUnsupportedError('ioWeight', io.detail);
+  }
+  if (opts.diskMb !== undefined) {
+    const why = engine.layers.quotaUnavailable();
+    if (why) throw new LimitUnsupportedError('diskMb', why);
+  }
+}
+
+/** The CPU weight a tenant's sandbox gets when the request names none. */
+function defaultCpuWeight(engine: Engine, tenant: string | null | undefined): number {
+  if (!tenant) return LIMITS.cpuWeight.default;
+  const row = engine.catalog.db.prepare('SELECT default_cpu_weight AS w FROM tenants WHERE name = ?').get(tenant) as { w: number | null } | undefined;
+  return row?.w ?? LIMITS.cpuWeight.default;
 }
 
 /** Creates and starts a sandbox; on any failure everything made so far is removed. */
 export async function createSandbox(engine: Engine, options: CreateOptions): Promise<SandboxRow> {
   const opts = validateCreateOptions(options);
   const image = engine.images.get(opts.image); // IMAGE_NOT_FOUND before anything is made
+  checkEnforceable(engine, opts);
   const id = newId('sbx');
   const runtimeLayer = engine.runtime.ensureRuntimeLayer();
   const row: SandboxRow = {
@@ -72,6 +142,10 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     init_start: null,
     memory_bytes: opts.memoryMb * 1024 * 1024,
     pids_max: opts.pids,
+    cpu_weight: opts.cpuWeight ?? defaultCpuWeight(engine, opts.tenant),
+    cpu_quota_us: cpuQuota(opts.cpus) ?? null,
+    io_weight: opts.ioWeight ?? null,
+    disk_bytes: opts.diskMb === undefined ? null : opts.diskMb * 1024 * 1024,
     hostname: opts.hostname ?? id.replace(/_/g, '-'),
     lineage_id: newId('lin'),
     branch_id: newId('br'),
@@ -92,7 +166,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   engine.catalog.insertSandbox(row);
   const log = engine.log.child({ sandboxId: id });
   try {
-    engine.runtime.prepare(id, { memoryBytes: row.memory_bytes ?? undefined, pids: row.pids_max ?? undefined });
+    engine.runtime.prepare(id, limitsOf(row));
     await engine.layers.createUpper(id);
     engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));

@@ -125,6 +125,8 @@ function mapError(e: unknown, p: string): never {
     if (code === 'EISDIR') throw new InvalidArgumentError('path', 'a regular file, not a directory', p);
     if (code === 'ENOTEMPTY') throw new InvalidArgumentError('path', 'an empty directory (pass recursive to remove a tree)', p);
     if (code === 'EAGAIN' || code === 'EWOULDBLOCK') throw new FileBusyError(p);
+    if (code === 'EDQUOT') throw new SystemCallError('DISK_QUOTA_EXCEEDED', `Cannot write ${p}: the sandbox's disk quota is used up`, e as Error);
+    if (code === 'ENOSPC') throw new SystemCallError('DISK_FULL', `Cannot write ${p}: the layer store is full`, e as Error);
     throw new SystemCallError('FILE_ACCESS_FAILED', `Cannot access ${p} in the sandbox: ${(e as Error).message}`, e as Error);
   }
   throw e;

@@ -33,6 +33,8 @@ export interface SandboxHost {
   imageRootfs: string;
   runtimeLayer: string;
   hostname: string;
+  /** Disk quota of the writable layer in bytes; null or absent for none. */
+  diskBytes?: number | null | undefined;
 }
 
 export class SandboxRuntime {
@@ -91,20 +93,22 @@ export class SandboxRuntime {
     this.cgroups.create(this.cgroupName(id), limits);
   }
 
-  /** Mounts the overlay root: runtime layer and image below, the writable layer on top. */
+  /** Mounts the overlay root (runtime layer and image below, the writable layer on top), then sets the layer's disk quota. */
   mountRoot(host: SandboxHost): void {
     const target = this.paths.sandboxRoot(host.id);
-    if (mountsUnder(target).includes(target)) return;
-    const { upper, work } = this.layers.upperDir(host.id);
-    try {
-      native().mountOverlay(target, [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs], upper, work);
-    } catch (e) {
-      if (isNativeError(e)) {
-        const hint = e.code === 'ELOOP' ? 'overlay directories may not overlap' : e.code === 'ENOENT' ? 'a layer directory is missing' : e.message;
-        throw new SystemCallError('OVERLAY_MOUNT_FAILED', `Cannot mount the sandbox root at ${target}: ${hint}`, e);
+    if (!mountsUnder(target).includes(target)) {
+      const { upper, work } = this.layers.upperDir(host.id);
+      try {
+        native().mountOverlay(target, [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs], upper, work);
+      } catch (e) {
+        if (isNativeError(e)) {
+          const hint = e.code === 'ELOOP' ? 'overlay directories may not overlap' : e.code === 'ENOENT' ? 'a layer directory is missing' : e.message;
+          throw new SystemCallError('OVERLAY_MOUNT_FAILED', `Cannot mount the sandbox root at ${target}: ${hint}`, e);
+        }
+        throw e;
       }
-      throw e;
     }
+    this.layers.setQuota(host.id, host.diskBytes ?? null);
   }
 
   /** Starts namespaces + init under the supervisor; returns the init's host pid and start time. */

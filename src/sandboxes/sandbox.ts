@@ -10,6 +10,7 @@ import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { namespacePid, sleep } from '../host/proc.js';
+import { CPU_PERIOD_US } from '../host/cgroups.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
 import { SandboxFiles, type FileEntry, type FileReadStream, type WriteOptions } from './files.js';
 import type { Readable } from 'node:stream';
@@ -34,6 +35,13 @@ export interface SandboxInfo {
   pid: number | null;
   memoryMb: number | null;
   pids: number | null;
+  /** Relative CPU weight (cgroup v2 scale, default 100). */
+  cpuWeight: number | null;
+  /** Hard CPU cap in CPUs, or null for none. */
+  cpus: number | null;
+  ioWeight: number | null;
+  /** Disk quota of the writable layer in MiB, or null for none. */
+  diskMb: number | null;
   lineageId: string;
   branchId: string;
   headCheckpointId: string | null;
@@ -45,6 +53,13 @@ export interface SandboxInfo {
   expiresAt: string | null;
 }
 
+/** Resources a sandbox uses (null where the host cannot tell). */
+export interface SandboxUsage {
+  cpuSeconds: number | null;
+  /** Bytes the writable layer references, as of the last btrfs commit; null when the store has no quotas on. */
+  diskUsedMb: number | null;
+}
+
 export function sandboxInfo(row: SandboxRow): SandboxInfo {
   return {
     id: row.id,
@@ -53,6 +68,10 @@ export function sandboxInfo(row: SandboxRow): SandboxInfo {
     pid: row.init_pid,
     memoryMb: row.memory_bytes === null ? null : row.memory_bytes / (1024 * 1024),
     pids: row.pids_max,
+    cpuWeight: row.cpu_weight,
+    cpus: row.cpu_quota_us === null ? null : row.cpu_quota_us / CPU_PERIOD_US,
+    ioWeight: row.io_weight,
+    diskMb: row.disk_bytes === null ? null : row.disk_bytes / (1024 * 1024),
     lineageId: row.lineage_id,
     branchId: row.branch_id,
     headCheckpointId: row.head_checkpoint_id,
@@ -421,6 +440,26 @@ export class Sandbox {
 
   info(): SandboxInfo {
     return sandboxInfo(this.core.row());
+  }
+
+  /** What the sandbox uses now: CPU time since it (or its current instance) started, and its writable layer's bytes. */
+  usage(): SandboxUsage {
+    const engine = this.core.engine;
+    const instance = this.core.row().instance;
+    let cpuSeconds: number | null = null;
+    try {
+      cpuSeconds = engine.cgroups.cpuUsageUsec(engine.runtime.cgroupName(instance)) / 1e6;
+    } catch {
+      /* no cgroup (stopped) or no CPU accounting */
+    }
+    let diskUsedMb: number | null = null;
+    try {
+      const u = engine.layers.upperUsage(instance);
+      if (u) diskUsedMb = u.usedBytes / (1024 * 1024);
+    } catch {
+      /* no writable layer */
+    }
+    return { cpuSeconds, diskUsedMb };
   }
 
   /** Removes the sandbox with everything it owns (E2B's kill). */

@@ -1,17 +1,30 @@
 /**
- * Per-tenant quotas: how many sandboxes a tenant may have, and how much
- * memory its running sandboxes may be granted in total (the sum of their
- * memory limits, which is what the host has promised them).
+ * Per-tenant quotas: how many sandboxes a tenant may have; how much memory
+ * its running sandboxes and their warm standbys may be granted in total (the
+ * sum of their memory limits, which is what the host has promised them);
+ * the sum of its sandboxes' CPU weights; and the bytes its checkpoints keep
+ * in the store.
  */
 import type Database from 'better-sqlite3';
 import { LockstepError } from '../errors.js';
-import type { Tenant } from './tenants.js';
+import { tenantById, type Tenant } from './tenants.js';
+
+/** The quota a refusal names. */
+export type QuotaName = 'maxSandboxes' | 'maxMemoryMb' | 'maxCpuWeight' | 'maxCheckpointMb';
+
+const UNITS: Record<QuotaName, string> = {
+  maxSandboxes: 'sandboxes',
+  maxMemoryMb: 'MiB of memory',
+  maxCpuWeight: 'CPU weight in total',
+  maxCheckpointMb: 'MiB of checkpoints',
+};
 
 /** The request would take a tenant past one of its quotas. */
 export class QuotaExceededError extends LockstepError {
-  constructor(tenant: string, quota: 'maxSandboxes' | 'maxMemoryMb', limit: number, used: number, requested: number) {
-    const what = quota === 'maxSandboxes' ? 'sandboxes' : 'MiB of memory';
-    super('QUOTA_EXCEEDED', `Tenant ${tenant} may have at most ${limit} ${what}; it has ${used} and asked for ${requested} more`, {
+  constructor(tenant: string, quota: QuotaName, limit: number, used: number, requested: number) {
+    const what = UNITS[quota];
+    const note = quota === 'maxMemoryMb' ? ' (running sandboxes and their warm standbys count)' : '';
+    super('QUOTA_EXCEEDED', `Tenant ${tenant} may have at most ${limit} ${what}; it has ${used} and asked for ${requested} more${note}`, {
       details: { tenant, quota, limit, used, requested },
     });
   }
@@ -20,31 +33,88 @@ export class QuotaExceededError extends LockstepError {
 /** What a tenant holds now. */
 export interface TenantUsage {
   sandboxes: number;
+  /** Memory limits of its running (and creating) sandboxes, MiB. */
   memoryMb: number;
+  /** Memory limits of its sandboxes' warm standbys, MiB (they count against maxMemoryMb too). */
+  standbyMemoryMb: number;
+  /** Sum of the CPU weights of its running (and creating) sandboxes. */
+  cpuWeight: number;
+  /** Bytes its checkpoints keep in the store (process images plus layer sizes), MiB, rounded up. */
+  checkpointMb: number;
 }
 
-/** Sandboxes count while they exist; memory counts while they are (or are becoming) running. `tenantId` is the tenant's id. */
-export function tenantUsage(db: Database.Database, tenantId: string): TenantUsage {
+const MiB = 1024 * 1024;
+
+/**
+ * Sandboxes count while they exist; memory and CPU weight while they are (or
+ * are becoming) running; a warm standby's memory while it exists (it is a
+ * whole restored copy of the sandbox, frozen); a checkpoint's bytes until it
+ * is deleted. A checkpoint's bytes are its process image plus the bytes its
+ * layer referenced when it was taken (recorded in its sizes).
+ */
+export function tenantUsage(db: Database.Database, tenant: string /* the tenant's id */): TenantUsage {
   const r = db
     .prepare(
       `SELECT COUNT(*) AS n,
-              COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN memory_bytes ELSE 0 END), 0) AS bytes
+              COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN memory_bytes ELSE 0 END), 0) AS bytes,
+              COALESCE(SUM(CASE WHEN standby_instance IS NOT NULL THEN memory_bytes ELSE 0 END), 0) AS standby,
+              COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN COALESCE(cpu_weight, 100) ELSE 0 END), 0) AS cpu
          FROM sandboxes WHERE tenant = ? AND state != 'removing'`,
     )
-    .get(tenantId) as { n: number; bytes: number };
-  return { sandboxes: r.n, memoryMb: Math.ceil(r.bytes / (1024 * 1024)) };
+    .get(tenant) as { n: number; bytes: number; standby: number; cpu: number };
+  return { sandboxes: r.n, memoryMb: Math.ceil(r.bytes / MiB), standbyMemoryMb: Math.ceil(r.standby / MiB), cpuWeight: r.cpu, checkpointMb: Math.ceil(checkpointBytes(db, tenant) / MiB) };
 }
 
-/** Throws QUOTA_EXCEEDED if `count` more sandboxes of `memoryMb` each would not fit. */
-export function checkQuota(db: Database.Database, tenant: Tenant, want: { count: number; memoryMb: number }): void {
+/** Bytes the tenant's checkpoints keep in the store (removed sandboxes' checkpoints go with them). */
+export function checkpointBytes(db: Database.Database, tenant: string): number {
+  const r = db
+    .prepare(
+      `SELECT COALESCE(SUM(COALESCE(json_extract(c.sizes, '$.processImageBytes'), 0) + COALESCE(json_extract(c.sizes, '$.layerBytes'), 0)), 0) AS bytes
+         FROM checkpoints c JOIN sandboxes s ON s.id = c.sandbox_id WHERE s.tenant = ?`,
+    )
+    .get(tenant) as { bytes: number };
+  return r.bytes;
+}
+
+/** Throws QUOTA_EXCEEDED if `count` more sandboxes of `memoryMb` (and `cpuWeight`) each would not fit. */
+export function checkQuota(db: Database.Database, tenant: Tenant, want: { count: number; memoryMb: number; cpuWeight?: number | undefined }): void {
   const used = tenantUsage(db, tenant.id);
   if (tenant.maxSandboxes !== null && used.sandboxes + want.count > tenant.maxSandboxes) {
     throw new QuotaExceededError(tenant.name, 'maxSandboxes', tenant.maxSandboxes, used.sandboxes, want.count);
   }
   const mem = want.count * want.memoryMb;
-  if (tenant.maxMemoryMb !== null && used.memoryMb + mem > tenant.maxMemoryMb) {
-    throw new QuotaExceededError(tenant.name, 'maxMemoryMb', tenant.maxMemoryMb, used.memoryMb, mem);
+  const memUsed = used.memoryMb + used.standbyMemoryMb;
+  if (tenant.maxMemoryMb !== null && memUsed + mem > tenant.maxMemoryMb) {
+    throw new QuotaExceededError(tenant.name, 'maxMemoryMb', tenant.maxMemoryMb, memUsed, mem);
   }
+  const cpu = want.count * (want.cpuWeight ?? tenant.cpuWeight ?? 100);
+  if (tenant.maxCpuWeight !== null && used.cpuWeight + cpu > tenant.maxCpuWeight) {
+    throw new QuotaExceededError(tenant.name, 'maxCpuWeight', tenant.maxCpuWeight, used.cpuWeight, cpu);
+  }
+}
+
+/** Throws QUOTA_EXCEEDED (maxMemoryMb) if a warm standby of a sandbox with this memory limit would not fit. */
+export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryBytes: number): void {
+  if (tenant.maxMemoryMb === null) return;
+  const used = tenantUsage(db, tenant.id);
+  const want = Math.ceil(memoryBytes / MiB);
+  if (used.memoryMb + used.standbyMemoryMb + want > tenant.maxMemoryMb) {
+    throw new QuotaExceededError(tenant.name, 'maxMemoryMb', tenant.maxMemoryMb, used.memoryMb + used.standbyMemoryMb, want);
+  }
+}
+
+/** Throws QUOTA_EXCEEDED (maxCheckpointMb) if a new checkpoint of `bytes` would take the tenant past its checkpoint bytes. */
+export function checkCheckpointQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
+  if (tenant.maxCheckpointMb === null) return;
+  const used = checkpointBytes(db, tenant.id);
+  if (used + bytes > tenant.maxCheckpointMb * MiB) {
+    throw new QuotaExceededError(tenant.name, 'maxCheckpointMb', tenant.maxCheckpointMb, Math.ceil(used / MiB), Math.ceil(bytes / MiB));
+  }
+}
+
+/** The tenant of a sandbox, when it has one that is still registered (the SDK may name tenants the table does not know). */
+export function tenantOf(db: Database.Database, tenantId: string | null): Tenant | undefined {
+  return tenantId === null ? undefined : tenantById(db, tenantId);
 }
 
 /**

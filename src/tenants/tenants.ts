@@ -24,14 +24,23 @@ export interface Tenant {
   createdAt: string;
   /** Most sandboxes the tenant may have at once (null: no limit). */
   maxSandboxes: number | null;
-  /** Most memory (MiB) its running sandboxes may be granted in total (null: no limit). */
+  /** Most memory (MiB) its running sandboxes and their warm standbys may be granted in total (null: no limit). */
   maxMemoryMb: number | null;
+  /** CPU weight of its sandboxes that name none (null: the default, 100). */
+  cpuWeight: number | null;
+  /** Most CPU weight its running sandboxes may have in total (null: no limit). */
+  maxCpuWeight: number | null;
+  /** Most MiB its checkpoints may keep in the store (null: no limit). */
+  maxCheckpointMb: number | null;
 }
 
 /** Quotas given when a tenant is added. */
 export interface TenantQuotas {
   maxSandboxes?: number | null | undefined;
   maxMemoryMb?: number | null | undefined;
+  cpuWeight?: number | null | undefined;
+  maxCpuWeight?: number | null | undefined;
+  maxCheckpointMb?: number | null | undefined;
 }
 
 interface TenantRow {
@@ -41,6 +50,9 @@ interface TenantRow {
   created_at: number;
   max_sandboxes: number | null;
   max_memory_mb: number | null;
+  default_cpu_weight: number | null;
+  max_cpu_weight: number | null;
+  max_checkpoint_mb: number | null;
 }
 
 /** Prefix of every token, so that secret scanners and people can recognise one. */
@@ -75,7 +87,11 @@ CREATE TABLE IF NOT EXISTS tenants (
   max_memory_mb INTEGER,
   id            TEXT
 );`);
+    // CPU and checkpoint quotas came later: tables made before lack them.
     const cols = db.prepare('PRAGMA table_info(tenants)').all() as { name: string }[];
+    for (const col of ['default_cpu_weight', 'max_cpu_weight', 'max_checkpoint_mb']) {
+      if (!cols.some((c) => c.name === col)) db.exec(`ALTER TABLE tenants ADD COLUMN ${col} INTEGER`);
+    }
     if (!cols.some((c) => c.name === 'id')) db.exec('ALTER TABLE tenants ADD COLUMN id TEXT');
     db.exec('CREATE UNIQUE INDEX IF NOT EXISTS tenants_id ON tenants(id)');
     const unkeyed = db.prepare('SELECT name FROM tenants WHERE id IS NULL').all() as { name: string }[];
@@ -96,9 +112,9 @@ export function validateTenantName(name: unknown, field = 'name'): string {
   return name;
 }
 
-function quota(v: unknown, field: string, max: number): number | null {
+function quota(v: unknown, field: string, max: number, min = 0): number | null {
   if (v === undefined || v === null) return null;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0 || v > max) throw new InvalidArgumentError(field, `an integer from 0 to ${max}, or null for no limit`, v);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw new InvalidArgumentError(field, `an integer from ${min} to ${max}, or null for no limit`, v);
   return v;
 }
 
@@ -107,7 +123,16 @@ function hashToken(token: string): Buffer {
 }
 
 function toTenant(r: TenantRow): Tenant {
-  return { id: r.id, name: r.name, createdAt: new Date(r.created_at).toISOString(), maxSandboxes: r.max_sandboxes, maxMemoryMb: r.max_memory_mb };
+  return {
+    id: r.id,
+    name: r.name,
+    createdAt: new Date(r.created_at).toISOString(),
+    maxSandboxes: r.max_sandboxes,
+    maxMemoryMb: r.max_memory_mb,
+    cpuWeight: r.default_cpu_weight ?? null,
+    maxCpuWeight: r.max_cpu_weight ?? null,
+    maxCheckpointMb: r.max_checkpoint_mb ?? null,
+  };
 }
 
 /** Adds a tenant; returns it with its bearer token, which is not stored and cannot be shown again. */
@@ -115,10 +140,26 @@ export function addTenant(db: Database.Database, name: string, quotas: TenantQuo
   validateTenantName(name);
   const maxSandboxes = quota(quotas.maxSandboxes, 'maxSandboxes', 1_000_000);
   const maxMemoryMb = quota(quotas.maxMemoryMb, 'maxMemoryMb', 1 << 30);
+  const cpuWeight = quota(quotas.cpuWeight, 'cpuWeight', 10_000, 1);
+  const maxCpuWeight = quota(quotas.maxCpuWeight, 'maxCpuWeight', 1 << 30);
+  const maxCheckpointMb = quota(quotas.maxCheckpointMb, 'maxCheckpointMb', 1 << 30);
   const token = TOKEN_PREFIX + randomBytes(32).toString('base64url');
-  const row: TenantRow = { id: newTenantId(), name, token_hash: hashToken(token), created_at: clock(), max_sandboxes: maxSandboxes, max_memory_mb: maxMemoryMb };
+  const row: TenantRow = {
+    id: newTenantId(),
+    name,
+    token_hash: hashToken(token),
+    created_at: clock(),
+    max_sandboxes: maxSandboxes,
+    max_memory_mb: maxMemoryMb,
+    default_cpu_weight: cpuWeight,
+    max_cpu_weight: maxCpuWeight,
+    max_checkpoint_mb: maxCheckpointMb,
+  };
   try {
-    db.prepare('INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb) VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb)').run(row);
+    db.prepare(
+      `INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb, default_cpu_weight, max_cpu_weight, max_checkpoint_mb)
+       VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb, @default_cpu_weight, @max_cpu_weight, @max_checkpoint_mb)`,
+    ).run(row);
   } catch (e) {
     if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new AlreadyExistsError('tenant', name);
     throw e;
@@ -131,6 +172,12 @@ export function getTenant(db: Database.Database, name: string): Tenant {
   const row = db.prepare('SELECT * FROM tenants WHERE name = ?').get(name) as TenantRow | undefined;
   if (!row) throw new NotFoundError('tenant', name);
   return toTenant(row);
+}
+
+/** The tenant with this id (what sandboxes and other tenant-scoped rows hold), or undefined. */
+export function tenantById(db: Database.Database, id: string): Tenant | undefined {
+  const row = db.prepare('SELECT * FROM tenants WHERE id = ?').get(id) as TenantRow | undefined;
+  return row ? toTenant(row) : undefined;
 }
 
 export function listTenants(db: Database.Database): Tenant[] {

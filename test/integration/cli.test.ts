@@ -105,7 +105,7 @@ integration(test, () => {
     t.is(list.length, 1);
     t.like(list[0], { id, image: 'base', state: 'running', memoryMb: 64, pids: 64 });
     const table = await cli(home, 'ls');
-    t.regex(table.stdout, new RegExp(`^ID +IMAGE +STATE +HEAD +CREATED\\n${id} +base +running +- `));
+    t.regex(table.stdout, new RegExp(`^ID +IMAGE +STATE +HEAD +CREATED +LIMITS\\n${id} +base +running +- .* mem 64M pids 64 cpu 100\\n`));
 
     t.deepEqual(await json(t, home, 'rm', id, '--json'), { id, removed: true });
     t.deepEqual(await json(t, home, 'ls', '--json'), []);

@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import test, { type ExecutionContext } from 'ava';
-import { CgroupV1, CgroupV2, detectCgroups } from '../../src/host/cgroups.js';
+import { CgroupV1, CgroupV2, detectCgroups, sharesForWeight } from '../../src/host/cgroups.js';
 
 const NAME = 'lockstep/tag0123456/sbx_unit';
 
@@ -274,4 +274,71 @@ test('detectCgroups names the missing v1 controllers', (t) => {
   const err = t.throws(() => detectCgroups(root));
   t.is((err as { code?: string }).code, 'CGROUP_UNAVAILABLE');
   t.true(err!.message.includes('memory, freezer'));
+});
+
+// ---- CPU and I/O limits -----------------------------------------------------
+
+test('v1 writes cpu.shares (weight * 1024 / 100) and the CFS quota in the cpu hierarchy, and joins cpu and cpuacct too', (t) => {
+  const root = fakeRoot(t);
+  for (const c of ['pids', 'memory', 'freezer', 'cpu', 'cpuacct']) fs.mkdirSync(path.join(root, c), { recursive: true });
+  for (const c of ['pids', 'memory', 'freezer', 'cpu', 'cpuacct']) fs.writeFileSync(path.join(root, c, 'cgroup.procs'), '');
+  fs.writeFileSync(path.join(root, 'cpu', 'cpu.shares'), '1024');
+  const cg = new CgroupV1(root);
+  t.true(cg.cpuControl);
+  cg.create(NAME, { cpuWeight: 400, cpuQuotaUs: 50_000 });
+  t.is(read(path.join(root, 'cpu', NAME, 'cpu.shares')), '4096');
+  t.is(read(path.join(root, 'cpu', NAME, 'cpu.cfs_quota_us')), '50000');
+  t.is(read(path.join(root, 'cpu', NAME, 'cpu.cfs_period_us')), '100000');
+  t.true(cg.procsFiles(NAME).includes(path.join(root, 'cpuacct', NAME, 'cgroup.procs')));
+  fs.writeFileSync(path.join(root, 'cpuacct', NAME, 'cpuacct.usage'), '2500000\n');
+  t.is(cg.cpuUsageUsec(NAME), 2500);
+});
+
+test('weights map to shares linearly, so ratios survive on v1', (t) => {
+  t.is(sharesForWeight(100), 1024);
+  t.is(sharesForWeight(1), 10);
+  t.is(sharesForWeight(10_000), 102_400);
+  t.is(sharesForWeight(400) / sharesForWeight(100), 4);
+});
+
+test('v1 without a cpu hierarchy refuses a CPU weight instead of ignoring it', (t) => {
+  const root = fakeRoot(t);
+  const cg = new CgroupV1(root);
+  t.false(cg.cpuControl);
+  t.throws(() => cg.create(NAME, { cpuWeight: 200 }), { code: 'CGROUP_CONTROLLERS' });
+});
+
+test('v2 enables cpu where available and writes cpu.weight and cpu.max; cpu.stat gives the usage', (t) => {
+  const root = fakeRoot(t);
+  fs.writeFileSync(path.join(root, 'cgroup.controllers'), 'cpuset cpu io memory pids\n');
+  const cg = new CgroupV2(root, path.join(root, 'no-block'));
+  cg.create(NAME, { cpuWeight: 250, cpuQuotaUs: 20_000 });
+  t.is(read(path.join(root, 'cgroup.subtree_control')), '+memory +pids +cpu +io');
+  t.is(read(path.join(root, NAME, 'cpu.weight')), '250');
+  t.is(read(path.join(root, NAME, 'cpu.max')), '20000 100000');
+  fs.writeFileSync(path.join(root, NAME, 'cpu.stat'), 'usage_usec 777\nuser_usec 700\n');
+  t.is(cg.cpuUsageUsec(NAME), 777);
+});
+
+test('I/O weight is reported unavailable unless BFQ (or io.cost) would honour it', (t) => {
+  const root = fakeRoot(t);
+  const sysBlock = path.join(root, 'sys-block');
+  fs.mkdirSync(path.join(sysBlock, 'vda', 'queue'), { recursive: true });
+  fs.writeFileSync(path.join(sysBlock, 'vda', 'queue', 'scheduler'), 'none [mq-deadline] kyber bfq\n');
+  fs.writeFileSync(path.join(root, 'cgroup.controllers'), 'cpu io memory pids\n');
+  const v2 = new CgroupV2(root, sysBlock);
+  const off = v2.ioWeightSupport();
+  t.false(off.ok);
+  t.regex(off.detail, /BFQ/);
+  t.throws(() => v2.create(NAME, { ioWeight: 100 }), { code: 'CGROUP_CONTROLLERS' });
+  fs.writeFileSync(path.join(sysBlock, 'vda', 'queue', 'scheduler'), 'none mq-deadline kyber [bfq]\n');
+  const on = v2.ioWeightSupport();
+  t.like(on, { ok: true, file: 'io.bfq.weight' });
+  v2.create(NAME, { ioWeight: 300 });
+  t.is(read(path.join(root, NAME, 'io.bfq.weight')), '300');
+
+  const v1root = path.join(root, 'v1');
+  fs.mkdirSync(path.join(v1root, 'blkio'), { recursive: true });
+  fs.writeFileSync(path.join(v1root, 'blkio', 'cgroup.procs'), '');
+  t.like(new CgroupV1(v1root, sysBlock).ioWeightSupport(), { ok: false });
 });

@@ -72,6 +72,10 @@ function setup(t: { teardown: (fn: () => void) => void }) {
       id, tenant: null, image: 'base', runtime_layer: 'rt', state: 'running', init_pid: pid, init_start: start, memory_bytes: null, pids_max: null,
       hostname: id, lineage_id: 'lin', branch_id: 'br', head_checkpoint_id: null, forked_from: null, env: '{}', metadata: '{}', created_at: 0,
       expires_at: null, instance: id, standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null,
+    cpu_weight: null,
+    cpu_quota_us: null,
+    io_weight: null,
+    disk_bytes: null,
     });
     return catalog.sandbox(id)!;
   };

@@ -4,8 +4,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { Catalog, type SandboxState } from '../../src/catalog/catalog.js';
-import { addTenant, authenticate, getTenant, listTenants, migrateTenants, removeTenant, revokeTenantToken, TOKEN_PREFIX } from '../../src/tenants/tenants.js';
-import { QuotaGate, checkQuota, tenantUsage } from '../../src/tenants/quotas.js';
+import { addTenant, authenticate, getTenant, listTenants, migrateTenants, removeTenant, revokeTenantToken, TOKEN_PREFIX, type TenantQuotas } from '../../src/tenants/tenants.js';
+import { QuotaGate, checkCheckpointQuota, checkQuota, checkStandbyQuota, tenantUsage } from '../../src/tenants/quotas.js';
 
 function catalog(t: { teardown: (fn: () => void) => void }, migrations = [migrateTenants]): Catalog {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
@@ -38,7 +38,7 @@ test('a token is shown once: only its sha256 is stored, and it authenticates its
   t.true(a.token.startsWith(TOKEN_PREFIX));
   t.is(Buffer.from(a.token.slice(TOKEN_PREFIX.length), 'base64url').length, 32);
   t.not(a.token, b.token);
-  t.deepEqual(a.tenant, { id: a.tenant.id, name: 'acme', createdAt: '2023-11-14T22:13:20.000Z', maxSandboxes: 3, maxMemoryMb: null });
+  t.deepEqual(a.tenant, { id: a.tenant.id, name: 'acme', createdAt: '2023-11-14T22:13:20.000Z', maxSandboxes: 3, maxMemoryMb: null, cpuWeight: null, maxCpuWeight: null, maxCheckpointMb: null });
   t.regex(a.tenant.id, /^tn_[a-z2-7]{20}$/);
   t.not(a.tenant.id, b.tenant.id);
 
@@ -144,8 +144,8 @@ test('usage counts existing sandboxes, and the memory of running and creating on
   sandbox(c, 'acme', 1024, 'removing');
   sandbox(c, 'other', 2048);
   sandbox(c, null, 4096);
-  t.deepEqual(tenantUsage(c.db, 'acme'), { sandboxes: 3, memoryMb: 192 });
-  t.deepEqual(tenantUsage(c.db, 'nobody'), { sandboxes: 0, memoryMb: 0 });
+  t.deepEqual(tenantUsage(c.db, 'acme'), { sandboxes: 3, memoryMb: 192, standbyMemoryMb: 0, cpuWeight: 200, checkpointMb: 0 });
+  t.deepEqual(tenantUsage(c.db, 'nobody'), { sandboxes: 0, memoryMb: 0, standbyMemoryMb: 0, cpuWeight: 0, checkpointMb: 0 });
 });
 
 const quotaCases: [string, { maxSandboxes: number | null; maxMemoryMb: number | null }, { count: number; memoryMb: number }, string | null][] = [
@@ -195,3 +195,83 @@ test('the quota gate runs one check-and-create at a time per tenant, and tenants
   await t.throwsAsync(gate.run('a', async () => Promise.reject(new Error('boom'))), { message: 'boom' });
   t.is(await gate.run('a', async () => 7), 7);
 });
+
+/** A checkpoint row of a sandbox with the given sizes (JSON as the checkpoint verb writes it). */
+function checkpointOf(c: Catalog, sandboxId: string, sizes: Record<string, number>): void {
+  c.insertLayer(`lyr_${sandboxId}_${n}`, 'checkpoint', sandboxId);
+  c.insertCheckpoint({
+    id: `ckpt_unit${n++}`,
+    sandbox_id: sandboxId,
+    parent_id: null,
+    layer_id: `lyr_${sandboxId}_${n - 1}`,
+    image: 'base',
+    runtime_layer: 'rt',
+    branch_id: 'br',
+    label: null,
+    ledger_cursor: 0,
+    context_id: null,
+    sizes: JSON.stringify(sizes),
+    timings: '{}',
+    created_at: Date.now(),
+  });
+}
+
+test('usage counts warm standbys, CPU weights and checkpoint bytes (process image + layer)', (t) => {
+  const c = catalog(t);
+  const a = sandbox(c, 'acme', 64);
+  const b = sandbox(c, 'acme', 128);
+  c.updateSandbox(a, { standby_instance: `${a}.abc`, cpu_weight: 400 });
+  c.updateSandbox(b, { cpu_weight: 50 });
+  checkpointOf(c, a, { processImageBytes: 3 * 1024 * 1024, layerBytes: 5 * 1024 * 1024 });
+  checkpointOf(c, b, { processImageBytes: 1024 * 1024 }); // a store without quotas records no layer size
+  const other = sandbox(c, 'other', 64);
+  checkpointOf(c, other, { processImageBytes: 100 * 1024 * 1024 });
+  t.deepEqual(tenantUsage(c.db, 'acme'), { sandboxes: 2, memoryMb: 192, standbyMemoryMb: 64, cpuWeight: 450, checkpointMb: 9 });
+});
+
+test('a standby that would not fit maxMemoryMb is refused, naming the quota; one that fits is not', (t) => {
+  const c = catalog(t);
+  addTenant(c.db, 'acme', { maxMemoryMb: 192 });
+  const a = sandbox(c, 'acme', 64);
+  sandbox(c, 'acme', 64);
+  const tenant = getTenant(c.db, 'acme');
+  t.notThrows(() => checkStandbyQuota(c.db, tenant, 64 * 1024 * 1024), '128 + 64 = 192 fits exactly');
+  c.updateSandbox(a, { standby_instance: `${a}.abc` });
+  const e = t.throws(() => checkStandbyQuota(c.db, tenant, 64 * 1024 * 1024), { code: 'QUOTA_EXCEEDED' });
+  t.like((e as unknown as { details: object }).details, { quota: 'maxMemoryMb', limit: 192, used: 192, requested: 64 });
+  // The standby counts against creates too.
+  const e2 = t.throws(() => checkQuota(c.db, tenant, { count: 1, memoryMb: 16 }), { code: 'QUOTA_EXCEEDED' });
+  t.like((e2 as unknown as { details: object }).details, { quota: 'maxMemoryMb', used: 192 });
+});
+
+test('checkpoint bytes: a checkpoint that would take the tenant past maxCheckpointMb is refused; CPU weight sums against maxCpuWeight', (t) => {
+  const c = catalog(t);
+  addTenant(c.db, 'acme', { maxCheckpointMb: 10, maxCpuWeight: 300, cpuWeight: 100 });
+  const a = sandbox(c, 'acme', 64);
+  c.updateSandbox(a, { cpu_weight: 200 });
+  checkpointOf(c, a, { processImageBytes: 6 * 1024 * 1024 });
+  const tenant = getTenant(c.db, 'acme');
+  t.notThrows(() => checkCheckpointQuota(c.db, tenant, 4 * 1024 * 1024), '6 + 4 = 10 MiB fits exactly');
+  const e = t.throws(() => checkCheckpointQuota(c.db, tenant, 4 * 1024 * 1024 + 1), { code: 'QUOTA_EXCEEDED' });
+  t.like((e as unknown as { details: object }).details, { quota: 'maxCheckpointMb', limit: 10, used: 6 });
+  t.notThrows(() => checkQuota(c.db, tenant, { count: 1, memoryMb: 16 }), 'the tenant default weight 100: 200 + 100 = 300');
+  const e2 = t.throws(() => checkQuota(c.db, tenant, { count: 1, memoryMb: 16, cpuWeight: 101 }), { code: 'QUOTA_EXCEEDED' });
+  t.like((e2 as unknown as { details: object }).details, { quota: 'maxCpuWeight', limit: 300, used: 200, requested: 101 });
+});
+
+const badTenantQuotas: [string, Record<string, unknown>][] = [
+  ['cpuWeight', { cpuWeight: 0 }],
+  ['cpuWeight', { cpuWeight: 10_001 }],
+  ['maxCpuWeight', { maxCpuWeight: -1 }],
+  ['maxCpuWeight', { maxCpuWeight: 1.5 }],
+  ['maxCheckpointMb', { maxCheckpointMb: '10' }],
+  ['maxCheckpointMb', { maxCheckpointMb: 2 ** 40 }],
+];
+for (const [field, quotas] of badTenantQuotas) {
+  test(`bad tenant quota ${JSON.stringify(quotas)} is refused naming ${field}`, (t) => {
+    const c = catalog(t);
+    const e = t.throws(() => addTenant(c.db, 'acme', quotas as TenantQuotas), { code: 'INVALID_ARGUMENT' });
+    t.is((e as unknown as { field: string }).field, field);
+    t.deepEqual(listTenants(c.db), []);
+  });
+}

@@ -121,6 +121,10 @@ function family(t: ExecutionContext) {
         standby_checkpoint: null,
         standby_pid: null,
         standby_start: null,
+    cpu_weight: null,
+    cpu_quota_us: null,
+    io_weight: null,
+    disk_bytes: null,
       };
       catalog.insertSandbox(row);
       return handle(id);

@@ -33,7 +33,7 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
   app.post<{ Params: { id: string }; Body: CheckpointBody }>(
     '/sandboxes/:id/checkpoints',
     // An agent's transcript with tool outputs easily passes the JSON limit.
-    { bodyLimit: opts.contextBodyLimit, schema: { tags, summary: "Checkpoint files, processes and the agent's context together", params: S.sandboxParams, body: S.checkpointBody, response: { 201: S.checkpointInfo, ...S.errors(409, 413) } } },
+    { bodyLimit: opts.contextBodyLimit, schema: { tags, summary: "Checkpoint files, processes and the agent's context together", params: S.sandboxParams, body: S.checkpointBody, response: { 201: S.checkpointInfo, ...S.errors(409, 413, 429) } } },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
       const { label, context, contextFormat } = req.body;
@@ -89,7 +89,7 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
       const tenant = ctx.tenant(req);
       const count = req.body.count ?? 1;
       const results = await ctx.gate.run(tenant.id, async () => {
-        checkQuota(ctx.db, tenant, { count, memoryMb: sb.info().memoryMb ?? 0 });
+        checkQuota(ctx.db, tenant, { count, memoryMb: sb.info().memoryMb ?? 0, cpuWeight: sb.info().cpuWeight ?? undefined });
         return m.time(m.forkSeconds, () => ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })));
       });
       const ids = results.flatMap((r) => (r.ok ? [r.id] : []));

@@ -10,6 +10,10 @@ interface CreateBody {
   image?: string;
   memoryMb?: number;
   pids?: number;
+  cpuWeight?: number;
+  cpus?: number;
+  ioWeight?: number;
+  diskMb?: number;
   envs?: Record<string, string>;
   timeoutMs?: number;
   metadata?: Record<string, string>;
@@ -20,11 +24,11 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
 
   app.post<{ Body: CreateBody }>(
     '/sandboxes',
-    { schema: { tags, summary: 'Create a sandbox', body: S.createBody, response: { 201: S.sandboxInfo, ...S.errors(409, 413, 429) } } },
+    { schema: { tags, summary: 'Create a sandbox', body: S.createBody, response: { 201: S.sandboxInfo, ...S.errors(409, 413, 422, 429) } } },
     async (req, reply) => {
       const tenant = ctx.tenant(req);
       const sb = await ctx.gate.run(tenant.id, async () => {
-        checkQuota(ctx.db, tenant, { count: 1, memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default });
+        checkQuota(ctx.db, tenant, { count: 1, memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default, cpuWeight: req.body.cpuWeight });
         return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch((e: unknown) => {
           // The image named in the body: say which input it was.
           if (e instanceof LockstepError && e.code === 'IMAGE_NOT_FOUND') (e.details as Record<string, unknown>).field = 'image';
@@ -55,7 +59,7 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
   );
 
-  app.get('/tenant', { schema: { tags: ['tenant'], summary: 'The calling tenant: its quotas and what it uses', response: { 200: S.anyObject('{id, name, maxSandboxes, maxMemoryMb, usage: {sandboxes, memoryMb}}'), ...S.errors() } } }, async (req) => {
+  app.get('/tenant', { schema: { tags: ['tenant'], summary: 'The calling tenant: its quotas and what it uses', response: { 200: S.anyObject('{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb}}'), ...S.errors() } } }, async (req) => {
     const t = ctx.tenant(req);
     return { ...t, usage: tenantUsage(ctx.db, t.id) };
   });
