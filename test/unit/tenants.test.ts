@@ -102,7 +102,7 @@ test('a tenant added again under a removed name gets a new id and none of the ol
   const orphan = sandbox(c, first.id, 64); // as a crash between teardown and removal could leave
   const second = addTenant(c.db, 'acme').tenant;
   t.not(second.id, first.id);
-  t.deepEqual(tenantUsage(c.db, second.id), { sandboxes: 0, memoryMb: 0 });
+  t.deepEqual(tenantUsage(c.db, second.id), { sandboxes: 0, memoryMb: 0, standbyMemoryMb: 0, cpuWeight: 0, checkpointMb: 0 });
   t.is(c.sandbox(orphan)!.tenant, first.id);
 });
 
@@ -133,7 +133,7 @@ test('catalogs from before tenant ids: each tenant gets an id and its rows are r
   migrateTenants(c.db);
   t.is(getTenant(c.db, 'acme').id, acme.id);
   t.is(c.sandbox(gone)!.tenant, 'removed-long-ago');
-  t.deepEqual(tenantUsage(c.db, getTenant(c.db, 'removed-long-ago').id), { sandboxes: 0, memoryMb: 0 });
+  t.deepEqual(tenantUsage(c.db, getTenant(c.db, 'removed-long-ago').id), { sandboxes: 0, memoryMb: 0, standbyMemoryMb: 0, cpuWeight: 0, checkpointMb: 0 });
 });
 
 test('usage counts existing sandboxes, and the memory of running and creating ones', (t) => {
@@ -231,9 +231,9 @@ test('usage counts warm standbys, CPU weights and checkpoint bytes (process imag
 
 test('a standby that would not fit maxMemoryMb is refused, naming the quota; one that fits is not', (t) => {
   const c = catalog(t);
-  addTenant(c.db, 'acme', { maxMemoryMb: 192 });
-  const a = sandbox(c, 'acme', 64);
-  sandbox(c, 'acme', 64);
+  const acme = addTenant(c.db, 'acme', { maxMemoryMb: 192 });
+  const a = sandbox(c, acme.tenant.id, 64);
+  sandbox(c, acme.tenant.id, 64);
   const tenant = getTenant(c.db, 'acme');
   t.notThrows(() => checkStandbyQuota(c.db, tenant, 64 * 1024 * 1024), '128 + 64 = 192 fits exactly');
   c.updateSandbox(a, { standby_instance: `${a}.abc` });
@@ -246,8 +246,8 @@ test('a standby that would not fit maxMemoryMb is refused, naming the quota; one
 
 test('checkpoint bytes: a checkpoint that would take the tenant past maxCheckpointMb is refused; CPU weight sums against maxCpuWeight', (t) => {
   const c = catalog(t);
-  addTenant(c.db, 'acme', { maxCheckpointMb: 10, maxCpuWeight: 300, cpuWeight: 100 });
-  const a = sandbox(c, 'acme', 64);
+  const acme = addTenant(c.db, 'acme', { maxCheckpointMb: 10, maxCpuWeight: 300, cpuWeight: 100 });
+  const a = sandbox(c, acme.tenant.id, 64);
   c.updateSandbox(a, { cpu_weight: 200 });
   checkpointOf(c, a, { processImageBytes: 6 * 1024 * 1024 });
   const tenant = getTenant(c.db, 'acme');
