@@ -17,8 +17,8 @@ import { describeOp, opArb, runAgainstModel, type Op } from '../fixtures/recover
 
 const CI_SEED = 20261130;
 const seed = process.env.RECOVERY_MODEL_SEED ? Number(process.env.RECOVERY_MODEL_SEED) : process.env.CI === 'true' ? CI_SEED : Date.now() ^ (Math.random() * 0x7fffffff);
-const numRuns = Number(process.env.RECOVERY_MODEL_RUNS ?? 12);
-const maxOps = Number(process.env.RECOVERY_MODEL_OPS ?? 24);
+const numRuns = Number(process.env.RECOVERY_MODEL_RUNS ?? 25);
+const maxOps = Number(process.env.RECOVERY_MODEL_OPS ?? 30);
 
 integration(test, () => {
   test.serial('every rollback report matches the model of the timelines', async (t) => {
@@ -45,7 +45,10 @@ integration(test, () => {
     const started = Date.now();
     const out = await fc.check(property, { seed, numRuns, endOnFailure: false, interruptAfterTimeLimit: 25 * 60_000, markInterruptAsFailure: false });
     t.log(`${runs} runs (shrinking included) in ${((Date.now() - started) / 1000).toFixed(0)} s: ${JSON.stringify(seen)}`);
-    if (out.failed) t.fail(fc.defaultReportMessage(out) ?? `property failed (seed ${out.seed}, path ${out.counterexamplePath})`);
+    if (out.failed) {
+      // fast-check's message has the seed, the path and the shrunk sequence; the error has what differed.
+      t.fail(`${fc.defaultReportMessage(out) ?? `property failed (seed ${out.seed}, path ${out.counterexamplePath})`}\n${String(out.errorInstance)}`);
+    }
     else t.is(out.numRuns, numRuns, `fast-check stopped early: ${fc.defaultReportMessage(out) ?? ''}`);
   });
 });
