@@ -222,6 +222,9 @@ export async function measureCriuCliPeer(
     // checkpoint does before it returns, so the rollback does not pay for it.
     await e.layers.sync();
 
+    // The peer kills and restores the tree behind Lockstep's back: stop
+    // watching the init first, or the manager would mark the sandbox stopped.
+    e.inits.untrack(sb.id);
     const t0 = performance.now();
     await e.runtime.killProcesses(inst);
     const t1 = performance.now();
@@ -235,7 +238,8 @@ export async function measureCriuCliPeer(
     const t4 = performance.now();
 
     pid = r.pid;
-    e.catalog.updateSandbox(sb.id, { init_pid: pid, init_start: startTime(pid) ?? null });
+    e.catalog.updateSandbox(sb.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null });
+    e.inits.track(e.catalog.requireSandbox(sb.id));
     const alive = await sb.commands.run(['true'], { timeoutMs: 10_000 });
     if (alive.exitCode !== 0) throw new Error(`the CLI-restored sandbox ${sb.id} does not answer an exec`);
     if (i >= ctx.warmup) {
