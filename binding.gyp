@@ -29,7 +29,7 @@
     {
       "target_name": "lockstep-helper",
       "type": "executable",
-      "sources": ["native/helper/lockstep-helper.c"],
+      "sources": ["native/helper/lockstep-helper.c", "native/helper/userns.c"],
       "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"]
     },
     {

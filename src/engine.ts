@@ -32,6 +32,8 @@ export interface Engine {
   log: Logger;
   fault: FaultHook;
   agent: AgentState;
+  /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS). */
+  userNamespaces: boolean;
   /** Serialises operations on one sandbox, within this process and across processes. */
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
   /** Waits for queued per-sandbox work (warm standbys, cleanups) to finish. */
@@ -39,7 +41,7 @@ export interface Engine {
 }
 
 export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
-  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname };
+  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname, idBase: row.id_base };
 }
 
 /** In-process queue + cross-process flock on <run>/sandboxes/<id>/lock. */

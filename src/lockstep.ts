@@ -27,6 +27,7 @@ import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
 import { mountPropagation, mountsUnder, sleep } from './host/proc.js';
+import { openHomeForUserNamespaces, userNamespacesWanted } from './sandboxes/id-ranges.js';
 
 export interface OpenOptions {
   /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */
@@ -36,6 +37,8 @@ export interface OpenOptions {
   cgroups?: CgroupDriver | undefined;
   /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
   fault?: FaultHook | undefined;
+  /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: LOCKSTEP_USERNS=on). */
+  userNamespaces?: boolean | undefined;
 }
 
 /** Manager of one state directory. */
@@ -76,6 +79,8 @@ export class Lockstep {
     const catalog = new Catalog(paths.catalog, [migrateAgentState, migrateTenants]);
     const layers = LayerStore.open(paths);
     ensureSharedRunFolder(paths.sandboxesRun);
+    const userNamespaces = userNamespacesWanted(opts.userNamespaces);
+    if (userNamespaces) openHomeForUserNamespaces(paths);
     const supervisor = new Supervisor(paths);
     await supervisor.ensureRunning();
     const cgroups = opts.cgroups ?? detectCgroups();
@@ -96,6 +101,7 @@ export class Lockstep {
       log,
       fault: opts.fault ?? envFaultHook(),
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
+      userNamespaces,
       withSandboxLock: (id, fn, o) => locks.with(id, fn, o?.timeoutMs),
       drainLocks: () => locks.drain(),
     };

@@ -44,6 +44,8 @@
 
 #include <linux/capability.h>
 
+#include "userns.h"
+
 #define MAX_LIST 64
 
 /* ---- small utilities ---------------------------------------------------- */
@@ -65,7 +67,7 @@ static void json_string(FILE *f, const char *s) {
 }
 
 /* Write {"error":{...}} to fd; used from forked children, so no stdio buffers. */
-static void report_error_fd(int fd, int err, const char *syscall_name, const char *path) {
+void report_error_fd(int fd, int err, const char *syscall_name, const char *path) {
   char buf[PATH_MAX + 512];
   FILE *f = fmemopen(buf, sizeof(buf) - 2, "w");
   if (!f) return;
@@ -213,6 +215,7 @@ struct opts {
   int nenvs;
   int pid;
   int status_fd;
+  unsigned long id_base, id_count; /* user namespace: host ids base..base+count-1 (count 0: none) */
   bool detach;
   char **argv;
 };
@@ -221,7 +224,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: lockstep-helper supervise --socket PATH --pidfile PATH\n"
           "       lockstep-helper create --root DIR --dev DIR --hostname NAME [--init PATH] "
-          "[--cgroup PROCS]... [--env K=V]...\n"
+          "[--cgroup PROCS]... [--env K=V]... [--id-base N --id-count N]\n"
           "       lockstep-helper prepare --dev DIR\n"
           "       lockstep-helper enter --pid PID [--cgroup PROCS]... [--cwd DIR] [--env K=V]... "
           "[--status-fd N] [--detach --stdout PATH --stderr PATH] -- CMD [ARG...]\n");
@@ -250,6 +253,8 @@ static void parse(int argc, char **argv, struct opts *o) {
     else if (strcmp(a, "--pid") == 0) o->pid = atoi(NEXT());
     else if (strcmp(a, "--status-fd") == 0) o->status_fd = atoi(NEXT());
     else if (strcmp(a, "--detach") == 0) o->detach = true;
+    else if (strcmp(a, "--id-base") == 0) o->id_base = strtoul(NEXT(), NULL, 10);
+    else if (strcmp(a, "--id-count") == 0) o->id_count = strtoul(NEXT(), NULL, 10);
     else if (strcmp(a, "--cgroup") == 0) {
       if (o->ncgroups >= MAX_LIST) usage();
       o->cgroups[o->ncgroups++] = NEXT();
@@ -294,7 +299,12 @@ static int loopback_up(int errfd) {
 
 /* Runs as pid 1 of the new pid namespace, in the new mount namespace. Any
  * failure is reported on errfd and ends the child. */
-static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
+/* The caller has made the sandbox root its working directory and cloned the
+ * mount of its /dev folder as devfd (open_tree): with a user namespace, root
+ * here may not search the host folders on the way to either. Nor may it
+ * pivot_root into a mount it inherited (those are locked to their parent),
+ * so the root is cloned here and the clone attached over it first. */
+static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd) {
   char path[PATH_MAX];
 #define FAIL(sc, p)                             \
   do {                                          \
@@ -303,7 +313,11 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   } while (0)
 
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "/");
-  snprintf(path, sizeof(path), "%s/proc", o->root);
+  int rootfd = (int)syscall(SYS_open_tree, AT_FDCWD, ".", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (rootfd < 0) FAIL("open_tree(root)", o->root);
+  if (syscall(SYS_move_mount, rootfd, "", AT_FDCWD, ".", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(root)", o->root);
+  if (fchdir(rootfd) != 0) FAIL("fchdir", o->root);
+  snprintf(path, sizeof(path), "proc");
   if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) FAIL("mount(proc)", path);
   /* The sandbox's own /proc still exposes host-wide knobs (/proc/sys is not
    * per-namespace for most entries: kernel.core_pattern would run a program
@@ -311,7 +325,7 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   static const char *ro_proc[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
   for (size_t i = 0; i < sizeof(ro_proc) / sizeof(ro_proc[0]); i++) {
     struct stat st;
-    snprintf(path, sizeof(path), "%s/proc/%s", o->root, ro_proc[i]);
+    snprintf(path, sizeof(path), "proc/%s", ro_proc[i]);
     if (stat(path, &st) != 0) continue;
     if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) != 0) FAIL("mount(bind /proc)", path);
     if (mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
@@ -320,16 +334,13 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   /* /dev is a bind mount of a host directory that holds only the few
    * device nodes a sandbox needs. CRIU treats it as an external mount, so a
    * checkpoint does not tar up a tmpfs every time. */
-  snprintf(path, sizeof(path), "%s/dev", o->root);
-  if (mount(o->dev, path, NULL, MS_BIND, NULL) != 0) FAIL("mount(bind /dev)", path);
-  if (mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC, NULL) != 0) FAIL("mount(remount /dev)", path);
+  if (syscall(SYS_move_mount, devfd, "", AT_FDCWD, "dev", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(/dev)", o->dev);
 
   if (o->hostname && sethostname(o->hostname, strlen(o->hostname)) != 0) FAIL("sethostname", o->hostname);
   if (loopback_up(errfd) != 0) _exit(1);
 
   /* pivot_root(".", ".") stacks the old root under the new one; detaching it
    * leaves the sandbox with no path back to the host (runc does the same). */
-  if (chdir(o->root) != 0) FAIL("chdir", o->root);
   if (syscall(SYS_pivot_root, ".", ".") != 0) FAIL("pivot_root", o->root);
   if (umount2(".", MNT_DETACH) != 0) FAIL("umount2(old root)", "/");
   if (chdir("/") != 0) FAIL("chdir", "/");
@@ -397,6 +408,12 @@ static int cmd_prepare(const struct opts *o) {
 static int cmd_create(const struct opts *o) {
   if (!o->root || !o->dev) usage();
   if (prepare_dev(o->dev, 1) != 0) return 1;
+  int devfd = (int)syscall(SYS_open_tree, AT_FDCWD, o->dev, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  struct mount_attr devattr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC};
+  if (devfd < 0 || syscall(SYS_mount_setattr, devfd, "", AT_EMPTY_PATH, &devattr, sizeof(devattr)) != 0 || chdir(o->root) != 0) {
+    report_error_fd(1, errno, devfd < 0 ? "open_tree" : "mount_setattr/chdir", devfd < 0 ? o->dev : o->root);
+    return 1;
+  }
   int bad = join_cgroups((char **)o->cgroups, o->ncgroups);
   if (bad >= 0) {
     report_error_fd(1, errno, "write(cgroup.procs)", o->cgroups[bad]);
@@ -407,18 +424,34 @@ static int cmd_create(const struct opts *o) {
     report_error_fd(1, errno, "pipe2", NULL);
     return 1;
   }
-  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0) {
-    report_error_fd(1, errno, "unshare", NULL);
-    return 1;
+  /* The cgroup namespace roots /proc/self/cgroup and a cgroup mount at the
+   * sandbox's own cgroup (joined above). */
+  const int ns_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWCGROUP;
+  pid_t child;
+  if (o->id_count > 0) {
+    /* User namespace first (userns.c): it then owns all the others. */
+    child = userns_fork(o->id_base, o->id_count, ns_flags, 1, pipefd[1]);
+    if (child < 0) {
+      close(pipefd[1]);
+      char buf[PATH_MAX + 512];
+      ssize_t n = read(pipefd[0], buf, sizeof(buf));
+      if (n > 0) write_all(1, buf, (size_t)n);
+      return 1;
+    }
+  } else {
+    if (unshare(ns_flags) != 0) {
+      report_error_fd(1, errno, "unshare", NULL);
+      return 1;
+    }
+    child = fork();
   }
-  pid_t child = fork();
   if (child < 0) {
     report_error_fd(1, errno, "fork", NULL);
     return 1;
   }
   if (child == 0) {
     close(pipefd[0]);
-    setup_sandbox_and_exec(o, pipefd[1]);
+    setup_sandbox_and_exec(o, pipefd[1], devfd);
     _exit(1);
   }
   close(pipefd[1]);
@@ -454,10 +487,10 @@ static int cmd_enter(const struct opts *o) {
     report_error_fd(status_fd, errno, "write(cgroup.procs)", o->cgroups[bad]);
     return 125;
   }
-  static const char *names[] = {"ipc", "uts", "net", "pid", "mnt"};
-  int nsfd[5];
+  static const char *names[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt"};
+  int nsfd[6];
   char path[PATH_MAX];
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 6; i++) {
     snprintf(path, sizeof(path), "/proc/%d/ns/%s", o->pid, names[i]);
     nsfd[i] = open(path, O_RDONLY | O_CLOEXEC);
     if (nsfd[i] < 0) {
@@ -471,13 +504,17 @@ static int cmd_enter(const struct opts *o) {
     report_error_fd(status_fd, errno, "open", path);
     return 125;
   }
-  for (int i = 0; i < 5; i++) {
+  int usernsfd = userns_open(o->pid, status_fd);
+  if (usernsfd == -2) return 125;
+  for (int i = 0; i < 6; i++) {
     if (setns(nsfd[i], 0) != 0) {
       report_error_fd(status_fd, errno, "setns", names[i]);
       return 125;
     }
     close(nsfd[i]);
   }
+  /* Last: from here on we hold no host privilege. */
+  if (userns_join(usernsfd, status_fd) != 0) return 125;
   if (fchdir(rootfd) != 0 || chroot(".") != 0) {
     report_error_fd(status_fd, errno, "chroot", "/");
     return 125;

@@ -52,6 +52,12 @@ export interface SandboxRow {
   standby_checkpoint: string | null;
   standby_pid: number | null;
   standby_start: number | null;
+  /**
+   * First host id of the sandbox's user namespace (root inside is this host
+   * uid/gid; the range is ID_RANGE_SIZE long), or null without one. Unique:
+   * no two sandboxes share a range; deleting the row frees it.
+   */
+  id_base: number | null;
 }
 
 export interface CheckpointRow {
@@ -184,6 +190,9 @@ export class Catalog {
         if (!cols.some((c) => c.name === col)) this.db.exec(`ALTER TABLE sandboxes ADD COLUMN ${col} ${type}`);
       }
       this.db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
+      // User namespaces: each sandbox's host id range.
+      if (!cols.some((c) => c.name === 'id_base')) this.db.exec('ALTER TABLE sandboxes ADD COLUMN id_base INTEGER');
+      this.db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_id_base ON sandboxes(id_base)');
       for (const m of this.extraMigrations) m(this.db);
       if (this.db.pragma('user_version', { simple: true }) !== SCHEMA_VERSION) this.db.pragma(`user_version = ${SCHEMA_VERSION}`);
     }).immediate();
@@ -269,9 +278,9 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
-          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance)
+          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance, id_base)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
-          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance)`,
+          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance, @id_base)`,
       )
       .run(row);
   }
@@ -279,6 +288,10 @@ export class Catalog {
     const keys = Object.keys(fields);
     if (!keys.length) return;
     this.db.prepare(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`).run({ ...fields, id });
+  }
+  /** Host id bases in use, ascending. */
+  idBases(): number[] {
+    return (this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as { id_base: number }[]).map((r) => r.id_base);
   }
   deleteSandboxRow(id: string): void {
     this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);

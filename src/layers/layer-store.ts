@@ -95,11 +95,12 @@ export class LayerStore {
     return { upper: path.join(base, 'upper'), work: path.join(base, 'work') };
   }
 
-  /** A new, empty writable layer for a sandbox. */
-  createUpper(sandboxId: string): void {
+  /** A new, empty writable layer for a sandbox; `owner`: host id of the sandbox's root (user namespaces). */
+  createUpper(sandboxId: string, owner: number | null = null): void {
     const base = this.paths.upper(sandboxId);
     wrap('creating the writable layer', () => native().subvolumeCreate(base));
     fs.mkdirSync(path.join(base, 'upper'), { mode: 0o755 });
+    if (owner !== null) fs.chownSync(path.join(base, 'upper'), owner, owner);
     fs.mkdirSync(path.join(base, 'work'), { mode: 0o700 });
   }
 

@@ -199,7 +199,7 @@ integration(test, () => {
     const halfMade = `sbx_orphan${tag()}`;
     runtime.prepare(halfMade, { pids: 16 });
     layers.createUpper(halfMade);
-    runtime.mountRoot({ id: halfMade, imageRootfs: first.images.get('base').rootfs, runtimeLayer: runtime.ensureRuntimeLayer(), hostname: 'orphan' });
+    runtime.mountRoot({ id: halfMade, imageRootfs: first.images.get('base').rootfs, runtimeLayer: runtime.ensureRuntimeLayer(), hostname: 'orphan', idBase: null });
     // Pieces on their own.
     const upperOnly = `sbx_upper${tag()}`;
     layers.createUpper(upperOnly);
