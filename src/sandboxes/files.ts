@@ -59,7 +59,15 @@ function mapError(e: unknown, p: string): never {
 
 /** Files of one sandbox root on the host. */
 export class SandboxFiles {
-  constructor(private readonly root: () => string) {}
+  /**
+   * `owner`: the host id of the sandbox's root when it has a user namespace.
+   * What the API creates is then given to it, as if root inside had made it:
+   * a file left to host root would be out of the sandbox's reach.
+   */
+  constructor(
+    private readonly root: () => string,
+    private readonly owner: () => number | null = () => null,
+  ) {}
 
   private open(p: string, flags: number, mode = 0o644): number {
     const rel = sandboxRelative(p);
@@ -110,6 +118,8 @@ export class SandboxFiles {
     if (opts.createParents !== false) await this.mkdir(path.posix.dirname(p.startsWith('/') ? p : `/workspace/${p}`));
     const fd = this.open(p, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC, opts.mode ?? 0o644);
     try {
+      const owner = this.owner();
+      if (owner !== null && fs.fstatSync(fd).uid === 0) fs.fchownSync(fd, owner, owner);
       const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data);
       fs.writeSync(fd, buf);
       return { sha256: createHash('sha256').update(buf).digest('hex'), bytes: buf.length };
@@ -136,6 +146,8 @@ export class SandboxFiles {
         const parentFd = native().openBeneath(this.root(), cur, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
         try {
           fs.mkdirSync(`/proc/self/fd/${parentFd}/${part}`, { mode: 0o755 });
+          const owner = this.owner();
+          if (owner !== null) fs.lchownSync(`/proc/self/fd/${parentFd}/${part}`, owner, owner);
         } catch (e2) {
           if ((e2 as NodeJS.ErrnoException).code !== 'EEXIST') mapError(e2, p);
         } finally {

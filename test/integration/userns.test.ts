@@ -108,7 +108,7 @@ integration(test, () => {
     t.is(idBase(c.id), Math.min(ba, ...ls.engine.catalog.idBases()));
   });
 
-  test.serial('files only a host id owns are not writable from inside', async (t) => {
+  test.serial('files only a host id owns are not writable from inside; files the API writes are the sandbox root’s', async (t) => {
     const sb = await sandbox(t);
     // Written by host root through the sandbox root: owned by host uid 0,
     // which the sandbox's namespace does not map.
@@ -119,6 +119,12 @@ integration(test, () => {
     t.regex(r.stderr, /Permission denied/);
     t.is(r.stdout.trim(), '65534'); // the overflow id: unmapped
     t.is(fs.readFileSync(file, 'utf8'), 'host data\n');
+    // What the files API writes is the sandbox root's, as if made inside.
+    await sb.files.write('/workspace/api/made-by-api.txt', 'api\n');
+    const api = await sb.commands.run('stat -c "%u %g" /workspace/api /workspace/api/made-by-api.txt && echo inside >> /workspace/api/made-by-api.txt');
+    t.is(api.exitCode, 0, api.stderr);
+    t.is(api.stdout, '0 0\n0 0\n');
+    t.is(fs.readFileSync(hostPath(ls, sb.id, '/workspace/api/made-by-api.txt'), 'utf8'), 'api\ninside\n');
     // /dev is a host folder (root-owned): root inside cannot add to it.
     const dev = await sb.commands.run('touch /dev/planted');
     t.not(dev.exitCode, 0);
