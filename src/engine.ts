@@ -32,7 +32,7 @@ export interface Engine {
   log: Logger;
   fault: FaultHook;
   agent: AgentState;
-  /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS). */
+  /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS, on by default). */
   userNamespaces: boolean;
   /** Serialises operations on one sandbox, within this process and across processes. */
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;

@@ -37,7 +37,7 @@ export interface OpenOptions {
   cgroups?: CgroupDriver | undefined;
   /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
   fault?: FaultHook | undefined;
-  /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: LOCKSTEP_USERNS=on). */
+  /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: yes, unless LOCKSTEP_USERNS=off). */
   userNamespaces?: boolean | undefined;
 }
 

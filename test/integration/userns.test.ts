@@ -12,7 +12,7 @@ import test, { type ExecutionContext } from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
 import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/sandboxes/id-ranges.js';
-import { TEST_ROOT, freshHome, integration, openTestLockstep } from '../helpers/harness.js';
+import { integration, openTestLockstep } from '../helpers/harness.js';
 import { counterInLayer, hostPath, startCounter, waitCounter } from '../fixtures/stub-workloads.js';
 
 integration(test, () => {
@@ -20,11 +20,8 @@ integration(test, () => {
   const teardowns: (() => Promise<void>)[] = [];
 
   test.before(async () => {
-    const home = freshHome('userns');
-    // A restored tree resolves its paths as an unprivileged host id: the
-    // folders above the state directory must be searchable (o+x).
-    fs.chmodSync(TEST_ROOT, 0o711);
-    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { home, images: ['base'], open: { userNamespaces: true } });
+    // Explicitly on, whatever LOCKSTEP_USERNS says.
+    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['base'], open: { userNamespaces: true } });
   });
   test.after.always(async () => {
     for (const fn of teardowns.reverse()) await fn();
