@@ -6,7 +6,8 @@
  *   supervise  per-state-directory daemon and child subreaper: the parent of
  *              every sandbox init and of the CRIU service, so that sandboxes
  *              outlive the manager process and nothing is left a zombie.
- *   create     make a sandbox: new pid/mount/uts/ipc/net namespaces, the
+ *   create     make a sandbox: new pid/mount/uts/ipc/net/cgroup namespaces,
+ *              owned by a new user namespace when given an id range, the
  *              overlay root with its own /proc and /dev, pivot_root, dropped
  *              capabilities, then exec the sandbox's init.
  *   enter      run one command inside a running sandbox (setns), in the
@@ -298,8 +299,8 @@ static int loopback_up(int errfd) {
 }
 
 /* Runs as pid 1 of the new pid namespace, in the new mount namespace. Any
- * failure is reported on errfd and ends the child. */
-/* The caller has made the sandbox root its working directory and cloned the
+ * failure is reported on errfd and ends the child.
+ * The caller has made the sandbox root its working directory and cloned the
  * mount of its /dev folder as devfd (open_tree): with a user namespace, root
  * here may not search the host folders on the way to either. Nor may it
  * pivot_root into a mount it inherited (those are locked to their parent),
