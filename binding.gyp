@@ -53,7 +53,7 @@
         }
       ],
       "include_dirs": ["<(SHARED_INTERMEDIATE_DIR)"],
-      "sources": ["native/helper/lockstep-helper.c", "native/helper/confine.c"],
+      "sources": ["native/helper/lockstep-helper.c", "native/helper/confine.c", "native/helper/userns.c"],
       "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"],
       "libraries": ["-lcap"]
     },

@@ -35,6 +35,8 @@ export interface Engine {
   agent: AgentState;
   /** Watches every running sandbox's init; marks the sandbox stopped when it exits. */
   inits: InitWatcher;
+  /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS, on by default). */
+  userNamespaces: boolean;
   /** Serialises operations on one sandbox, within this process and across processes. */
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
   /** Waits for queued per-sandbox work (warm standbys, cleanups) to finish. */
@@ -42,7 +44,7 @@ export interface Engine {
 }
 
 export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
-  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname, diskBytes: row.disk_bytes };
+  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname, diskBytes: row.disk_bytes, idBase: row.id_base };
 }
 
 /** In-process queue + cross-process flock on <run>/sandboxes/<id>/lock. */

@@ -28,6 +28,7 @@ import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
 import { mountPropagation, mountsUnder, sleep } from './host/proc.js';
+import { openHomeForUserNamespaces, userNamespacesWanted } from './sandboxes/id-ranges.js';
 
 export interface OpenOptions {
   /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */
@@ -37,6 +38,8 @@ export interface OpenOptions {
   cgroups?: CgroupDriver | undefined;
   /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
   fault?: FaultHook | undefined;
+  /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: yes, unless LOCKSTEP_USERNS=off). */
+  userNamespaces?: boolean | undefined;
 }
 
 /** Manager of one state directory. */
@@ -98,6 +101,8 @@ export class Lockstep {
     fault('open:catalog');
     const layers = LayerStore.open(paths);
     ensureSharedRunFolder(paths.sandboxesRun);
+    const userNamespaces = userNamespacesWanted(opts.userNamespaces);
+    if (userNamespaces) openHomeForUserNamespaces(paths);
     const supervisor = new Supervisor(paths);
     await supervisor.ensureRunning();
     const cgroups = opts.cgroups ?? detectCgroups();
@@ -120,6 +125,7 @@ export class Lockstep {
       fault,
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       inits: new InitWatcher(catalog, runtime, withSandboxLock, log),
+      userNamespaces,
       withSandboxLock,
       drainLocks: () => locks.drain(),
     };

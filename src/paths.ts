@@ -46,6 +46,8 @@ export class StatePaths {
   sandboxRun(id: string) { return path.join(this.sandboxesRun, id); }
   sandboxRoot(id: string) { return path.join(this.sandboxRun(id), 'root'); }
   sandboxDev(id: string) { return path.join(this.sandboxRun(id), 'dev'); }
+  /** Idmapped views of the lower layers (sandboxes with a user namespace). */
+  sandboxLowers(id: string) { return path.join(this.sandboxRun(id), 'lowers'); }
   /** Outside any instance folder: a rollback that swaps instances keeps the lock. */
   get locks() { return path.join(this.run, 'locks'); }
   sandboxLock(id: string) { return path.join(this.locks, id); }

@@ -1,11 +1,20 @@
 // Mount verbs: overlayfs for a sandbox root, and unmount. Both are single
 // syscalls that affect the whole process's mount namespace, so they are safe
 // to call from Node's main thread (unlike unshare/setns, which the helper does).
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "addon.h"
@@ -108,7 +117,115 @@ static Napi::Value MakeSharedMount(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+
+namespace {
+
+// A user namespace whose ids 0..count-1 are host ids base..base+count-1,
+// made only to describe an idmapped mount (the mount keeps its own
+// reference). As lxc and systemd do: a child born in a new user namespace
+// waits while we write its maps and open its namespace, then exits. The
+// child shares our memory (CLONE_VM: copying Node's page tables cost tens of
+// milliseconds) and runs only IdmapChild on a stack of its own: raw read
+// and exit, nothing that touches the C library's state.
+constexpr size_t kIdmapChildStack = 64 * 1024;
+
+int IdmapChild(void* arg) {
+  const int* gate = static_cast<const int*>(arg);
+  char c;
+  ::syscall(SYS_close, gate[1]);     // our copy of the write end: EOF needs the parent's closed only
+  ::syscall(SYS_read, gate[0], &c, 1);  // returns at EOF: the parent is done with us
+  return 0;
+}
+
+int MakeIdmapUserns(unsigned long base, unsigned long count, SystemFailure* failure) {
+  int gate[2];
+  if (::pipe2(gate, O_CLOEXEC) != 0) {
+    *failure = {errno, "pipe2", "", ""};
+    return -1;
+  }
+  // The child's argument sits at the far end of its stack, which lives until it is reaped.
+  auto* stack = new char[kIdmapChildStack];
+  int* childGate = reinterpret_cast<int*>(stack);
+  childGate[0] = gate[0];
+  childGate[1] = gate[1];
+  int pid = ::clone(IdmapChild, stack + kIdmapChildStack, CLONE_VM | CLONE_NEWUSER | SIGCHLD, childGate);
+  if (pid < 0) {
+    *failure = {errno, "clone(CLONE_NEWUSER)", "", ""};
+    ::close(gate[0]);
+    ::close(gate[1]);
+    delete[] stack;
+    return -1;
+  }
+  int nsfd = -1;
+  std::string line = "0 " + std::to_string(base) + " " + std::to_string(count) + "\n";
+  for (const char* file : {"uid_map", "gid_map"}) {
+    std::string path = "/proc/" + std::to_string(pid) + "/" + file;
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd.valid() || ::write(fd.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      *failure = {errno, "write", path, ""};
+      goto done;
+    }
+  }
+  {
+    std::string path = "/proc/" + std::to_string(pid) + "/ns/user";
+    nsfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0) *failure = {errno, "open", path, ""};
+  }
+done:
+  ::close(gate[1]);
+  // The child exits once scheduled, which on a busy host can take tens of
+  // milliseconds: reap it (and free its stack) on a thread of its own.
+  std::thread([pid, stack, readEnd = gate[0]]() {
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    ::close(readEnd);
+    delete[] stack;
+  }).detach();
+  return nsfd;
+}
+
+}  // namespace
+
+// idmappedMount(source, target, base, count, readOnly): attaches at target a
+// copy of the mount of source through which on-disk id N reads as host id
+// base+N (open_tree(OPEN_TREE_CLONE) + mount_setattr(MOUNT_ATTR_IDMAP) +
+// move_mount). Image layers stay shared: nothing is copied or chowned.
+static Napi::Value IdmappedMount(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string source = StringArg(info, 0, "source");
+  std::string target = StringArg(info, 1, "target");
+  if (info.Length() < 4 || !info[2].IsNumber() || !info[3].IsNumber())
+    throw Napi::TypeError::New(env, "arguments 'base' and 'count' must be numbers");
+  unsigned long base = static_cast<unsigned long>(info[2].As<Napi::Number>().Int64Value());
+  unsigned long count = static_cast<unsigned long>(info[3].As<Napi::Number>().Int64Value());
+  bool readOnly = BoolArg(info, 4, true);
+  SystemFailure failure;
+  UniqueFd userns(MakeIdmapUserns(base, count, &failure));
+  if (!userns.valid()) {
+    ThrowSystemError(env, failure.err, failure.syscall.c_str(), failure.path);
+    return env.Undefined();
+  }
+  UniqueFd tree(static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+  if (!tree.valid()) {
+    ThrowSystemError(env, errno, "open_tree", source);
+    return env.Undefined();
+  }
+  struct mount_attr attr = {};
+  attr.attr_set = MOUNT_ATTR_IDMAP | (readOnly ? MOUNT_ATTR_RDONLY : 0) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  attr.userns_fd = static_cast<__u64>(userns.get());
+  if (::syscall(SYS_mount_setattr, tree.get(), "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
+    ThrowSystemError(env, errno, "mount_setattr(MOUNT_ATTR_IDMAP)", source);
+    return env.Undefined();
+  }
+  if (::syscall(SYS_move_mount, tree.get(), "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    ThrowSystemError(env, errno, "move_mount", target);
+    return env.Undefined();
+  }
+  return env.Undefined();
+}
+
 void InitMounts(Napi::Env env, Napi::Object exports) {
+  exports.Set("idmappedMount", Napi::Function::New(env, IdmappedMount));
   exports.Set("makeSharedMount", Napi::Function::New(env, MakeSharedMount));
   exports.Set("mountOverlay", Napi::Function::New(env, MountOverlay));
   exports.Set("unmount", Napi::Function::New(env, Unmount));

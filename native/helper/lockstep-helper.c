@@ -6,7 +6,8 @@
  *   supervise  per-state-directory daemon and child subreaper: the parent of
  *              every sandbox init and of the CRIU service, so that sandboxes
  *              outlive the manager process and nothing is left a zombie.
- *   create     make a sandbox: new pid/mount/uts/ipc/net namespaces, the
+ *   create     make a sandbox: new pid/mount/uts/ipc/net/cgroup namespaces,
+ *              owned by a new user namespace when given an id range, the
  *              overlay root with its own /proc (sensitive files masked) and
  *              read-only /dev (own /dev/shm and /dev/pts), pivot_root, then
  *              confinement (confine.c: capabilities, no_new_privs, session
@@ -47,6 +48,8 @@
 
 #include "confine.h"
 
+#include "userns.h"
+
 #define MAX_LIST 64
 
 /* ---- small utilities ---------------------------------------------------- */
@@ -68,7 +71,7 @@ static void json_string(FILE *f, const char *s) {
 }
 
 /* Write {"error":{...}} to fd; used from forked children, so no stdio buffers. */
-static void report_error_fd(int fd, int err, const char *syscall_name, const char *path) {
+void report_error_fd(int fd, int err, const char *syscall_name, const char *path) {
   char buf[PATH_MAX + 512];
   FILE *f = fmemopen(buf, sizeof(buf) - 2, "w");
   if (!f) return;
@@ -197,6 +200,7 @@ struct opts {
   int pid;
   unsigned long long start; /* the init's start time (clock ticks since boot), from the catalog */
   int status_fd;
+  unsigned long id_base, id_count; /* user namespace: host ids base..base+count-1 (count 0: none) */
   bool detach;
   char **argv;
 };
@@ -205,7 +209,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: lockstep-helper supervise --socket PATH --pidfile PATH\n"
           "       lockstep-helper create --root DIR --dev DIR --hostname NAME [--init PATH] "
-          "[--cgroup PROCS]... [--env K=V]...\n"
+          "[--cgroup PROCS]... [--env K=V]... [--id-base N --id-count N]\n"
           "       lockstep-helper prepare --dev DIR\n"
           "       lockstep-helper enter --pid PID --start TICKS [--cgroup PROCS]... [--cwd DIR] [--env K=V]... "
           "[--status-fd N] [--detach --stdout PATH --stderr PATH] -- CMD [ARG...]\n"
@@ -236,6 +240,8 @@ static void parse(int argc, char **argv, struct opts *o) {
     else if (strcmp(a, "--start") == 0) o->start = strtoull(NEXT(), NULL, 10);
     else if (strcmp(a, "--status-fd") == 0) o->status_fd = atoi(NEXT());
     else if (strcmp(a, "--detach") == 0) o->detach = true;
+    else if (strcmp(a, "--id-base") == 0) o->id_base = strtoul(NEXT(), NULL, 10);
+    else if (strcmp(a, "--id-count") == 0) o->id_count = strtoul(NEXT(), NULL, 10);
     else if (strcmp(a, "--cgroup") == 0) {
       if (o->ncgroups >= MAX_LIST) usage();
       o->cgroups[o->ncgroups++] = NEXT();
@@ -352,8 +358,13 @@ static int mount_dev_and_mask_proc(int errfd) {
 }
 
 /* Runs as pid 1 of the new pid namespace, in the new mount namespace. Any
- * failure is reported on errfd and ends the child. */
-static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
+ * failure is reported on errfd and ends the child.
+ * The caller has made the sandbox root its working directory and cloned the
+ * mount of its /dev folder as devfd (open_tree): with a user namespace, root
+ * here may not search the host folders on the way to either. Nor may it
+ * pivot_root into a mount it inherited (those are locked to their parent),
+ * so the root is cloned here and the clone attached over it first. */
+static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd) {
   char path[PATH_MAX];
 #define FAIL(sc, p)                             \
   do {                                          \
@@ -362,7 +373,11 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   } while (0)
 
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "/");
-  snprintf(path, sizeof(path), "%s/proc", o->root);
+  int rootfd = (int)syscall(SYS_open_tree, AT_FDCWD, ".", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (rootfd < 0) FAIL("open_tree(root)", o->root);
+  if (syscall(SYS_move_mount, rootfd, "", AT_FDCWD, ".", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(root)", o->root);
+  if (fchdir(rootfd) != 0) FAIL("fchdir", o->root);
+  snprintf(path, sizeof(path), "proc");
   if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) FAIL("mount(proc)", path);
   /* The sandbox's own /proc still exposes host-wide knobs (/proc/sys is not
    * per-namespace for most entries: kernel.core_pattern would run a program
@@ -370,7 +385,7 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
   static const char *ro_proc[] = {"sys", "sysrq-trigger", "irq", "bus", "fs"};
   for (size_t i = 0; i < sizeof(ro_proc) / sizeof(ro_proc[0]); i++) {
     struct stat st;
-    snprintf(path, sizeof(path), "%s/proc/%s", o->root, ro_proc[i]);
+    snprintf(path, sizeof(path), "proc/%s", ro_proc[i]);
     if (stat(path, &st) != 0) continue;
     if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) != 0) FAIL("mount(bind /proc)", path);
     if (mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
@@ -380,15 +395,13 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd) {
    * device nodes a sandbox needs. CRIU treats it as an external mount, so a
    * checkpoint does not tar up a tmpfs every time. It is made read-only once
    * its submounts are in place (mount_dev_and_mask_proc). */
-  snprintf(path, sizeof(path), "%s/dev", o->root);
-  if (mount(o->dev, path, NULL, MS_BIND, NULL) != 0) FAIL("mount(bind /dev)", path);
+  if (syscall(SYS_move_mount, devfd, "", AT_FDCWD, "dev", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(/dev)", o->dev);
 
   if (o->hostname && sethostname(o->hostname, strlen(o->hostname)) != 0) FAIL("sethostname", o->hostname);
   if (loopback_up(errfd) != 0) _exit(1);
 
   /* pivot_root(".", ".") stacks the old root under the new one; detaching it
    * leaves the sandbox with no path back to the host (runc does the same). */
-  if (chdir(o->root) != 0) FAIL("chdir", o->root);
   if (syscall(SYS_pivot_root, ".", ".") != 0) FAIL("pivot_root", o->root);
   if (umount2(".", MNT_DETACH) != 0) FAIL("umount2(old root)", "/");
   if (chdir("/") != 0) FAIL("chdir", "/");
@@ -477,6 +490,12 @@ static int cmd_prepare(const struct opts *o) {
 static int cmd_create(const struct opts *o) {
   if (!o->root || !o->dev) usage();
   if (prepare_dev(o->dev, 1) != 0) return 1;
+  int devfd = (int)syscall(SYS_open_tree, AT_FDCWD, o->dev, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  struct mount_attr devattr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC};
+  if (devfd < 0 || syscall(SYS_mount_setattr, devfd, "", AT_EMPTY_PATH, &devattr, sizeof(devattr)) != 0 || chdir(o->root) != 0) {
+    report_error_fd(1, errno, devfd < 0 ? "open_tree" : "mount_setattr/chdir", devfd < 0 ? o->dev : o->root);
+    return 1;
+  }
   int bad = join_cgroups((char **)o->cgroups, o->ncgroups);
   if (bad >= 0) {
     report_error_fd(1, errno, "write(cgroup.procs)", o->cgroups[bad]);
@@ -487,18 +506,34 @@ static int cmd_create(const struct opts *o) {
     report_error_fd(1, errno, "pipe2", NULL);
     return 1;
   }
-  if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID) != 0) {
-    report_error_fd(1, errno, "unshare", NULL);
-    return 1;
+  /* The cgroup namespace roots /proc/self/cgroup and a cgroup mount at the
+   * sandbox's own cgroup (joined above). */
+  const int ns_flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWCGROUP;
+  pid_t child;
+  if (o->id_count > 0) {
+    /* User namespace first (userns.c): it then owns all the others. */
+    child = userns_fork(o->id_base, o->id_count, ns_flags, 1, pipefd[1]);
+    if (child < 0) {
+      close(pipefd[1]);
+      char buf[PATH_MAX + 512];
+      ssize_t n = read(pipefd[0], buf, sizeof(buf));
+      if (n > 0) write_all(1, buf, (size_t)n);
+      return 1;
+    }
+  } else {
+    if (unshare(ns_flags) != 0) {
+      report_error_fd(1, errno, "unshare", NULL);
+      return 1;
+    }
+    child = fork();
   }
-  pid_t child = fork();
   if (child < 0) {
     report_error_fd(1, errno, "fork", NULL);
     return 1;
   }
   if (child == 0) {
     close(pipefd[0]);
-    setup_sandbox_and_exec(o, pipefd[1]);
+    setup_sandbox_and_exec(o, pipefd[1], devfd);
     _exit(1);
   }
   close(pipefd[1]);
@@ -701,13 +736,18 @@ static int cmd_enter(const struct opts *o) {
     report_error_fd(status_fd, errno, "write(cgroup.procs)", o->cgroups[bad]);
     return 125;
   }
-  /* One setns through the pidfd joins all five namespaces at once (Linux
-   * >= 5.8), or none: ESRCH if the init exited since it was pinned. */
-  if (setns(init.pidfd, CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0) {
+  /* The user namespace is opened through the pinned /proc directory and
+   * joined last (from then on we hold no host privilege). */
+  int usernsfd = userns_open_at(init.procfd, status_fd);
+  if (usernsfd == -2) return 125;
+  /* One setns through the pidfd joins the other six namespaces at once
+   * (Linux >= 5.8), or none: ESRCH if the init exited since it was pinned. */
+  if (setns(init.pidfd, CLONE_NEWCGROUP | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0) {
     int err = errno;
     report_error_fd(status_fd, err, err == ESRCH ? "identity" : "setns", NULL);
     return 125;
   }
+  if (userns_join(usernsfd, status_fd) != 0) return 125;
   if (fchdir(init.rootfd) != 0 || chroot(".") != 0) {
     report_error_fd(status_fd, errno, "chroot", "/");
     return 125;

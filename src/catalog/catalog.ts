@@ -59,6 +59,12 @@ export interface SandboxRow {
   io_weight: number | null;
   /** Disk quota of the writable layer in bytes, or null for none. */
   disk_bytes: number | null;
+  /**
+   * First host id of the sandbox's user namespace (root inside is this host
+   * uid/gid; the range is ID_RANGE_SIZE long), or null without one. Unique:
+   * no two sandboxes share a range; deleting the row frees it.
+   */
+  id_base: number | null;
 }
 
 export interface CheckpointRow {
@@ -263,6 +269,9 @@ export class Catalog {
     this.db.transaction(() => {
       // Resource limits beyond memory and pids (CPU, I/O, disk quota).
       for (const col of ['cpu_weight', 'cpu_quota_us', 'io_weight', 'disk_bytes']) addColumn(this.db, 'sandboxes', col, 'INTEGER');
+      // User namespaces: each sandbox's host id range.
+      addColumn(this.db, 'sandboxes', 'id_base', 'INTEGER');
+      this.db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_id_base ON sandboxes(id_base)');
       for (const m of this.extraMigrations) m(this.db);
     }).immediate();
   }
@@ -348,10 +357,10 @@ export class Catalog {
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
           lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance,
-          cpu_weight, cpu_quota_us, io_weight, disk_bytes)
+          cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
           @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance,
-          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes)`,
+          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base)`,
       )
       .run(row);
   }
@@ -359,6 +368,10 @@ export class Catalog {
     const keys = Object.keys(fields);
     if (!keys.length) return;
     this.db.prepare(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`).run({ ...fields, id });
+  }
+  /** Host id bases in use, ascending. */
+  idBases(): number[] {
+    return (this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as { id_base: number }[]).map((r) => r.id_base);
   }
   deleteSandboxRow(id: string): void {
     this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);

@@ -10,6 +10,7 @@ import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.j
 import { InvalidArgumentError, InvalidStateError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { dumpOptions, processImageBytes } from './process-image.js';
+import { shareProcessImageWith } from './id-shift.js';
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
 import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
@@ -108,6 +109,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       cgroups.thaw(cg);
       t.frozenMs = performance.now() - frozenAt;
     }
+    shareProcessImageWith(imagesDir, row.id_base);
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).
     const tp = performance.now();

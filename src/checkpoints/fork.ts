@@ -10,6 +10,7 @@ import { InvalidArgumentError, LockstepError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { startTime } from '../host/proc.js';
 import { restoreNewInstance } from './process-image.js';
+import { freeIdBase } from '../sandboxes/id-ranges.js';
 
 export const MAX_FORKS = 64;
 
@@ -45,8 +46,11 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     standby_checkpoint: null,
     standby_pid: null,
     standby_start: null,
+    id_base: null,
   };
   catalog.tx(() => {
+    // A fork of a sandbox with a user namespace gets a range of its own.
+    if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
     catalog.insertSandbox(child);
     catalog.beginOperation({ id: opId, kind: 'fork', sandbox_id: id, phase: 'started', payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }) });
   });

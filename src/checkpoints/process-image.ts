@@ -16,6 +16,7 @@ import { native, type CriuRequest } from '../native/binding.js';
 import type { Engine } from '../engine.js';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import { limitsOf } from '../sandboxes/create.js';
+import { processImageForRange, shiftLayerOwners } from './id-shift.js';
 
 export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string): CriuRequest & { imagesDir: string; pid: number } {
   const b = native();
@@ -34,7 +35,7 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
   };
 }
 
-export function restoreOptions(engine: Engine, instance: string, imagesDir: string): Omit<CriuRequest, 'op'> & { imagesDir: string } {
+export function restoreOptions(engine: Engine, instance: string, imagesDir: string, idBase: number | null): Omit<CriuRequest, 'op'> & { imagesDir: string; workDirOwner?: number } {
   const b = native();
   return {
     imagesDir,
@@ -45,6 +46,7 @@ export function restoreOptions(engine: Engine, instance: string, imagesDir: stri
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
     logLevel: Number(process.env.LOCKSTEP_CRIU_LOG_LEVEL ?? 2),
+    ...(idBase === null ? {} : { workDirOwner: idBase }),
   };
 }
 
@@ -69,12 +71,24 @@ export async function restoreNewInstance(
   ckpt: CheckpointRow,
   step: (point: 'prepared' | 'layer-ready') => void = () => undefined,
 ): Promise<number> {
-  const { runtime, layers } = engine;
-  runtime.prepare(key, limitsOf(like));
+  const { runtime, layers, paths } = engine;
+  runtime.prepare(key, limitsOf(like), like.id_base);
   await runtime.prepareForRestore(key);
   step('prepared');
   await layers.resetUpperTo(key, ckpt.layer_id);
-  runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname, diskBytes: like.disk_bytes });
+  // A fork has a user namespace (id range) of its own: see id-shift.ts.
+  const from = engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null;
+  const rebase = from !== null && like.id_base !== null && from !== like.id_base;
+  if (rebase) shiftLayerOwners(layers.upperDir(key).upper, from, like.id_base!);
+  runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname, diskBytes: like.disk_bytes, idBase: like.id_base });
   step('layer-ready');
-  return engine.criu.restore(restoreOptions(engine, key, engine.paths.processImage(ckpt.id)));
+  if (!rebase) return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base));
+  const images = path.join(paths.scratch, `images-${key}`);
+  fs.rmSync(images, { recursive: true, force: true });
+  try {
+    processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
+    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base));
+  } finally {
+    fs.rmSync(images, { recursive: true, force: true });
+  }
 }

@@ -78,7 +78,7 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   engine.fault('rollback:mounted');
 
   m = performance.now();
-  const pid = await engine.criu.restore(restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id)));
+  const pid = await engine.criu.restore(restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base));
   t.restoreMs = performance.now() - m;
   engine.fault('rollback:restored');
   return pid;

@@ -107,9 +107,15 @@ export class CriuService {
    * in a scratch folder of its own, since the images are read-only checkpoint
    * data; the folder goes afterwards unless LOCKSTEP_KEEP_CRIU_LOGS is set.
    */
-  async restore(req: Omit<CriuRequest, 'op' | 'serviceAddress' | 'workDir'> & { imagesDir: string }): Promise<number> {
+  async restore(request: Omit<CriuRequest, 'op' | 'serviceAddress' | 'workDir'> & { imagesDir: string; workDirOwner?: number }): Promise<number> {
+    const { workDirOwner, ...req } = request;
     const logFile = req.logFile ?? 'restore.log';
     const workDir = fs.mkdtempSync(path.join(this.paths.scratch, 'restore-'));
+    // A tree restored into a user namespace works in it as its own root.
+    if (workDirOwner !== undefined) {
+      fs.chownSync(workDir, 0, workDirOwner);
+      fs.chmodSync(workDir, 0o770);
+    }
     try {
       return await this.call({ ...req, op: 'restore', logFile, workDir });
     } catch (e) {

@@ -57,6 +57,8 @@ export function statusForCode(code: string, err?: unknown): number {
   if (code === 'COMMAND_TIMEOUT') return 504;
   // Aborted by the server's shutdown (or for a client that is gone).
   if (code === 'COMMAND_ABORTED') return 503;
+  // Every host id range for user namespaces is taken: capacity, not the request.
+  if (code === 'ID_RANGES_EXHAUSTED') return 503;
   if (code.endsWith('_EXISTS') || CONFLICTS.has(code)) return 409;
   // The remaining state errors (already settled, not unknown, damaged, ...)
   // are conflicts with the object's current state too.

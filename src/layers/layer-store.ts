@@ -111,11 +111,12 @@ export class LayerStore {
     return { upper: path.join(base, 'upper'), work: path.join(base, 'work') };
   }
 
-  /** A new, empty writable layer for a sandbox. */
-  async createUpper(sandboxId: string): Promise<void> {
+  /** A new, empty writable layer for a sandbox; `owner`: host id of the sandbox's root (user namespaces). */
+  async createUpper(sandboxId: string, owner: number | null = null): Promise<void> {
     const base = this.paths.upper(sandboxId);
     await wrap('creating the writable layer', () => native().subvolumeCreate(base));
     await fs.promises.mkdir(path.join(base, 'upper'), { mode: 0o755 });
+    if (owner !== null) await fs.promises.chown(path.join(base, 'upper'), owner, owner);
     await fs.promises.mkdir(path.join(base, 'work'), { mode: 0o700 });
   }
 

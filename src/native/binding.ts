@@ -69,6 +69,8 @@ export interface OpenedFile {
 export interface NativeBinding {
   mountOverlay(target: string, lowers: string[], upper: string, work: string): void;
   unmount(target: string, detach?: boolean): boolean;
+  /** Attaches at target a copy of source's mount where on-disk id N reads as host id base+N (N < count). */
+  idmappedMount(source: string, target: string, base: number, count: number, readOnly?: boolean): void;
   makeSharedMount(path: string, bind?: boolean): void;
   filesystemType(path: string): number;
   /** The btrfs verbs and syncfs run on libuv's pool (they can take a while under load). */

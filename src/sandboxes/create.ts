@@ -5,6 +5,7 @@ import { CPU_PERIOD_US, type CgroupLimits } from '../host/cgroups.js';
 import type { Engine } from '../engine.js';
 import { validateImageName } from '../images/image-store.js';
 import { hostOf } from '../engine.js';
+import { freeIdBase } from './id-ranges.js';
 
 export interface CreateOptions {
   image?: string | undefined;
@@ -160,14 +161,18 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     standby_checkpoint: null,
     standby_pid: null,
     standby_start: null,
+    id_base: null,
   };
   // The row goes in first, marked "creating": after a crash the reaper finds
   // it and removes whatever part of the sandbox exists.
-  engine.catalog.insertSandbox(row);
+  engine.catalog.tx(() => {
+    if (engine.userNamespaces) row.id_base = freeIdBase(engine.catalog);
+    engine.catalog.insertSandbox(row);
+  });
   const log = engine.log.child({ sandboxId: id });
   try {
-    engine.runtime.prepare(id, limitsOf(row));
-    await engine.layers.createUpper(id);
+    engine.runtime.prepare(id, limitsOf(row), row.id_base);
+    await engine.layers.createUpper(id, row.id_base);
     engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));
     engine.catalog.tx(() => {

@@ -168,7 +168,15 @@ class Hasher extends Transform {
 
 /** Files of one sandbox root on the host. */
 export class SandboxFiles {
-  constructor(private readonly root: () => string) {}
+  /**
+   * `owner`: the host id of the sandbox's root when it has a user namespace.
+   * What the API creates is then given to it, as if root inside had made it:
+   * a file left to host root would be out of the sandbox's reach.
+   */
+  constructor(
+    private readonly root: () => string,
+    private readonly owner: () => number | null = () => null,
+  ) {}
 
   /** Opens a regular file (or, with O_DIRECTORY, a directory) for I/O; anything else is refused. */
   private async openChecked(p: string, flags: number, under = this.root(), rel = sandboxRelative(p)): Promise<OpenedFile> {
@@ -312,7 +320,10 @@ export class SandboxFiles {
           for (let off = 0; off < b.length; ) off += (await write(tmpFd, b, off, Math.min(CHUNK_BYTES, b.length - off))).bytesWritten;
         }
         opts.signal?.throwIfAborted();
+        // New files belong to the sandbox's root (with a user namespace, a host id); existing ones keep their owner.
+        const owner = this.owner();
         if (existing) await fchown(tmpFd, existing.uid, existing.gid);
+        else if (owner !== null) await fchown(tmpFd, owner, owner);
         await fchmod(tmpFd, mode);
         await fs.promises.rename(viaFd(dirFd, tmp), viaFd(dirFd, leaf));
       } catch (e) {
@@ -341,6 +352,8 @@ export class SandboxFiles {
         const parentFd = await this.openDir(p, cur);
         try {
           await fs.promises.mkdir(viaFd(parentFd, part), { mode: 0o755 });
+          const owner = this.owner();
+          if (owner !== null) await fs.promises.lchown(viaFd(parentFd, part), owner, owner);
         } catch (e2) {
           if ((e2 as NodeJS.ErrnoException).code !== 'EEXIST') mapError(e2, p);
         } finally {

@@ -14,6 +14,7 @@ import { mountsUnder, startTime } from '../host/proc.js';
 import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
 import type { LayerStore } from '../layers/layer-store.js';
 import type { StatePaths } from '../paths.js';
+import { ID_RANGE_SIZE } from './id-ranges.js';
 
 /** Directories every sandbox root has, whatever the image: they sit in the runtime layer. */
 const RUNTIME_DIRS: [string, number][] = [
@@ -35,6 +36,8 @@ export interface SandboxHost {
   hostname: string;
   /** Disk quota of the writable layer in bytes; null or absent for none. */
   diskBytes?: number | null | undefined;
+  /** First host id of the sandbox's user namespace; null or absent without one (see id-ranges.ts). */
+  idBase?: number | null | undefined;
 }
 
 export class SandboxRuntime {
@@ -86,20 +89,40 @@ export class SandboxRuntime {
     return (this.runtimeLayer = hash);
   }
 
-  /** Run folder, device folder and the cgroup. */
-  prepare(id: string, limits: CgroupLimits): void {
+  /**
+   * Run folder, device folder and the cgroup. With a user namespace the run
+   * folder is open to the sandbox's root group (0750): CRIU resolves the
+   * root and /dev paths from inside the restored namespace (before its maps
+   * are written as host root, after as the sandboxes's root), and no other
+   * host user (nor another sandbox's ids) may enter it.
+   */
+  prepare(id: string, limits: CgroupLimits, owner: number | null = null): void {
     fs.mkdirSync(this.paths.sandboxRoot(id), { recursive: true, mode: 0o700 });
+    if (owner !== null) {
+      fs.chownSync(this.paths.sandboxRun(id), 0, owner);
+      fs.chmodSync(this.paths.sandboxRun(id), 0o750);
+    }
     fs.mkdirSync(this.paths.sandboxDev(id), { recursive: true, mode: 0o755 });
     this.cgroups.create(this.cgroupName(id), limits);
   }
 
-  /** Mounts the overlay root (runtime layer and image below, the writable layer on top), then sets the layer's disk quota. */
+  /**
+   * Mounts the overlay root: runtime layer and image below, the writable
+   * layer on top; then sets the layer's disk quota. With a user namespace
+   * the lower layers go in through idmapped mounts (on-disk id N reads as
+   * idBase+N), so the image stays shared and untouched, while the writable
+   * layer holds the sandbox's host ids on disk (its top directory belongs to
+   * the sandbox's root).
+   */
   mountRoot(host: SandboxHost): void {
     const target = this.paths.sandboxRoot(host.id);
     if (!mountsUnder(target).includes(target)) {
       const { upper, work } = this.layers.upperDir(host.id);
       try {
-        native().mountOverlay(target, [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs], upper, work);
+        let lowers = [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs];
+        const idBase = host.idBase ?? null;
+        if (idBase !== null) lowers = lowers.map((dir, i) => this.idmappedLower(host.id, i, dir, idBase));
+        native().mountOverlay(target, lowers, upper, work);
       } catch (e) {
         if (isNativeError(e)) {
           const hint = e.code === 'ELOOP' ? 'overlay directories may not overlap' : e.code === 'ENOENT' ? 'a layer directory is missing' : e.message;
@@ -109,6 +132,15 @@ export class SandboxRuntime {
       }
     }
     this.layers.setQuota(host.id, host.diskBytes ?? null);
+  }
+
+  /** The idmapped view of one lower layer, under the instance's run folder (so destroy unmounts it). */
+  private idmappedLower(id: string, index: number, dir: string, idBase: number): string {
+    const target = path.join(this.paths.sandboxLowers(id), String(index));
+    fs.mkdirSync(target, { recursive: true, mode: 0o700 });
+    for (const m of mountsUnder(target)) native().unmount(m, true);
+    native().idmappedMount(dir, target, idBase, ID_RANGE_SIZE, true);
+    return target;
   }
 
   /** Starts namespaces + init under the supervisor; returns the init's host pid and start time. */
@@ -123,6 +155,7 @@ export class SandboxRuntime {
       '--hostname',
       host.hostname,
       ...this.cgroups.procsFiles(this.cgroupName(host.id)).flatMap((f) => ['--cgroup', f]),
+      ...(host.idBase === null ? [] : ['--id-base', String(host.idBase), '--id-count', String(ID_RANGE_SIZE)]),
     ];
     const answer = await this.supervisor.run(argv);
     const { pid } = parseHelperAnswer<{ pid: number }>(answer, `starting sandbox ${host.id}`);
@@ -145,6 +178,7 @@ export class SandboxRuntime {
   /** Unmounts the root (lazily: a process of another tool may still look at it). */
   unmountRoot(id: string): void {
     for (const m of mountsUnder(this.paths.sandboxRoot(id))) native().unmount(m, true);
+    for (const m of mountsUnder(this.paths.sandboxLowers(id))) native().unmount(m, true);
   }
 
   /** Everything a sandbox has on the host, removed in reverse order; safe to repeat. */

@@ -195,9 +195,10 @@ export class SandboxCore {
   }
 
   files(): SandboxFiles {
-    return new SandboxFiles(() => {
-      return this.engine.paths.sandboxRoot(this.runningRow().instance);
-    });
+    return new SandboxFiles(
+      () => this.engine.paths.sandboxRoot(this.runningRow().instance),
+      () => this.runningRow().id_base,
+    );
   }
 }
 

@@ -41,7 +41,10 @@ export function integration(test: TestFn, register: () => void): void {
 
 /** A fresh state directory path (not created). */
 export function freshHome(label = 'home'): string {
-  fs.mkdirSync(TEST_ROOT, { recursive: true, mode: 0o700 });
+  // Searchable, not readable, by others: a sandbox restored into its user
+  // namespace resolves its paths as an unprivileged host id.
+  fs.mkdirSync(TEST_ROOT, { recursive: true, mode: 0o711 });
+  fs.chmodSync(TEST_ROOT, 0o711);
   return path.join(TEST_ROOT, `${label}-${process.pid}-${randomBytes(4).toString('hex')}`);
 }
 

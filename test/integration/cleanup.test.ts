@@ -16,6 +16,13 @@ import { eventually, integration, openTestLockstep } from '../helpers/harness.js
 import { cgroupDirsOf, hostState, listDir, mountPointsUnder, sameProcessAlive, sandboxPids, startTicks, type HostState } from '../fixtures/host-state.js';
 
 const fixtures = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures');
+/** A running sandbox's mounts: its root and, with a user namespace, the idmapped views of its two lower layers. */
+function sandboxMounts(ls: Lockstep, id: string): string[] {
+  const row = ls.engine.catalog.sandbox(id)!;
+  const lowers = row.id_base === null ? [] : ['0', '1'].map((i) => path.join(ls.engine.paths.sandboxLowers(row.instance), i));
+  return [...lowers, ls.engine.paths.sandboxRoot(row.instance)];
+}
+
 const EMPTY: HostState = { catalogRows: [], runFolders: [], mounts: [], cgroups: [], uppers: [], layers: [], processImages: [], scratch: [] };
 
 /** A manager in a child process (test/fixtures/crash-manager.mjs). */
@@ -66,7 +73,7 @@ integration(test, () => {
     const procs = pids.map((pid) => [pid, startTicks(pid)] as const);
     t.is(pids.length, 2, 'init and sleep');
     t.true(pids.includes(sb.info().pid!));
-    t.deepEqual(mountPointsUnder(run), [ls.engine.paths.sandboxRoot(id)]);
+    t.deepEqual(mountPointsUnder(run), sandboxMounts(ls, id));
     t.true(cgroupDirsOf(ls, id).every((d) => fs.existsSync(d)));
     t.true(fs.existsSync(ls.engine.paths.upper(id)));
     t.true(fs.existsSync(ls.engine.paths.layer(ckpt.layerId)));
@@ -235,7 +242,7 @@ integration(test, () => {
       ...EMPTY,
       catalogRows: [`${keep.id}:running`],
       runFolders: [keep.id],
-      mounts: [paths.sandboxRoot(keep.id)],
+      mounts: sandboxMounts(ls, keep.id),
       cgroups: ls.engine.cgroups.version === 2 ? [`unified:${keep.id}`] : ['freezer', 'memory', 'pids'].map((c) => `${c}:${keep.id}`),
       uppers: [keep.id],
     });

@@ -76,6 +76,7 @@ function setup(t: { teardown: (fn: () => void) => void }) {
     cpu_quota_us: null,
     io_weight: null,
     disk_bytes: null,
+    id_base: null,
     });
     return catalog.sandbox(id)!;
   };

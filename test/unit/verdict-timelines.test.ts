@@ -125,6 +125,7 @@ function family(t: ExecutionContext) {
     cpu_quota_us: null,
     io_weight: null,
     disk_bytes: null,
+    id_base: null,
       };
       catalog.insertSandbox(row);
       return handle(id);

@@ -1,0 +1,109 @@
+/**
+ * Moving a checkpoint into another host id range, for a fork: a fork gets a
+ * user namespace of its own, so both halves of the checkpoint that name
+ * host ids are translated from the parent's range to the fork's:
+ * - the fork's writable layer (a btrfs snapshot of the checkpoint's layer)
+ *   has its owners shifted in place; image layers are never touched, they
+ *   reach every sandbox through idmapped mounts;
+ * - CRIU restores the user namespace with the id maps recorded in the
+ *   process image (userns-N.img), so the fork restores from a copy of the
+ *   image (reflinks on btrfs: no data copied) whose maps name its range.
+ *   Every other id in a process image (task credentials, file owners) is
+ *   recorded as seen inside the namespace, so it needs no change.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import protobuf from 'protobufjs';
+import { ID_RANGE_SIZE } from '../sandboxes/id-ranges.js';
+
+/** CRIU's images/userns.proto (MIT). */
+const UsernsEntry = protobuf.Root.fromJSON({
+  nested: {
+    uid_gid_extent: {
+      fields: {
+        first: { rule: 'required', type: 'uint32', id: 1 },
+        lower_first: { rule: 'required', type: 'uint32', id: 2 },
+        count: { rule: 'required', type: 'uint32', id: 3 },
+      },
+    },
+    userns_entry: {
+      fields: {
+        uid_map: { rule: 'repeated', type: 'uid_gid_extent', id: 1 },
+        gid_map: { rule: 'repeated', type: 'uid_gid_extent', id: 2 },
+      },
+    },
+  },
+}).lookupType('userns_entry');
+
+interface Extent {
+  first: number;
+  lower_first: number;
+  count: number;
+}
+
+function shift(id: number, from: number, to: number): number {
+  return id >= from && id < from + ID_RANGE_SIZE ? to + (id - from) : id;
+}
+
+/**
+ * Re-owns every entry of a writable layer from one range to the other (ids
+ * outside the range, such as files the host wrote, stay as they are).
+ * chown clears set-user/group-id bits, so those are put back.
+ */
+export function shiftLayerOwners(dir: string, from: number, to: number): void {
+  const walk = (p: string) => {
+    const st = fs.lstatSync(p);
+    const uid = shift(st.uid, from, to);
+    const gid = shift(st.gid, from, to);
+    if (uid !== st.uid || gid !== st.gid) {
+      fs.lchownSync(p, uid, gid);
+      if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) fs.chmodSync(p, st.mode & 0o7777);
+    }
+    if (st.isDirectory()) for (const name of fs.readdirSync(p)) walk(path.join(p, name));
+  };
+  walk(dir);
+}
+
+/**
+ * CRIU image files start with two 32-bit magics, then entries, each a
+ * 32-bit little-endian length and a protobuf message; userns-N.img holds
+ * one userns_entry.
+ */
+export function rewriteUsernsImage(buf: Buffer, from: number, to: number): Buffer {
+  const size = buf.readUInt32LE(8);
+  const entry = UsernsEntry.toObject(UsernsEntry.decode(buf.subarray(12, 12 + size))) as { uid_map?: Extent[]; gid_map?: Extent[] };
+  for (const e of [...(entry.uid_map ?? []), ...(entry.gid_map ?? [])]) e.lower_first = shift(e.lower_first, from, to);
+  const body = Buffer.from(UsernsEntry.encode(UsernsEntry.fromObject(entry)).finish());
+  const len = Buffer.alloc(4);
+  len.writeUInt32LE(body.length);
+  return Buffer.concat([buf.subarray(0, 8), len, body, buf.subarray(12 + size)]);
+}
+
+/**
+ * With a user namespace, CRIU reads part of the images from inside the
+ * restored tree: some before its id maps are written (as host root, whose
+ * privilege does not reach there), some after it has become root of its
+ * namespace (the sandbox's host root id). So the images (CRIU writes them
+ * 0600) stay host root's and become readable by the sandbox's root group;
+ * they stay in the host-only store, where the sandbox cannot reach them.
+ */
+export function shareProcessImageWith(dir: string, idBase: number | null): void {
+  if (idBase === null) return;
+  fs.chownSync(dir, 0, idBase);
+  fs.chmodSync(dir, 0o750);
+  for (const f of fs.readdirSync(dir)) {
+    fs.chownSync(path.join(dir, f), 0, idBase);
+    fs.chmodSync(path.join(dir, f), 0o640);
+  }
+}
+
+/** A copy of a process image for a fork in range `to`, at dest (removed by the caller). */
+export function processImageForRange(source: string, dest: string, from: number, to: number): void {
+  fs.mkdirSync(dest, { mode: 0o700 });
+  for (const name of fs.readdirSync(source)) {
+    const src = path.join(source, name);
+    if (/^userns-\d+\.img$/.test(name)) fs.writeFileSync(path.join(dest, name), rewriteUsernsImage(fs.readFileSync(src), from, to), { mode: 0o600 });
+    else fs.copyFileSync(src, path.join(dest, name), fs.constants.COPYFILE_FICLONE);
+  }
+  shareProcessImageWith(dest, to);
+}
