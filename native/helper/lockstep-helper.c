@@ -700,7 +700,11 @@ static int pin_init(pid_t pid, unsigned long long expected_start, int status_fd,
   out->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
   if (out->pidfd < 0) {
     int err = errno;
-    report_error_fd(status_fd, err, err == ESRCH ? "identity" : "pidfd_open", path);
+    /* No such process (ESRCH; ENOENT once it has been reaped on recent
+     * kernels) or not a thread-group leader (EINVAL): either way the pid does
+     * not name the init. Only resource errors are reported as such. */
+    bool gone = err == ESRCH || err == ENOENT || err == EINVAL;
+    report_error_fd(status_fd, err, gone ? "identity" : "pidfd_open", path);
     return -1;
   }
   out->procfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

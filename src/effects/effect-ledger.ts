@@ -20,6 +20,7 @@ import type BetterSqlite3 from 'better-sqlite3';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../errors.js';
 import { migrateAgentState } from '../agent-state/schema.js';
 import { type EffectScope, type JsonValue, canonicalJson, deriveKey } from './idempotency.js';
+import { memo } from '../provenance/memo.js';
 
 type Database = BetterSqlite3.Database;
 
@@ -677,15 +678,6 @@ function nonEmpty(v: unknown, field: string): string {
   return v;
 }
 
-function memo(pred: (id: string) => boolean): (id: string) => boolean {
-  if (typeof pred !== 'function') throw new InvalidArgumentError('isAncestorOrSelf', 'a function', pred);
-  const cache = new Map<string, boolean>();
-  return (id) => {
-    let v = cache.get(id);
-    if (v === undefined) cache.set(id, (v = pred(id)));
-    return v;
-  };
-}
 
 /** This process as "pid:start-time" (the start time tells a reused pid apart). */
 export function currentRunner(): string {

@@ -16,6 +16,7 @@ import { randomBytes } from 'node:crypto';
 import type BetterSqlite3 from 'better-sqlite3';
 import { InvalidArgumentError, NotFoundError } from '../errors.js';
 import { migrateAgentState } from '../agent-state/schema.js';
+import { memo } from './memo.js';
 
 type Database = BetterSqlite3.Database;
 
@@ -275,12 +276,3 @@ function optional(v: unknown, field: string): string | null {
   return v === undefined || v === null ? null : nonEmpty(v, field);
 }
 
-function memo(pred: (id: string) => boolean): (id: string) => boolean {
-  if (typeof pred !== 'function') throw new InvalidArgumentError('isAncestorOrSelf', 'a function', pred);
-  const cache = new Map<string, boolean>();
-  return (id) => {
-    let v = cache.get(id);
-    if (v === undefined) cache.set(id, (v = pred(id)));
-    return v;
-  };
-}
