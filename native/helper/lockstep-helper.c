@@ -396,6 +396,13 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd) {
    * checkpoint does not tar up a tmpfs every time. It is made read-only once
    * its submounts are in place (mount_dev_and_mask_proc). */
   if (syscall(SYS_move_mount, devfd, "", AT_FDCWD, "dev", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(/dev)", o->dev);
+  /* The clone was taken in the host's namespace, so it joined the peer group
+   * of the host mount it came from: left shared, /dev/shm and /dev/pts
+   * mounted below would propagate to the host's copy of the folder (where
+   * they outlive the sandbox and make CRIU's open_tree of the folder fail
+   * with EINVAL: locked children), and devpts would also appear on every
+   * mask bound from /dev. */
+  if (mount(NULL, "dev", NULL, MS_REC | MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "dev");
 
   if (o->hostname && sethostname(o->hostname, strlen(o->hostname)) != 0) FAIL("sethostname", o->hostname);
   if (loopback_up(errfd) != 0) _exit(1);

@@ -2,10 +2,11 @@
  * Escape attempts from inside a sandbox, one test per attack, each pinned to
  * the exact refusal (an errno from a raw syscall made with python3's ctypes,
  * or a command's exit status and message): namespaces, mounts, keyrings,
- * io_uring, bpf, perf, sysctls, masked /proc files, /dev and /dev/shm, and
- * the confinement itself (capability sets, no_new_privs, seccomp, rlimits)
- * of the init and of commands, also after a rollback through both paths and
- * in a fork. Syscall numbers are x86_64's.
+ * io_uring, bpf, perf, sysctls, masked /proc files, /dev and /dev/shm, a
+ * file a host uid owns, and the confinement itself (capability sets,
+ * no_new_privs, seccomp, rlimits, the user namespace's id map) of the init
+ * and of commands, also after a rollback through both paths and in a fork.
+ * Syscall numbers are x86_64's.
  */
 import fs from 'node:fs';
 import { execFileSync } from 'node:child_process';
@@ -13,7 +14,9 @@ import { randomBytes } from 'node:crypto';
 import test, { type ExecutionContext } from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
+import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/sandboxes/id-ranges.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
+import { hostPath } from '../fixtures/stub-workloads.js';
 
 /**
  * Prelude of every probe: sc(nr, *args) makes a raw syscall and answers 'ok'
@@ -375,6 +378,34 @@ out['exec'] = oserr(lambda: os.execv('/dev/shm/true', ['true']))
     t.deepEqual(out, { error: 'ENOSPC', written: 64 * 1024 * 1024, exec: 'EACCES' });
   });
 
+  test.serial('a file owned by a host uid shows as nobody inside and cannot be chowned, chmodded or written as its owner', async (t) => {
+    const sb = await sandbox(t);
+    const base = ls.engine.catalog.sandbox(sb.id)!.id_base!;
+    // 4242 is below every sandbox's range, i.e. a host user's id.
+    const hostUid = 4242;
+    t.true(hostUid < base);
+    const file = hostPath(ls, sb.id, '/root/host-owned.txt');
+    fs.writeFileSync(file, 'host data\n', { mode: 0o644 });
+    fs.chownSync(file, hostUid, hostUid);
+    const out = await probe(
+      sb,
+      String.raw`
+p = '/root/host-owned.txt'
+st = os.stat(p)
+out['owner'] = '%d:%d' % (st.st_uid, st.st_gid)
+out['read'] = open(p).read()
+out['write'] = oserr(lambda: open(p, 'a').write('tampered'))
+out['chown'] = oserr(lambda: os.chown(p, 0, 0))
+out['chmod'] = oserr(lambda: os.chmod(p, 0o666))
+out['setxattr'] = oserr(lambda: os.setxattr(p, 'user.x', b'1'))
+`,
+    );
+    t.deepEqual(out, { owner: '65534:65534', read: 'host data\n', write: 'EACCES', chown: 'EPERM', chmod: 'EPERM', setxattr: 'EACCES' });
+    const st = fs.statSync(file);
+    t.deepEqual([st.uid, st.gid, st.mode & 0o7777], [hostUid, hostUid, 0o644]);
+    t.is(fs.readFileSync(file, 'utf8'), 'host data\n');
+  });
+
   test.serial('a command and the init have the sandbox capability set in every set, no_new_privs, seccomp and no core dumps', async (t) => {
     const sb = await sandbox(t);
     const detached = await sb.commands.spawn(['sleep', '1000']);
@@ -412,7 +443,13 @@ child.wait()
       const sleeper = await sb.commands.spawn(['sleep', '1000']);
       t.is((await sb.commands.run(['sh', '-c', 'echo in-shm > /dev/shm/kept'])).exitCode, 0);
       // CRIU may restore sibling mounts in another order: compare them sorted.
-      const mountsOf = async (s: Sandbox) => (await s.commands.run(['sh', '-c', "awk '{print $2, $3, $4}' /proc/self/mounts | grep -v '^/ ' | sort"])).stdout;
+      // tmpfs and devpts show their owner as a host id: a fork has a range
+      // of its own, so owners are compared as ids inside the sandbox.
+      const mountsOf = async (s: Sandbox) => {
+        const base = ls.engine.catalog.sandbox(s.id)!.id_base ?? 0;
+        const text = (await s.commands.run(['sh', '-c', "awk '{print $2, $3, $4}' /proc/self/mounts | grep -v '^/ ' | sort"])).stdout;
+        return text.replace(/\b([ug]id)=(\d+)/g, (_, k: string, v: string) => `${k}=${Number(v) - base}`);
+      };
       const mountsBefore = await mountsOf(sb);
       const ckpt = await sb.checkpoint({ label: 'confined' });
       await sb.settled();
@@ -440,6 +477,11 @@ child.wait()
       t.regex(mountsAfter, /^\/dev\/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k/m);
       t.regex(mountsAfter, /^\/dev\/pts devpts rw,nosuid,noexec/m);
       t.regex(mountsAfter, /^\/proc\/keys /m);
+      // Still in a user namespace of its own: root inside is the sandbox's range, never host root.
+      const base = ls.engine.catalog.sandbox(target.id)!.id_base;
+      t.true(base !== null && base >= FIRST_ID_BASE, `id range ${base}`);
+      const maps = await target.commands.run(['sh', '-c', 'cat /proc/1/uid_map /proc/1/gid_map']);
+      t.deepEqual(maps.stdout.trim().split('\n').map((l) => l.trim().split(/\s+/).join(' ')), [`0 ${base} ${ID_RANGE_SIZE}`, `0 ${base} ${ID_RANGE_SIZE}`]);
     },
   });
   test.serial(confinedAfter, 'standby');
