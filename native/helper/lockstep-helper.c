@@ -192,7 +192,7 @@ static void exec_in_path(char **argv, char **envp) {
 /* ---- argument parsing --------------------------------------------------- */
 
 struct opts {
-  const char *root, *hostname, *init, *cwd, *stdout_path, *stderr_path, *socket_path, *pidfile, *dev;
+  const char *root, *hostname, *init, *cwd, *stdout_path, *stderr_path, *socket_path, *pidfile, *dev, *shm;
   char *cgroups[MAX_LIST];
   int ncgroups;
   char *envs[MAX_LIST * 4 + 1];
@@ -208,7 +208,7 @@ struct opts {
 static void usage(void) {
   fprintf(stderr,
           "usage: lockstep-helper supervise --socket PATH --pidfile PATH\n"
-          "       lockstep-helper create --root DIR --dev DIR --hostname NAME [--init PATH] "
+          "       lockstep-helper create --root DIR --dev DIR --shm DIR --hostname NAME [--init PATH] "
           "[--cgroup PROCS]... [--env K=V]... [--id-base N --id-count N]\n"
           "       lockstep-helper prepare --dev DIR\n"
           "       lockstep-helper enter --pid PID --start TICKS [--cgroup PROCS]... [--cwd DIR] [--env K=V]... "
@@ -230,6 +230,7 @@ static void parse(int argc, char **argv, struct opts *o) {
     } else if (strcmp(a, "--root") == 0) o->root = NEXT();
     else if (strcmp(a, "--hostname") == 0) o->hostname = NEXT();
     else if (strcmp(a, "--dev") == 0) o->dev = NEXT();
+    else if (strcmp(a, "--shm") == 0) o->shm = NEXT();
     else if (strcmp(a, "--init") == 0) o->init = NEXT();
     else if (strcmp(a, "--cwd") == 0) o->cwd = NEXT();
     else if (strcmp(a, "--stdout") == 0) o->stdout_path = NEXT();
@@ -322,7 +323,7 @@ static bool image_has_tty_group(void) {
 }
 
 /* Runs after pivot_root: masks /proc (before /dev/pts is mounted: see
- * masked_paths), mounts /dev/shm and /dev/pts, then makes /dev read-only, so
+ * masked_paths), mounts /dev/pts, then makes /dev read-only, so
  * nothing can be created in the host directory behind it while its device
  * nodes stay usable. */
 static int mount_dev_and_mask_proc(int errfd) {
@@ -337,12 +338,6 @@ static int mount_dev_and_mask_proc(int errfd) {
       report_error_fd(errfd, errno, "mount(bind mask)", p);
       return -1;
     }
-  }
-  /* Shared memory counts against the sandbox's memory cgroup; the size
-   * bounds what one sandbox can pin there. */
-  if (mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=64m") != 0) {
-    report_error_fd(errfd, errno, "mount(tmpfs)", "/dev/shm");
-    return -1;
   }
   /* A devpts instance of its own: the sandbox's terminals are not the host's. */
   const char *pts_opts = image_has_tty_group() ? "newinstance,ptmxmode=0666,mode=0620,gid=5" : "newinstance,ptmxmode=0666,mode=0620";
@@ -360,11 +355,12 @@ static int mount_dev_and_mask_proc(int errfd) {
 /* Runs as pid 1 of the new pid namespace, in the new mount namespace. Any
  * failure is reported on errfd and ends the child.
  * The caller has made the sandbox root its working directory and cloned the
- * mount of its /dev folder as devfd (open_tree): with a user namespace, root
+ * mounts of its /dev and /dev/shm folders as devfd and shmfd (open_tree):
+ * with a user namespace, root
  * here may not search the host folders on the way to either. Nor may it
  * pivot_root into a mount it inherited (those are locked to their parent),
  * so the root is cloned here and the clone attached over it first. */
-static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd) {
+static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd, int shmfd) {
   char path[PATH_MAX];
 #define FAIL(sc, p)                             \
   do {                                          \
@@ -403,6 +399,13 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd) {
    * with EINVAL: locked children), and devpts would also appear on every
    * mask bound from /dev. */
   if (mount(NULL, "dev", NULL, MS_REC | MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "dev");
+  /* /dev/shm is a folder of the sandbox's writable layer, beside the
+   * overlay's upper directory: the disk quota bounds it, a checkpoint's
+   * layer snapshot holds it, and CRIU treats it as external, where a tmpfs
+   * would be archived with tar on every dump and unpacked on every restore
+   * (measured: the largest single cost of a checkpoint). */
+  if (syscall(SYS_move_mount, shmfd, "", AT_FDCWD, "dev/shm", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(/dev/shm)", o->shm);
+  if (mount(NULL, "dev/shm", NULL, MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "dev/shm");
 
   if (o->hostname && sethostname(o->hostname, strlen(o->hostname)) != 0) FAIL("sethostname", o->hostname);
   if (loopback_up(errfd) != 0) _exit(1);
@@ -495,12 +498,18 @@ static int cmd_prepare(const struct opts *o) {
 }
 
 static int cmd_create(const struct opts *o) {
-  if (!o->root || !o->dev) usage();
+  if (!o->root || !o->dev || !o->shm) usage();
   if (prepare_dev(o->dev, 1) != 0) return 1;
   int devfd = (int)syscall(SYS_open_tree, AT_FDCWD, o->dev, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   struct mount_attr devattr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC};
   if (devfd < 0 || syscall(SYS_mount_setattr, devfd, "", AT_EMPTY_PATH, &devattr, sizeof(devattr)) != 0 || chdir(o->root) != 0) {
     report_error_fd(1, errno, devfd < 0 ? "open_tree" : "mount_setattr/chdir", devfd < 0 ? o->dev : o->root);
+    return 1;
+  }
+  int shmfd = (int)syscall(SYS_open_tree, AT_FDCWD, o->shm, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  struct mount_attr shmattr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC};
+  if (shmfd < 0 || syscall(SYS_mount_setattr, shmfd, "", AT_EMPTY_PATH, &shmattr, sizeof(shmattr)) != 0) {
+    report_error_fd(1, errno, shmfd < 0 ? "open_tree" : "mount_setattr", o->shm);
     return 1;
   }
   int bad = join_cgroups((char **)o->cgroups, o->ncgroups);
@@ -540,7 +549,7 @@ static int cmd_create(const struct opts *o) {
   }
   if (child == 0) {
     close(pipefd[0]);
-    setup_sandbox_and_exec(o, pipefd[1], devfd);
+    setup_sandbox_and_exec(o, pipefd[1], devfd, shmfd);
     _exit(1);
   }
   close(pipefd[1]);

@@ -2,7 +2,8 @@
  * The CRIU options that make a sandbox's process tree dumpable and
  * restorable cheaply, in one place so dump and restore agree:
  * - /dev is a bind mount of a host folder, declared external ("dev"), so
- *   CRIU does not archive it on every dump;
+ *   CRIU does not archive it on every dump; /dev/shm likewise ("shm"), a
+ *   folder of the writable layer, whose snapshot is the checkpoint's copy;
  * - the network namespace holds only loopback, so CRIU records it "empty"
  *   (no ip/iptables-save runs) and restore makes a new one, whose loopback
  *   the addon brings up before sockets are restored; network locking is
@@ -26,7 +27,7 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
     pid: row.init_pid!,
     leaveRunning: true,
     freezeCgroup: engine.cgroups.freezerPath(engine.runtime.cgroupName(row.instance)),
-    extMounts: [['/dev', 'dev']],
+    extMounts: [['/dev', 'dev'], ['/dev/shm', 'shm']],
     emptyNetns: true,
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
@@ -40,7 +41,7 @@ export function restoreOptions(engine: Engine, instance: string, imagesDir: stri
   return {
     imagesDir,
     root: engine.paths.sandboxRoot(instance),
-    extMounts: [['dev', engine.paths.sandboxDev(instance)]],
+    extMounts: [['dev', engine.paths.sandboxDev(instance)], ['shm', engine.layers.shmDir(instance)]],
     emptyNetns: true,
     cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(instance)),
     manageCgroupsMode: b.criuCgroupModes.ignore,
@@ -79,7 +80,7 @@ export async function restoreNewInstance(
   // A fork has a user namespace (id range) of its own: see id-shift.ts.
   const from = engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null;
   const rebase = from !== null && like.id_base !== null && from !== like.id_base;
-  if (rebase) shiftLayerOwners(layers.upperDir(key).upper, from, like.id_base!);
+  if (rebase) for (const dir of [layers.upperDir(key).upper, layers.shmDir(key)]) if (fs.existsSync(dir)) shiftLayerOwners(dir, from, like.id_base!);
   runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname, diskBytes: like.disk_bytes, idBase: like.id_base });
   step('layer-ready');
   if (!rebase) return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base));

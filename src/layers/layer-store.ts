@@ -111,6 +111,38 @@ export class LayerStore {
     return { upper: path.join(base, 'upper'), work: path.join(base, 'work') };
   }
 
+  /**
+   * The sandbox's /dev/shm: a folder of the writable layer's subvolume beside
+   * the overlay's upper directory (so not part of the root file system), and
+   * so bounded by the layer's disk quota and held by its snapshots.
+   */
+  shmDir(sandboxId: string): string {
+    return path.join(this.paths.upper(sandboxId), 'shm');
+  }
+
+  /**
+   * Makes the /dev/shm folder ready for the sandbox's root (`owner`: its host
+   * id with a user namespace), also in a layer made before it existed. The
+   * subvolume is open only to that root's group: CRIU resolves the folder
+   * from inside the restored user namespace, and no other host user may
+   * reach the world-writable folder in it.
+   */
+  prepareShm(sandboxId: string, owner: number | null): void {
+    const base = this.paths.upper(sandboxId);
+    const shm = this.shmDir(sandboxId);
+    fs.chownSync(base, 0, owner ?? 0);
+    fs.chmodSync(base, owner === null ? 0o700 : 0o750);
+    try {
+      fs.mkdirSync(shm, { mode: 0o1777 });
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+    }
+    const st = fs.lstatSync(shm);
+    if (!st.isDirectory()) throw new Error(`${shm} is not a directory`);
+    fs.chownSync(shm, owner ?? 0, owner ?? 0);
+    fs.chmodSync(shm, 0o1777);
+  }
+
   /** A new, empty writable layer for a sandbox; `owner`: host id of the sandbox's root (user namespaces). */
   async createUpper(sandboxId: string, owner: number | null = null): Promise<void> {
     const base = this.paths.upper(sandboxId);

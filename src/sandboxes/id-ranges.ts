@@ -39,7 +39,7 @@ export function openHomeForUserNamespaces(paths: StatePaths): void {
       throw new HostError('HOME_NOT_SEARCHABLE', `User namespaces need every folder above the state directory to be searchable by others (o+x); ${dir} is not`);
     }
   }
-  for (const dir of [paths.home, paths.run, paths.sandboxesRun, paths.store, paths.processImages, paths.scratch]) fs.chmodSync(dir, 0o711);
+  for (const dir of [paths.home, paths.run, paths.sandboxesRun, paths.store, paths.uppers, paths.processImages, paths.scratch]) fs.chmodSync(dir, 0o711);
 }
 
 /**

@@ -131,6 +131,7 @@ export class SandboxRuntime {
         throw e;
       }
     }
+    this.layers.prepareShm(host.id, host.idBase ?? null);
     this.layers.setQuota(host.id, host.diskBytes ?? null);
   }
 
@@ -152,6 +153,8 @@ export class SandboxRuntime {
       this.paths.sandboxRoot(host.id),
       '--dev',
       this.paths.sandboxDev(host.id),
+      '--shm',
+      this.layers.shmDir(host.id),
       '--hostname',
       host.hostname,
       ...this.cgroups.procsFiles(this.cgroupName(host.id)).flatMap((f) => ['--cgroup', f]),

@@ -352,30 +352,37 @@ out['new terminal'] = os.ttyname(s)
     t.deepEqual(fs.readdirSync(devDir).sort(), hostBefore);
   });
 
-  test.serial('filling /dev/shm stops at 64 MiB with ENOSPC, and nothing in it can be executed', async (t) => {
-    const sb = await sandbox(t);
+  test.serial('filling /dev/shm stops at the disk quota with EDQUOT: it is a folder of the writable layer, where nothing can be executed', async (t) => {
+    const sb = await ls.create({ image: 'dev', diskMb: 8 });
+    t.teardown(() => ls.remove(sb.id).catch(() => undefined));
+    const row = ls.engine.catalog.sandbox(sb.id)!;
     const out = await probe(
       sb,
       String.raw`
+import shutil
+shutil.copy('/bin/true', '/dev/shm/true')
+os.chmod('/dev/shm/true', 0o755)
+out['exec'] = oserr(lambda: os.execv('/dev/shm/true', ['true']))
 fd = os.open('/dev/shm/fill', os.O_WRONLY | os.O_CREAT, 0o644)
 chunk = b'x' * (1 << 20)
 written = 0
 try:
-    while written < (256 << 20):
+    while written < (64 << 20):
         written += os.write(fd, chunk)
     out['error'] = None
 except OSError as e:
     out['error'] = errno.errorcode[e.errno]
 out['written'] = written
 os.close(fd)
-os.unlink('/dev/shm/fill')
-import shutil
-shutil.copy('/bin/true', '/dev/shm/true')
-os.chmod('/dev/shm/true', 0o755)
-out['exec'] = oserr(lambda: os.execv('/dev/shm/true', ['true']))
+out['in root fs'] = os.path.exists('/shm/fill')
 `,
     );
-    t.deepEqual(out, { error: 'ENOSPC', written: 64 * 1024 * 1024, exec: 'EACCES' });
+    const written = out.written as number;
+    t.true(written > 4 * 1024 * 1024 && written <= 8 * 1024 * 1024, `wrote ${written} bytes before the quota`);
+    t.deepEqual({ ...out, written: 0 }, { error: 'EDQUOT', written: 0, exec: 'EACCES', 'in root fs': false });
+    // On the host it is the sandbox's own file, in its layer's subvolume, owned by its root.
+    const st = fs.statSync(`${ls.engine.layers.shmDir(row.instance)}/fill`);
+    t.deepEqual([st.size, st.uid], [written, row.id_base ?? 0]);
   });
 
   test.serial('a file owned by a host uid shows as nobody inside and cannot be chowned, chmodded or written as its owner', async (t) => {
@@ -448,7 +455,12 @@ child.wait()
       const mountsOf = async (s: Sandbox) => {
         const base = ls.engine.catalog.sandbox(s.id)!.id_base ?? 0;
         const text = (await s.commands.run(['sh', '-c', "awk '{print $2, $3, $4}' /proc/self/mounts | grep -v '^/ ' | sort"])).stdout;
-        return text.replace(/\b([ug]id)=(\d+)/g, (_, k: string, v: string) => `${k}=${Number(v) - base}`);
+        // /dev/shm is a folder of the instance's own layer subvolume.
+        const own = `subvol=/uppers/${ls.engine.catalog.sandbox(s.id)!.instance}`;
+        return text
+          .replace(/\b([ug]id)=(\d+)/g, (_, k: string, v: string) => `${k}=${Number(v) - base}`)
+          .replace(/subvolid=\d+,/g, '')
+          .replaceAll(own, 'subvol=<own layer>');
       };
       const mountsBefore = await mountsOf(sb);
       const ckpt = await sb.checkpoint({ label: 'confined' });
@@ -474,7 +486,7 @@ child.wait()
       const mountsAfter = await mountsOf(target);
       t.is(mountsAfter, mountsBefore);
       t.regex(mountsAfter, /^\/dev \S+ ro,/m);
-      t.regex(mountsAfter, /^\/dev\/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k/m);
+      t.regex(mountsAfter, /^\/dev\/shm \S+ rw,nosuid,nodev,noexec,.*subvol=<own layer>$/m);
       t.regex(mountsAfter, /^\/dev\/pts devpts rw,nosuid,noexec/m);
       t.regex(mountsAfter, /^\/proc\/keys /m);
       // Still in a user namespace of its own: root inside is the sandbox's range, never host root.
