@@ -16,6 +16,7 @@ import type { Engine } from './engine.js';
 import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
 import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/rollback.js';
 import { hasStandbyFor } from './checkpoints/standby.js';
+import { verifyCheckpoint } from './checkpoints/integrity.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { isAlive, startTime, mountsUnder } from './host/proc.js';
 import { native } from './native/binding.js';
@@ -61,6 +62,8 @@ export async function reap(engine: Engine): Promise<ReapReport> {
           catalog.endOperation(op.id);
           continue;
         }
+        // Past the point of no return: a corrupt checkpoint leaves the sandbox stopped at it.
+        await verifyCheckpoint(engine, ckpt);
         const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
         commitRollback(engine, row, ckpt, op.id, pid, payload.branchId ?? row.branch_id);
       } catch (e) {

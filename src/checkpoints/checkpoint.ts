@@ -9,7 +9,8 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { dumpOptions, processImageBytes } from './process-image.js';
+import { dumpOptions } from './process-image.js';
+import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
 import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
@@ -110,13 +111,16 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     }
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).
+    // The image is hashed meanwhile, from the page cache CRIU just filled:
+    // the commit waits on the disk, the hashing on the CPU.
     const tp = performance.now();
-    await layers.sync();
+    const [, images] = await Promise.all([layers.sync(), hashProcessImage(imagesDir)]);
+    const checksums: CheckpointChecksums = { images, layer: layerFingerprint(paths.layer(layerId)) };
     t.persistMs = performance.now() - tp;
     engine.fault('checkpoint:persisted');
 
     const tc = performance.now();
-    const sizes: CheckpointInfo['sizes'] = { processImageBytes: processImageBytes(imagesDir) };
+    const sizes: CheckpointInfo['sizes'] = { processImageBytes: Object.values(images).reduce((n, f) => n + f.size, 0) };
     const layerBytes = layers.layerBytes(layerId); // exact now: the sync above committed the qgroup numbers
     if (layerBytes !== null) sizes.layerBytes = layerBytes;
     let committed!: CheckpointRow;
@@ -144,6 +148,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
         sizes: JSON.stringify(sizes),
         timings: JSON.stringify(t),
         created_at: Date.now(),
+        checksums: JSON.stringify(checksums),
       };
       catalog.insertCheckpoint(committed);
       catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });

@@ -10,6 +10,7 @@ import { InvalidArgumentError, LockstepError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { startTime } from '../host/proc.js';
 import { restoreNewInstance } from './process-image.js';
+import { verifyCheckpoint } from './integrity.js';
 
 export const MAX_FORKS = 64;
 
@@ -85,6 +86,8 @@ export async function forkSandbox(
   opts: { concurrency?: number; onProgress?: (done: number, total: number) => void; onCreated?: (child: SandboxRow) => void; signal?: AbortSignal } = {},
 ): Promise<ForkResult[]> {
   await engine.criu.ensureRunning();
+  // Once for all the forks, before any is made: a damaged checkpoint makes none.
+  await verifyCheckpoint(engine, ckpt);
   const results: ForkResult[] = new Array(count);
   let next = 0;
   let done = 0;

@@ -20,6 +20,7 @@ import { restoreOptions } from './process-image.js';
 import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
 import { SandboxFiles } from '../sandboxes/files.js';
 import { hasStandbyFor } from './standby.js';
+import { verifyCheckpoint } from './integrity.js';
 import type { RollbackWarning } from '../effects/effect-ledger.js';
 
 export interface RollbackTimings {
@@ -181,6 +182,11 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
   const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
+  // The restore path reads the checkpoint's files: verify them while the
+  // sandbox is untouched. A standby was restored from verified files when it
+  // was made, and a swap reads none.
+  if (!standby) await verifyCheckpoint(engine, ckpt);
+  opts.signal?.throwIfAborted();
   catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }) });
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
