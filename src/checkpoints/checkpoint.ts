@@ -7,7 +7,7 @@
  */
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
-import { InvalidArgumentError, InvalidStateError } from '../errors.js';
+import { CriuError, InvalidArgumentError, InvalidStateError, StoreFullError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { dumpOptions } from './process-image.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
@@ -158,11 +158,30 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     log.info({ timings: t }, 'checkpoint committed');
     return checkpointInfo(committed);
   } catch (e) {
-    log.warn({ err: e }, 'checkpoint failed; removing partial state');
+    const err = storeFullOr(engine, e);
+    log.warn({ err }, 'checkpoint failed; removing partial state');
     await discardCheckpointFiles(engine, checkpointId, layerId);
     catalog.endOperation(opId);
-    throw e;
+    throw err;
   }
+}
+
+/** Less than this free in the store right after CRIU failed means its writes hit ENOSPC. */
+const STORE_FULL_SLACK = 4 << 20;
+
+/**
+ * CRIU reports a dump that ran out of room only as a failed dump (and its log
+ * could not be written either): if the store is full at that moment, before
+ * the partial image is removed, say so, with CRIU's error as the cause.
+ */
+function storeFullOr(engine: Engine, e: unknown): unknown {
+  if (!(e instanceof CriuError)) return e;
+  try {
+    if (engine.layers.freeBytes() < STORE_FULL_SLACK) return new StoreFullError('CRIU could not write the process image', e);
+  } catch {
+    // statfs failing is no reason to hide CRIU's own error.
+  }
+  return e;
 }
 
 /** Removes a checkpoint's layer and process image (idempotent). */
