@@ -217,7 +217,9 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
     // no processes (a restored tree that could not be recorded is stopped
     // too). Record that honestly rather than pretend to be running.
     log.error({ err: e }, 'rollback failed after the old tree was killed');
-    if (pid !== undefined) await engine.runtime.killProcesses(row.instance).catch(() => undefined);
+    // Also when CRIU itself died half-way (no pid came back): tasks it had
+    // already restored into the cgroup must not outlive a "stopped" row.
+    await engine.runtime.killProcesses(row.instance).catch(() => undefined);
     catalog.tx(() => {
       catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
       engine.agent.onRollback(row, ckpt, opId);
