@@ -31,6 +31,11 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   const report: ReapReport = { operations: [], sandboxes: [], orphans: [] };
   const { catalog, runtime, layers, paths, cgroups } = engine;
 
+  // A dead manager's CRIU call may still be running in the service: stop it
+  // before its checkpoint is discarded or its sandbox thawed.
+  const workers = await engine.criu.stopOrphanedWorkers();
+  if (workers > 0) engine.log.warn({ workers }, 'killed CRIU workers left by a manager that died');
+
   for (const op of catalog.operations()) {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
     report.operations.push(`${op.kind}:${op.phase}:${op.sandbox_id}`);

@@ -123,6 +123,29 @@ export class CriuService {
   }
 
   /**
+   * Kills the service's workers and waits until they are gone. Only the
+   * reaper calls this, holding the state directory alone: a worker still
+   * busy then serves a manager that died mid-call, and left alone it would
+   * go on writing into a checkpoint folder being discarded, or put back the
+   * freezer state it found (frozen) after the reaper thawed the sandbox.
+   * Returns how many there were.
+   */
+  async stopOrphanedWorkers(): Promise<number> {
+    const service = servicePid(this.paths.criuSocket);
+    if (service === undefined) return 0;
+    const workers = childrenOf(service);
+    for (const w of workers) {
+      try {
+        process.kill(w, 'SIGKILL');
+      } catch {
+        // finished meanwhile
+      }
+    }
+    for (let i = 0; i < 1000 && workers.some((w) => childrenOf(service).includes(w)); i++) await sleep(5);
+    return workers.length;
+  }
+
+  /**
    * A CRIU worker killed half-way through a restore leaves the tasks it had
    * already made (and moved into the sandbox's cgroup) behind, stopped, and
    * they hold copies of the worker's end of the RPC socket, so the reply
@@ -163,6 +186,28 @@ export class CriuService {
 /** A restore's tasks orphaned for this many checks this far apart: its worker is dead (a live one answers within a loop turn). */
 const ORPHAN_CHECK_MS = 250;
 const ORPHAN_STRIKES = 4;
+
+/** The pid of the `criu service` listening on socket, found in /proc (the supervisor started it; nothing records it). */
+function servicePid(socket: string): number | undefined {
+  for (const p of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+      if (argv.includes('service') && argv.includes(socket)) return Number(p);
+    } catch {
+      // exited meanwhile
+    }
+  }
+  return undefined;
+}
+
+function childrenOf(pid: number): number[] {
+  try {
+    return fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').split(/\s+/).filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
 
 function readPids(procsFile: string): number[] {
   try {
