@@ -133,6 +133,26 @@ integration(test, () => {
   });
   for (const kind of Object.keys(DAMAGES)) test.serial(corrupted, kind);
 
+  test.serial('the standby path reads no image: a standby made before the damage still swaps in, and no new standby or CRIU restore is made from the damaged files', async (t) => {
+    await sb.files.write('/workspace/f', 'standby\n');
+    const ckpt = await sb.checkpoint({ label: 'standby' });
+    await sb.settled();
+    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
+    await sb.files.write('/workspace/f', 'moved on\n');
+    const file = DAMAGES['a flipped byte in a page file']!.apply(ls, ckpt);
+
+    // The standby was restored from verified files and is what the swap checks (pid, start time, frozen cgroup).
+    t.like(await sb.rollback(ckpt.id), { path: 'standby' });
+    t.is(await cat(sb, '/workspace/f'), 'standby\n');
+    await sb.settled();
+    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, null, 'no new standby from the damaged files');
+
+    await sb.files.write('/workspace/f', 'moved on again\n');
+    const err = await t.throwsAsync(sb.rollback(ckpt.id), { code: 'CHECKPOINT_CORRUPT' });
+    t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file });
+    t.is(await cat(sb, '/workspace/f'), 'moved on again\n');
+  });
+
   test.serial('a checkpoint that was not damaged verifies and restores after being restored from many times', async (t) => {
     await sb.files.write('/workspace/f', 'stable\n');
     const ckpt = await sb.checkpoint({ label: 'stable' });
