@@ -99,6 +99,17 @@ export class SystemCallError extends LockstepError {
   }
 }
 
+/**
+ * The layer store has no room left (ENOSPC on the btrfs holding layers and
+ * process images). Whatever the operation had made is removed; the sandbox
+ * keeps running, and the operation works again once room is freed.
+ */
+export class StoreFullError extends LockstepError {
+  constructor(what: string, cause: unknown) {
+    super('DISK_FULL', `${what}: the layer store is full (free room there, e.g. by removing sandboxes or checkpoints)`, { cause });
+  }
+}
+
 /** CRIU refused or failed; `logTail` holds the end of its log. */
 export class CriuError extends LockstepError {
   readonly logTail: string;

@@ -16,6 +16,7 @@ import type { Engine } from './engine.js';
 import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
 import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/rollback.js';
 import { hasStandbyFor } from './checkpoints/standby.js';
+import { verifyCheckpoint } from './checkpoints/integrity.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { isAlive, startTime, mountsUnder } from './host/proc.js';
 import { native } from './native/binding.js';
@@ -29,6 +30,11 @@ export interface ReapReport {
 export async function reap(engine: Engine): Promise<ReapReport> {
   const report: ReapReport = { operations: [], sandboxes: [], orphans: [] };
   const { catalog, runtime, layers, paths, cgroups } = engine;
+
+  // A dead manager's CRIU call may still be running in the service: stop it
+  // before its checkpoint is discarded or its sandbox thawed.
+  const workers = await engine.criu.stopOrphanedWorkers();
+  if (workers > 0) engine.log.warn({ workers }, 'killed CRIU workers left by a manager that died');
 
   for (const op of catalog.operations()) {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
@@ -61,6 +67,8 @@ export async function reap(engine: Engine): Promise<ReapReport> {
           catalog.endOperation(op.id);
           continue;
         }
+        // Past the point of no return: a corrupt checkpoint leaves the sandbox stopped at it.
+        await verifyCheckpoint(engine, ckpt);
         const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
         commitRollback(engine, row, ckpt, op.id, pid, payload.branchId ?? row.branch_id);
       } catch (e) {

@@ -124,7 +124,46 @@ static Napi::Value SyncFilesystem(const Napi::CallbackInfo& info) {
       [](Napi::Env env, const bool&) { return env.Undefined(); });
 }
 
+// subvolumeInfo(path) -> {uuid, generation, ctransid, otransid, readonly}:
+// BTRFS_IOC_GET_SUBVOL_INFO on the subvolume rooted at path. O(1) and
+// unprivileged in the kernel, so it stays synchronous. ctransid moves with
+// any change to the subvolume's files (it is what `btrfs send` compares),
+// so a checkpoint records it for its read-only layer and verifies it before
+// the layer is used again.
+static Napi::Value SubvolumeInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = StringArg(info, 0, "path");
+  UniqueFd fd(OpenDir(path));
+  if (!fd.valid()) {
+    ThrowSystemError(env, errno, "open", path);
+    return env.Undefined();
+  }
+  struct btrfs_ioctl_get_subvol_info_args args;
+  std::memset(&args, 0, sizeof(args));
+  // The kernel can return 1 on success (its last tree search's "not found"
+  // leaks out); only a negative result is a failure, as in libbtrfsutil.
+  if (::ioctl(fd.get(), BTRFS_IOC_GET_SUBVOL_INFO, &args) < 0) {
+    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_GET_SUBVOL_INFO)", path);
+    return env.Undefined();
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string uuid;
+  for (int i = 0; i < BTRFS_UUID_SIZE; i++) {
+    uuid += kHex[args.uuid[i] >> 4];
+    uuid += kHex[args.uuid[i] & 0xf];
+  }
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("uuid", Napi::String::New(env, uuid));
+  // Transaction ids fit in a double for ~2^53 commits.
+  out.Set("generation", Napi::Number::New(env, static_cast<double>(args.generation)));
+  out.Set("ctransid", Napi::Number::New(env, static_cast<double>(args.ctransid)));
+  out.Set("otransid", Napi::Number::New(env, static_cast<double>(args.otransid)));
+  out.Set("readonly", Napi::Boolean::New(env, (args.flags & BTRFS_SUBVOL_RDONLY) != 0));
+  return out;
+}
+
 void InitBtrfs(Napi::Env env, Napi::Object exports) {
+  exports.Set("subvolumeInfo", Napi::Function::New(env, SubvolumeInfo));
   exports.Set("subvolumeCreate", Napi::Function::New(env, SubvolumeCreate));
   exports.Set("subvolumeSnapshot", Napi::Function::New(env, SubvolumeSnapshot));
   exports.Set("subvolumeDelete", Napi::Function::New(env, SubvolumeDelete));

@@ -81,6 +81,8 @@ export interface CheckpointRow {
   sizes: string;
   timings: string;
   created_at: number;
+  /** JSON of CheckpointChecksums (src/checkpoints/integrity.ts); null for checkpoints taken before checksums were recorded. */
+  checksums?: string | null;
 }
 
 export interface OperationRow {
@@ -200,6 +202,11 @@ CREATE TABLE IF NOT EXISTS operations (
       }
       db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
     },
+  },
+  {
+    version: 4,
+    description: 'checksums recorded at checkpoint time (checkpoints.checksums)',
+    up: (db) => addColumn(db, 'checkpoints', 'checksums', 'TEXT'),
   },
 ];
 
@@ -401,10 +408,10 @@ export class Catalog {
   insertCheckpoint(row: CheckpointRow): void {
     this.db
       .prepare(
-        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label, ledger_cursor, context_id, sizes, timings, created_at)
-         VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor, @context_id, @sizes, @timings, @created_at)`,
+        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label, ledger_cursor, context_id, sizes, timings, created_at, checksums)
+         VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor, @context_id, @sizes, @timings, @created_at, @checksums)`,
       )
-      .run(row);
+      .run({ checksums: null, ...row });
   }
   deleteCheckpointRow(id: string): void {
     this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);

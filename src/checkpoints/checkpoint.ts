@@ -7,10 +7,11 @@
  */
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
-import { InvalidArgumentError, InvalidStateError } from '../errors.js';
+import { CriuError, InvalidArgumentError, InvalidStateError, StoreFullError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { dumpOptions, processImageBytes } from './process-image.js';
+import { dumpOptions } from './process-image.js';
 import { shareProcessImageWith } from './id-shift.js';
+import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
 import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
@@ -112,13 +113,16 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     shareProcessImageWith(imagesDir, row.id_base);
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).
+    // The image is hashed meanwhile, from the page cache CRIU just filled:
+    // the commit waits on the disk, the hashing on the CPU.
     const tp = performance.now();
-    await layers.sync();
+    const [, images] = await Promise.all([layers.sync(), hashProcessImage(imagesDir)]);
+    const checksums: CheckpointChecksums = { images, layer: layerFingerprint(paths.layer(layerId)) };
     t.persistMs = performance.now() - tp;
     engine.fault('checkpoint:persisted');
 
     const tc = performance.now();
-    const sizes: CheckpointInfo['sizes'] = { processImageBytes: processImageBytes(imagesDir) };
+    const sizes: CheckpointInfo['sizes'] = { processImageBytes: Object.values(images).reduce((n, f) => n + f.size, 0) };
     const layerBytes = layers.layerBytes(layerId); // exact now: the sync above committed the qgroup numbers
     if (layerBytes !== null) sizes.layerBytes = layerBytes;
     let committed!: CheckpointRow;
@@ -146,6 +150,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
         sizes: JSON.stringify(sizes),
         timings: JSON.stringify(t),
         created_at: Date.now(),
+        checksums: JSON.stringify(checksums),
       };
       catalog.insertCheckpoint(committed);
       catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });
@@ -155,11 +160,30 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     log.info({ timings: t }, 'checkpoint committed');
     return checkpointInfo(committed);
   } catch (e) {
-    log.warn({ err: e }, 'checkpoint failed; removing partial state');
+    const err = storeFullOr(engine, e);
+    log.warn({ err }, 'checkpoint failed; removing partial state');
     await discardCheckpointFiles(engine, checkpointId, layerId);
     catalog.endOperation(opId);
-    throw e;
+    throw err;
   }
+}
+
+/** Less than this free in the store right after CRIU failed means its writes hit ENOSPC. */
+const STORE_FULL_SLACK = 4 << 20;
+
+/**
+ * CRIU reports a dump that ran out of room only as a failed dump (and its log
+ * could not be written either): if the store is full at that moment, before
+ * the partial image is removed, say so, with CRIU's error as the cause.
+ */
+function storeFullOr(engine: Engine, e: unknown): unknown {
+  if (!(e instanceof CriuError)) return e;
+  try {
+    if (engine.layers.freeBytes() < STORE_FULL_SLACK) return new StoreFullError('CRIU could not write the process image', e);
+  } catch {
+    // statfs failing is no reason to hide CRIU's own error.
+  }
+  return e;
 }
 
 /** Removes a checkpoint's layer and process image (idempotent). */

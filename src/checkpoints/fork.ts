@@ -11,6 +11,7 @@ import type { Engine } from '../engine.js';
 import { startTime } from '../host/proc.js';
 import { restoreNewInstance } from './process-image.js';
 import { freeIdBase } from '../sandboxes/id-ranges.js';
+import { verifyCheckpoint } from './integrity.js';
 
 export const MAX_FORKS = 64;
 
@@ -89,6 +90,8 @@ export async function forkSandbox(
   opts: { concurrency?: number; onProgress?: (done: number, total: number) => void; onCreated?: (child: SandboxRow) => void; signal?: AbortSignal } = {},
 ): Promise<ForkResult[]> {
   await engine.criu.ensureRunning();
+  // Once for all the forks, before any is made: a damaged checkpoint makes none.
+  await verifyCheckpoint(engine, ckpt);
   const results: ForkResult[] = new Array(count);
   let next = 0;
   let done = 0;

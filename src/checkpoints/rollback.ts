@@ -20,6 +20,7 @@ import { restoreOptions } from './process-image.js';
 import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
 import { SandboxFiles } from '../sandboxes/files.js';
 import { hasStandbyFor } from './standby.js';
+import { verifyCheckpoint } from './integrity.js';
 import type { RollbackWarning } from '../effects/effect-ledger.js';
 
 export interface RollbackTimings {
@@ -181,6 +182,11 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
   const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
+  // The restore path reads the checkpoint's files: verify them while the
+  // sandbox is untouched. A standby was restored from verified files when it
+  // was made, and a swap reads none.
+  if (!standby) await verifyCheckpoint(engine, ckpt);
+  opts.signal?.throwIfAborted();
   catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }) });
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
@@ -211,7 +217,9 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
     // no processes (a restored tree that could not be recorded is stopped
     // too). Record that honestly rather than pretend to be running.
     log.error({ err: e }, 'rollback failed after the old tree was killed');
-    if (pid !== undefined) await engine.runtime.killProcesses(row.instance).catch(() => undefined);
+    // Also when CRIU itself died half-way (no pid came back): tasks it had
+    // already restored into the cgroup must not outlive a "stopped" row.
+    await engine.runtime.killProcesses(row.instance).catch(() => undefined);
     catalog.tx(() => {
       catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
       engine.agent.onRollback(row, ckpt, opId);

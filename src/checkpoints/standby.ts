@@ -17,6 +17,7 @@ import type { Engine } from '../engine.js';
 import { startTime } from '../host/proc.js';
 import { isInitOf } from '../sandboxes/identity.js';
 import { restoreNewInstance } from './process-image.js';
+import { verifyCheckpoint } from './integrity.js';
 import { checkStandbyQuota, tenantOf } from '../tenants/quotas.js';
 
 /** STANDBY=off disables it (memory-tight hosts); on by default. */
@@ -71,6 +72,9 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
   const key = `${sandboxId}.${randomBytes(3).toString('hex')}`;
   const { runtime, cgroups } = engine;
   try {
+    // A standby is restored from the checkpoint's files: they are verified
+    // here, once, so that the swap later need not read them.
+    await verifyCheckpoint(engine, ckpt);
     const pid = await restoreNewInstance(engine, key, row, ckpt);
     await cgroups.freeze(runtime.cgroupName(key));
     // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.

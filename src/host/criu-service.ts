@@ -116,13 +116,119 @@ export class CriuService {
       fs.chownSync(workDir, 0, workDirOwner);
       fs.chmodSync(workDir, 0o770);
     }
+    const watch = req.cgroupProcs?.[0] ? this.watchForOrphans(req.cgroupProcs[0]) : undefined;
     try {
       return await this.call({ ...req, op: 'restore', logFile, workDir });
     } catch (e) {
-      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}: ${(e as Error).message}`, criuLogTail(path.join(workDir, logFile)), e);
+      const why = watch?.fired ? ' (the CRIU worker died; the tasks it had restored were killed)' : '';
+      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}${why}: ${(e as Error).message}`, criuLogTail(path.join(workDir, logFile)), e);
     } finally {
+      watch?.stop();
       if (!process.env.LOCKSTEP_KEEP_CRIU_LOGS) fs.rmSync(workDir, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * Kills the service's workers and waits until they are gone. Only the
+   * reaper calls this, holding the state directory alone: a worker still
+   * busy then serves a manager that died mid-call, and left alone it would
+   * go on writing into a checkpoint folder being discarded, or put back the
+   * freezer state it found (frozen) after the reaper thawed the sandbox.
+   * Returns how many there were.
+   */
+  async stopOrphanedWorkers(): Promise<number> {
+    const service = servicePid(this.paths.criuSocket);
+    if (service === undefined) return 0;
+    const workers = childrenOf(service);
+    for (const w of workers) {
+      try {
+        process.kill(w, 'SIGKILL');
+      } catch {
+        // finished meanwhile
+      }
+    }
+    for (let i = 0; i < 1000 && workers.some((w) => childrenOf(service).includes(w)); i++) await sleep(5);
+    return workers.length;
+  }
+
+  /**
+   * A CRIU worker killed half-way through a restore leaves the tasks it had
+   * already made (and moved into the sandbox's cgroup) behind, stopped, and
+   * they hold copies of the worker's end of the RPC socket, so the reply
+   * never comes and the call would wait forever. While the call is pending,
+   * a restored root whose parent is the supervisor (it was orphaned: a live
+   * worker is its parent until it answers) for several checks in a row means
+   * the worker is gone: its tasks are killed, which closes the socket and
+   * fails the call.
+   */
+  private watchForOrphans(procsFile: string): { stop: () => void; readonly fired: boolean } {
+    let strikes = 0;
+    const state = { fired: false, stop: () => clearInterval(timer) };
+    const timer = setInterval(() => {
+      const pids = readPids(procsFile);
+      let supervisor = 0;
+      try {
+        supervisor = Number(fs.readFileSync(this.paths.supervisorPidfile, 'utf8').trim());
+      } catch {
+        return;
+      }
+      const orphaned = pids.some((p) => parentOf(p) === supervisor);
+      strikes = orphaned ? strikes + 1 : 0;
+      if (strikes < ORPHAN_STRIKES) return;
+      state.fired = true;
+      for (const p of pids) {
+        try {
+          process.kill(p, 'SIGKILL');
+        } catch {
+          // already gone
+        }
+      }
+    }, ORPHAN_CHECK_MS);
+    timer.unref();
+    return state;
+  }
+}
+
+/** A restore's tasks orphaned for this many checks this far apart: its worker is dead (a live one answers within a loop turn). */
+const ORPHAN_CHECK_MS = 250;
+const ORPHAN_STRIKES = 4;
+
+/** The pid of the `criu service` listening on socket, found in /proc (the supervisor started it; nothing records it). */
+function servicePid(socket: string): number | undefined {
+  for (const p of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+      if (argv.includes('service') && argv.includes(socket)) return Number(p);
+    } catch {
+      // exited meanwhile
+    }
+  }
+  return undefined;
+}
+
+function childrenOf(pid: number): number[] {
+  try {
+    return fs.readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8').split(/\s+/).filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+function readPids(procsFile: string): number[] {
+  try {
+    return fs.readFileSync(procsFile, 'utf8').split('\n').filter(Boolean).map(Number);
+  } catch {
+    return [];
+  }
+}
+
+function parentOf(pid: number): number | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+  } catch {
+    return undefined;
   }
 }
 

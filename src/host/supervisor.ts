@@ -91,7 +91,24 @@ export class Supervisor {
 
   /** Runs ARGV as the supervisor's child and returns its stdout. */
   async run(argv: string[], timeoutMs?: number): Promise<string> {
-    return request(this.paths.supervisorSocket, ['run', ...argv], timeoutMs);
+    return this.call(['run', ...argv], timeoutMs);
+  }
+
+  /**
+   * One request; if nobody listens (the supervisor was killed), start a new
+   * one and ask again. Sandboxes it started keep running without it
+   * (orphaned to the host's init); nothing was started by the failed
+   * connect, so asking again cannot run anything twice.
+   */
+  private async call(tokens: string[], timeoutMs?: number): Promise<string> {
+    try {
+      return await request(this.paths.supervisorSocket, tokens, timeoutMs);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code !== 'ECONNREFUSED' && code !== 'ENOENT') throw e;
+      await this.ensureRunning();
+      return request(this.paths.supervisorSocket, tokens, timeoutMs);
+    }
   }
 
   /**
@@ -99,7 +116,7 @@ export class Supervisor {
    * `isolatedRun` gives it a mount namespace of its own with a tmpfs /run.
    */
   async daemon(logFile: string, argv: string[], opts: { isolatedRun?: boolean } = {}): Promise<number> {
-    const text = await request(this.paths.supervisorSocket, [opts.isolatedRun ? 'daemon-isolated' : 'daemon', logFile, ...argv]);
+    const text = await this.call([opts.isolatedRun ? 'daemon-isolated' : 'daemon', logFile, ...argv]);
     return parseHelperAnswer<{ pid: number }>(text, `starting ${argv[0]}`).pid;
   }
 

@@ -31,6 +31,9 @@ const CONFLICTS = new Set([
   'SANDBOX_NOT_RUNNING',
   'TENANT_HAS_SANDBOXES',
   'FILE_BUSY',
+  // The checkpoint's files are not what was recorded when it was taken: this
+  // one cannot be used, the sandbox and its other checkpoints can.
+  'CHECKPOINT_CORRUPT',
 ]);
 
 const HOST_NOT_READY = new Set([

@@ -35,7 +35,7 @@ const STATUS_TEXT: Record<number, string> = {
   400: 'Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input)',
   401: 'Missing or unknown bearer token',
   404: 'No such sandbox, checkpoint, effect or file for this tenant (another tenant\'s look exactly like missing ones)',
-  409: 'Conflict with the current state (busy, refused, outcome unknown, idempotency key reused or in progress)',
+  409: 'Conflict with the current state (busy, refused, outcome unknown, idempotency key reused or in progress, checkpoint corrupt)',
   413: 'Body too large',
   415: 'Unsupported Content-Type',
   422: 'A requested limit this host cannot enforce (LIMIT_UNSUPPORTED; `field` names it)',

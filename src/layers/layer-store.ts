@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import { FS_MAGIC, native } from '../native/binding.js';
-import { HostError, SETUP_HINT, SystemCallError, isNativeError } from '../errors.js';
+import { HostError, SETUP_HINT, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
 import type { StatePaths } from '../paths.js';
 
 const DEFAULT_STORE_GIB = 64;
@@ -30,6 +30,7 @@ async function wrap<T>(what: string, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();
   } catch (e) {
+    if (isNativeError(e) && e.code === 'ENOSPC') throw new StoreFullError(what, e);
     if (isNativeError(e)) throw new SystemCallError('LAYER_STORE_FAILED', `${what}: ${e.message}`, e);
     throw e;
   }
@@ -250,6 +251,12 @@ export class LayerStore {
 
   listLayers(): string[] {
     return fs.readdirSync(this.paths.layers);
+  }
+
+  /** Bytes still free for data in the store (statfs: what a writer could still allocate). */
+  freeBytes(): number {
+    const s = fs.statfsSync(this.paths.store);
+    return s.bavail * s.bsize;
   }
 
   /** Commits the btrfs transaction: snapshots and written files become durable. */

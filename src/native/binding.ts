@@ -79,6 +79,8 @@ export interface NativeBinding {
   /** False when there was nothing to delete. */
   subvolumeDelete(path: string): Promise<boolean>;
   syncFilesystem(path: string): Promise<void>;
+  /** BTRFS_IOC_GET_SUBVOL_INFO of the subvolume rooted at path (synchronous: O(1)); uuid in hex. */
+  subvolumeInfo(path: string): { uuid: string; generation: number; ctransid: number; otransid: number; readonly: boolean };
   /** openat2 below root (RESOLVE_BENEATH | NO_MAGICLINKS | NO_XDEV), on libuv's pool. */
   openBeneath(root: string, relativePath: string, flags: number, mode?: number): Promise<number>;
   /** The same, synchronous: only for the image importer (no sandbox exists yet). */

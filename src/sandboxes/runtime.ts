@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { helperPath, initPath, native } from '../native/binding.js';
-import { HostError, SystemCallError, isNativeError } from '../errors.js';
+import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
 import { parseHelperAnswer, type Supervisor } from '../host/supervisor.js';
 import { mountsUnder, startTime } from '../host/proc.js';
 import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
@@ -124,6 +124,8 @@ export class SandboxRuntime {
         if (idBase !== null) lowers = lowers.map((dir, i) => this.idmappedLower(host.id, i, dir, idBase));
         native().mountOverlay(target, lowers, upper, work);
       } catch (e) {
+        // overlayfs makes its work directory in the writable layer at mount time.
+        if (isNativeError(e) && e.code === 'ENOSPC') throw new StoreFullError(`Cannot mount the sandbox root at ${target}`, e);
         if (isNativeError(e)) {
           const hint = e.code === 'ELOOP' ? 'overlay directories may not overlap' : e.code === 'ENOENT' ? 'a layer directory is missing' : e.message;
           throw new SystemCallError('OVERLAY_MOUNT_FAILED', `Cannot mount the sandbox root at ${target}: ${hint}`, e);

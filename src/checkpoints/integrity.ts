@@ -1,0 +1,119 @@
+/**
+ * Checkpoint integrity: what a checkpoint's files were when it was taken,
+ * recorded in its catalog row, and checked before anything is restored
+ * from it (rollback by CRIU, fork, warm standby), so that a damaged
+ * checkpoint is refused before the sandbox is touched rather than found
+ * half-way through a restore.
+ * - Process image: SHA-256 and size of every file CRIU wrote, computed while
+ *   the store's `syncfs` runs (the files are still in the page cache), and
+ *   read back in full before a restore. btrfs's own block checksums turn
+ *   media errors into EIO on that read; the digests catch everything else
+ *   (a flipped byte, a truncated or replaced file, a file added or removed).
+ * - Layer: the read-only snapshot's UUID and ctransid
+ *   (BTRFS_IOC_GET_SUBVOL_INFO). Any change to a subvolume's files moves its
+ *   ctransid, and a replaced subvolume has another UUID, so a layer is
+ *   verified in O(1) whatever its size; writing into it at all needs its
+ *   read-only flag lifted first.
+ * (Decision and measurements: docs/ARCHITECTURE.md, "Checkpoint integrity".)
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { createHash } from 'node:crypto';
+import type { CheckpointRow } from '../catalog/catalog.js';
+import { LockstepError } from '../errors.js';
+import type { Engine } from '../engine.js';
+import { native } from '../native/binding.js';
+
+/** What a checkpoint's files were when it was taken (stored as JSON in checkpoints.checksums). */
+export interface CheckpointChecksums {
+  /** Process image files by name: size in bytes and SHA-256 (hex). */
+  images: Record<string, { size: number; sha256: string }>;
+  /** The read-only layer subvolume's identity and last change. */
+  layer: { uuid: string; ctransid: number };
+}
+
+/** A checkpoint's files differ from what was recorded when it was taken; nothing was restored from it. */
+export class CheckpointCorruptError extends LockstepError {
+  constructor(checkpointId: string, file: string, reason: string) {
+    super('CHECKPOINT_CORRUPT', `Checkpoint ${checkpointId} is corrupt: ${file} ${reason}; nothing was restored from it (other checkpoints are unaffected)`, {
+      details: { checkpointId, file, reason },
+    });
+  }
+}
+
+const CHUNK = 1 << 20;
+
+/** SHA-256 and size of one file, read in 1 MiB chunks so the event loop keeps turning between them. */
+async function hashFile(file: string): Promise<{ size: number; sha256: string }> {
+  const h = createHash('sha256');
+  let size = 0;
+  for await (const chunk of fs.createReadStream(file, { highWaterMark: CHUNK })) {
+    h.update(chunk as Buffer);
+    size += (chunk as Buffer).length;
+  }
+  return { size, sha256: h.digest('hex') };
+}
+
+/** Digests of every file of a process image folder. CRIU writes only regular files there. */
+export async function hashProcessImage(dir: string): Promise<CheckpointChecksums['images']> {
+  const out: CheckpointChecksums['images'] = {};
+  for (const name of fs.readdirSync(dir).sort()) out[name] = await hashFile(path.join(dir, name));
+  return out;
+}
+
+/** The layer's identity and last-change transaction (O(1)). */
+export function layerFingerprint(layerDir: string): CheckpointChecksums['layer'] {
+  const info = native().subvolumeInfo(layerDir);
+  return { uuid: info.uuid, ctransid: info.ctransid };
+}
+
+/** The recorded checksums of a checkpoint, or null for one taken before they were recorded. */
+export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | null {
+  return ckpt.checksums ? (JSON.parse(ckpt.checksums) as CheckpointChecksums) : null;
+}
+
+/**
+ * Throws CheckpointCorruptError, naming the checkpoint and the first file
+ * found wrong, unless the checkpoint's layer and process image are exactly
+ * what was recorded. The layer is checked first (O(1)); the image is read
+ * in full. A checkpoint taken before checksums were recorded passes (there
+ * is nothing to compare with).
+ */
+export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log'>, ckpt: CheckpointRow): Promise<void> {
+  const recorded = recordedChecksums(ckpt);
+  if (!recorded) {
+    engine.log.debug({ checkpointId: ckpt.id }, 'checkpoint has no recorded checksums; not verified');
+    return;
+  }
+  const layerDir = engine.paths.layer(ckpt.layer_id);
+  let layer: CheckpointChecksums['layer'];
+  try {
+    layer = layerFingerprint(layerDir);
+  } catch (e) {
+    throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, `cannot be read (${(e as Error).message})`);
+  }
+  if (layer.uuid !== recorded.layer.uuid) throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, 'was replaced by another subvolume');
+  if (layer.ctransid !== recorded.layer.ctransid) {
+    throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, `was changed after the checkpoint (btrfs transaction ${layer.ctransid}, recorded ${recorded.layer.ctransid})`);
+  }
+  const dir = engine.paths.processImage(ckpt.id);
+  let names: string[];
+  try {
+    names = fs.readdirSync(dir);
+  } catch (e) {
+    throw new CheckpointCorruptError(ckpt.id, 'the process image folder', `cannot be read (${(e as Error).message})`);
+  }
+  for (const name of names) if (!(name in recorded.images)) throw new CheckpointCorruptError(ckpt.id, `process image file ${name}`, 'was added after the checkpoint');
+  for (const [name, want] of Object.entries(recorded.images)) {
+    const file = `process image file ${name}`;
+    let got: { size: number; sha256: string };
+    try {
+      got = await hashFile(path.join(dir, name));
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      throw new CheckpointCorruptError(ckpt.id, file, code === 'ENOENT' ? 'is missing' : `cannot be read (${code ?? (e as Error).message})`);
+    }
+    if (got.size !== want.size) throw new CheckpointCorruptError(ckpt.id, file, `has ${got.size} bytes, ${want.size} were recorded`);
+    if (got.sha256 !== want.sha256) throw new CheckpointCorruptError(ckpt.id, file, 'has other bytes than were recorded (SHA-256 mismatch)');
+  }
+}

@@ -1,0 +1,170 @@
+/**
+ * Fault: a corrupted checkpoint (issue 9 §4). A flipped byte in a process
+ * image, a truncated page file, a missing image file or a layer changed
+ * behind Lockstep's back is found from the checksums recorded at checkpoint
+ * time before CRIU or the layer swap runs: rollback and fork are refused
+ * with CHECKPOINT_CORRUPT naming the checkpoint and the file, the sandbox
+ * is untouched (same processes, same files, counter still advancing), and
+ * another checkpoint of the same sandbox still rolls back.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { execFileSync } from 'node:child_process';
+import test, { type ExecutionContext } from 'ava';
+import type { CheckpointInfo, Lockstep, Sandbox } from '../../src/index.js';
+import { dropStandby } from '../../src/checkpoints/standby.js';
+import { integration, openTestLockstep } from '../helpers/harness.js';
+import { counterInLayer, counterValue, startCounter, waitCounter } from '../fixtures/stub-workloads.js';
+
+/** The name of the process image file holding the most memory pages (CRIU: pages-<n>.img). */
+function biggestPagesFile(dir: string): string {
+  const pages = fs.readdirSync(dir).filter((n) => /^pages-\d+\.img$/.test(n));
+  return pages.sort((a, b) => fs.statSync(path.join(dir, b)).size - fs.statSync(path.join(dir, a)).size)[0]!;
+}
+
+interface Damage {
+  /** Damages the checkpoint's files; returns the `file` the error must name. */
+  apply(ls: Lockstep, ckpt: CheckpointInfo): string;
+}
+
+const DAMAGES: Record<string, Damage> = {
+  'a flipped byte in a page file': {
+    apply(ls, ckpt) {
+      const dir = ls.engine.paths.processImage(ckpt.id);
+      const name = biggestPagesFile(dir);
+      const file = path.join(dir, name);
+      const fd = fs.openSync(file, 'r+');
+      try {
+        const at = Math.floor(fs.fstatSync(fd).size / 2);
+        const b = Buffer.alloc(1);
+        fs.readSync(fd, b, 0, 1, at);
+        b[0] = b[0]! ^ 0x01;
+        fs.writeSync(fd, b, 0, 1, at);
+      } finally {
+        fs.closeSync(fd);
+      }
+      return `process image file ${name}`;
+    },
+  },
+  'a truncated page file': {
+    apply(ls, ckpt) {
+      const dir = ls.engine.paths.processImage(ckpt.id);
+      const name = biggestPagesFile(dir);
+      const file = path.join(dir, name);
+      fs.truncateSync(file, Math.floor(fs.statSync(file).size / 2));
+      return `process image file ${name}`;
+    },
+  },
+  'a missing core image': {
+    apply(ls, ckpt) {
+      const dir = ls.engine.paths.processImage(ckpt.id);
+      const name = fs.readdirSync(dir).find((n) => /^core-\d+\.img$/.test(n))!;
+      fs.rmSync(path.join(dir, name));
+      return `process image file ${name}`;
+    },
+  },
+  'a file changed in the read-only layer': {
+    apply(ls, ckpt) {
+      // What an administrator (or a stray tool) would have to do to write into it.
+      const layer = ls.engine.paths.layer(ckpt.layerId);
+      execFileSync('btrfs', ['property', 'set', '-ts', layer, 'ro', 'false']);
+      fs.writeFileSync(path.join(layer, 'upper/workspace/f'), 'tampered\n');
+      execFileSync('btrfs', ['property', 'set', '-ts', layer, 'ro', 'true']);
+      return `layer ${ckpt.layerId}`;
+    },
+  },
+};
+
+integration(test, () => {
+  let ls: Lockstep;
+  let sb: Sandbox;
+  const teardowns: (() => Promise<void>)[] = [];
+
+  test.before(async () => {
+    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['base'] });
+    sb = await ls.create({ image: 'base' });
+    await startCounter(sb, ls);
+  });
+  test.after.always(async () => {
+    for (const fn of teardowns.reverse()) await fn();
+  });
+
+  async function cat(s: Sandbox, p: string): Promise<string> {
+    const r = await s.commands.run(['cat', p]);
+    return r.stdout;
+  }
+
+  const corrupted = test.macro({
+    async exec(t: ExecutionContext, kind: string) {
+      await sb.files.write('/workspace/f', `victim ${kind}\n`);
+      const victim = await sb.checkpoint({ label: `victim ${kind}` });
+      await sb.files.write('/workspace/f', `good ${kind}\n`);
+      const good = await sb.checkpoint({ label: `good ${kind}` });
+      await sb.settled();
+      // No standby of either: both rollbacks below take the path that reads the files.
+      await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
+      await sb.files.write('/workspace/f', 'moved on\n');
+      const file = DAMAGES[kind]!.apply(ls, victim);
+      const before = sb.info();
+      const sandboxesBefore = ls.list().map((s) => s.id).sort();
+
+      const err = await t.throwsAsync(sb.rollback(victim.id), { code: 'CHECKPOINT_CORRUPT' });
+      t.like((err as unknown as { details: object }).details, { checkpointId: victim.id, file });
+      t.true(err!.message.includes(victim.id) && err!.message.includes(file), err!.message);
+      await t.throwsAsync(sb.fork(victim.id, { count: 2 }), { code: 'CHECKPOINT_CORRUPT' });
+
+      // Untouched: the same processes, the same files, the same timeline, nothing journalled or added.
+      t.like(sb.info(), { state: 'running', pid: before.pid, headCheckpointId: good.id, branchId: before.branchId });
+      t.deepEqual(ls.engine.catalog.operations(), []);
+      t.deepEqual(ls.list().map((s) => s.id).sort(), sandboxesBefore);
+      t.is(await cat(sb, '/workspace/f'), 'moved on\n');
+      const now = await counterValue(ls, sb.id);
+      await waitCounter(ls, sb.id, (v) => v > now);
+
+      // Another checkpoint is still whole: rolling back to it restores its files and its counter.
+      const atGood = await counterInLayer(ls, good);
+      const report = await sb.rollback(good.id);
+      t.like(report, { checkpointId: good.id, path: 'restore' });
+      t.is(await cat(sb, '/workspace/f'), `good ${kind}\n`);
+      const resumed = await waitCounter(ls, sb.id, (v) => v > atGood);
+      t.true(resumed < now, `the counter went on from ${atGood} (the checkpoint), not from ${now}`);
+    },
+    title: (_p, kind: string) => `${kind} is refused with CHECKPOINT_CORRUPT before anything is restored; other checkpoints still roll back`,
+  });
+  for (const kind of Object.keys(DAMAGES)) test.serial(corrupted, kind);
+
+  test.serial('the standby path reads no image: a standby made before the damage still swaps in, and no new standby or CRIU restore is made from the damaged files', async (t) => {
+    await sb.files.write('/workspace/f', 'standby\n');
+    const ckpt = await sb.checkpoint({ label: 'standby' });
+    await sb.settled();
+    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
+    await sb.files.write('/workspace/f', 'moved on\n');
+    const file = DAMAGES['a flipped byte in a page file']!.apply(ls, ckpt);
+
+    // The standby was restored from verified files and is what the swap checks (pid, start time, frozen cgroup).
+    t.like(await sb.rollback(ckpt.id), { path: 'standby' });
+    t.is(await cat(sb, '/workspace/f'), 'standby\n');
+    await sb.settled();
+    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, null, 'no new standby from the damaged files');
+
+    await sb.files.write('/workspace/f', 'moved on again\n');
+    const err = await t.throwsAsync(sb.rollback(ckpt.id), { code: 'CHECKPOINT_CORRUPT' });
+    t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file });
+    t.is(await cat(sb, '/workspace/f'), 'moved on again\n');
+  });
+
+  test.serial('a checkpoint that was not damaged verifies and restores after being restored from many times', async (t) => {
+    await sb.files.write('/workspace/f', 'stable\n');
+    const ckpt = await sb.checkpoint({ label: 'stable' });
+    const [forked] = await sb.fork(ckpt.id, { count: 1 });
+    t.true(forked!.ok);
+    if (forked!.ok) t.teardown(() => ls.remove(forked.id).catch(() => undefined));
+    for (let i = 0; i < 2; i++) {
+      await sb.settled();
+      await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
+      await sb.files.write('/workspace/f', `changed ${i}\n`);
+      t.like(await sb.rollback(ckpt.id), { path: 'restore' });
+      t.is(await cat(sb, '/workspace/f'), 'stable\n');
+    }
+  });
+});
