@@ -4,7 +4,10 @@
  * server on loopback (what a platform drives). Every command output is
  * checked against the content the step wrote. Reports operations per
  * second, p50/p99 per operation, the manager's RSS and file descriptors
- * before and after, and errors, to bench/results/load.json.
+ * before and after, errors, and what the run left behind (mounts, cgroups,
+ * subvolumes, process images, the supervisor's children, catalog rows,
+ * journal entries, context snapshots: see footprint.ts), to
+ * bench/results/load.json. Exits 1 on any error, mismatch or leftover.
  *
  *   node dist/bench/load.js [--sandboxes N] [--checkpoints M] [--rollback-every K]
  *                           [--fork-every K] [--keep K] [--out FILE]
@@ -21,6 +24,7 @@ import { createServer } from '../src/http/server.js';
 import { addTenant, migrateTenants } from '../src/tenants/tenants.js';
 import { projectRoot } from '../src/native/binding.js';
 import { percentile } from './stats.js';
+import { footprint, leftBehind } from './footprint.js';
 
 const USAGE = `usage: node dist/bench/load.js [--sandboxes N] [--checkpoints M] [--rollback-every K] [--fork-every K] [--keep K] [--out FILE]
   --sandboxes N       sandboxes driven at once (default 50)
@@ -92,7 +96,10 @@ class Recorder {
     if (r.status >= 500) this.status5xx++;
     if (r.status !== want) {
       const body = r.body as { code?: string; message?: string } | undefined;
-      this.errors.push({ op, status: r.status, code: body?.code ?? 'HTTP_' + r.status, message: (body?.message ?? r.text).slice(0, 300) });
+      const e = { op, status: r.status, code: body?.code ?? 'HTTP_' + r.status, message: (body?.message ?? r.text).slice(0, 300) };
+      this.errors.push(e);
+      // As they happen: a long run's errors are worth reading before it ends.
+      if (this.errors.length <= 20) console.error(`  error: ${op} -> ${e.status} ${e.code}: ${e.message}`);
       throw new OpFailed(op);
     }
     this.add(op, ms);
@@ -138,7 +145,7 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
   } catch {
     return; // recorded as an error; this sandbox's share of the load is not run
   }
-  const kept: { id: string; content: string }[] = [];
+  const kept: { id: string; content: string; context: unknown }[] = [];
   let rollbacks = 0;
   const check = async (sandboxId: string, want: string, what: string) => {
     const r = await rec.time<{ stdout: string; exitCode: number }>('exec', () => api.req('POST', `/v1/sandboxes/${sandboxId}/commands`, { cmd: 'cat /workspace/step' }), 200);
@@ -149,8 +156,10 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
       const content = `sandbox ${i} step ${k} ${'.'.repeat(k % 50)}\n`;
       await rec.time('write', () => api.req('PUT', `/v1/sandboxes/${id}/files?path=/workspace/step`, { content }), 200);
       await check(id, content, `after write ${k}`);
-      const ck = await rec.time<{ id: string }>('checkpoint', () => api.req('POST', `/v1/sandboxes/${id}/checkpoints`, { label: `step ${k}` }), 201);
-      kept.push({ id: ck.id, content });
+      // With the agent's context, so that context snapshots are made, restored and freed under load too.
+      const context = { format: 'openai-chat', messages: [{ role: 'user', content: `sandbox ${i} step ${k}` }] };
+      const ck = await rec.time<{ id: string }>('checkpoint', () => api.req('POST', `/v1/sandboxes/${id}/checkpoints`, { label: `step ${k}`, context }), 201);
+      kept.push({ id: ck.id, content, context });
       if (kept.length > o.keep) {
         const old = kept.shift()!;
         await rec.time('delete-checkpoint', () => api.req('DELETE', `/v1/sandboxes/${id}/checkpoints/${old.id}`), 200);
@@ -159,8 +168,9 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
         // Alternately the latest checkpoint (its warm standby is swapped in) and an older one (CRIU restore).
         const target = rollbacks++ % 2 === 0 || kept.length < 2 ? kept.at(-1)! : kept[0]!;
         await rec.time('write', () => api.req('PUT', `/v1/sandboxes/${id}/files?path=/workspace/step`, { content: 'not checkpointed\n' }), 200);
-        const r = await rec.time<{ path: string }>('rollback', () => api.req('POST', `/v1/sandboxes/${id}/rollback`, { checkpointId: target.id }), 200);
+        const r = await rec.time<{ path: string; context: unknown }>('rollback', () => api.req('POST', `/v1/sandboxes/${id}/rollback`, { checkpointId: target.id }), 200);
         rec.add(`rollback (${r.path})`, rec.samples.get('rollback')!.at(-1)!);
+        if (JSON.stringify(r.context) !== JSON.stringify(target.context)) rec.mismatches.push(`sandbox ${i} context after rollback to step ${k}: got ${JSON.stringify(r.context).slice(0, 120)}`);
         await check(id, target.content, `after rollback to step ${k}`);
       }
       if (k % o.forkEvery === 0) {
@@ -214,6 +224,7 @@ async function main(): Promise<void> {
     app.server.closeAllConnections();
     await new Promise((r) => setTimeout(r, 500));
     const before = managerNow();
+    const hostBefore = footprint(ls);
 
     console.error(`bench:load: ${o.sandboxes} sandboxes × ${o.checkpoints} checkpoints, rollback every ${o.rollbackEvery}, fork every ${o.forkEvery}, load ${os.loadavg()[0]!.toFixed(1)}`);
     const rec = new Recorder();
@@ -230,7 +241,10 @@ async function main(): Promise<void> {
     app.server.closeAllConnections();
     await new Promise((r) => setTimeout(r, 500));
     const after = managerNow();
-    const leftSandboxes = ls.engine.catalog.allSandboxes().length;
+    // The manager's own view first: every exit it saw is in the catalog.
+    await ls.engine.inits.settled();
+    const left = leftBehind(hostBefore, footprint(ls));
+    if (after.fds > before.fds) left.managerFds = [`${before.fds} before, ${after.fds} after`];
     await app.shutdown({ graceMs: 5000, abortWaitMs: 2000 });
 
     const perOp: Record<string, { n: number; p50: number; p99: number; max: number }> = {};
@@ -254,13 +268,13 @@ async function main(): Promise<void> {
       manager: { before, after },
       errors: { count: rec.errors.length, http5xx: rec.status5xx, byCode, samples: rec.errors.slice(0, 20) },
       outputMismatches: { count: rec.mismatches.length, samples: rec.mismatches.slice(0, 20) },
-      sandboxesLeft: leftSandboxes,
+      leftBehind: left,
     };
     fs.mkdirSync(path.dirname(o.out), { recursive: true });
     fs.writeFileSync(o.out, JSON.stringify(results, null, 2) + '\n');
     console.log(JSON.stringify(results, null, 2));
     console.error(`wrote ${o.out}`);
-    if (rec.errors.length || rec.mismatches.length || leftSandboxes) process.exitCode = 1;
+    if (rec.errors.length || rec.mismatches.length || Object.keys(left).length) process.exitCode = 1;
   } finally {
     await cleanup();
   }
