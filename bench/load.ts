@@ -10,10 +10,13 @@
  * bench/results/load.json. Exits 1 on any error, mismatch or leftover.
  *
  *   node dist/bench/load.js [--sandboxes N] [--checkpoints M] [--rollback-every K]
- *                           [--fork-every K] [--keep K] [--out FILE]
+ *                           [--fork-every K] [--keep K] [--max-seconds S] [--out FILE]
  *
  * The state directory is fresh (/var/tmp/lockstep-bench-load-XXXXXX) and
- * removed at the end, also on failure and on SIGINT/SIGTERM.
+ * removed at the end, also on failure. --max-seconds, or a first SIGINT or
+ * SIGTERM, stops the run early but whole: every sandbox finishes the step it
+ * is in and is removed, and the results (marked stoppedEarly) and the
+ * leftover check are written as usual; a second signal exits at once.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -26,13 +29,14 @@ import { projectRoot } from '../src/native/binding.js';
 import { percentile } from './stats.js';
 import { footprint, leftBehind } from './footprint.js';
 
-const USAGE = `usage: node dist/bench/load.js [--sandboxes N] [--checkpoints M] [--rollback-every K] [--fork-every K] [--keep K] [--out FILE]
+const USAGE = `usage: node dist/bench/load.js [--sandboxes N] [--checkpoints M] [--rollback-every K] [--fork-every K] [--keep K] [--max-seconds S] [--out FILE]
   --sandboxes N       sandboxes driven at once (default 50)
   --checkpoints M     checkpoints per sandbox (default 100)
   --rollback-every K  after every K-th checkpoint, roll back (alternately to the latest
                       checkpoint, a warm-standby swap, and to an older one, a CRIU restore) (default 5)
   --fork-every K      after every K-th checkpoint, fork it, check the fork, remove it (default 10)
   --keep K            checkpoints kept per sandbox; older ones are deleted (default 10)
+  --max-seconds S     stop starting new steps after S seconds, then finish as usual (default: no limit)
   --out FILE          results (default bench/results/load.json)`;
 
 interface Options {
@@ -41,6 +45,7 @@ interface Options {
   rollbackEvery: number;
   forkEvery: number;
   keep: number;
+  maxSeconds: number | undefined;
   out: string;
 }
 
@@ -53,6 +58,7 @@ function parseOptions(argv: string[]): Options {
       'rollback-every': { type: 'string' },
       'fork-every': { type: 'string' },
       keep: { type: 'string' },
+      'max-seconds': { type: 'string' },
       out: { type: 'string' },
       help: { type: 'boolean', short: 'h', default: false },
     },
@@ -73,6 +79,7 @@ function parseOptions(argv: string[]): Options {
     rollbackEvery: int('rollback-every', values['rollback-every'], 5, 1),
     forkEvery: int('fork-every', values['fork-every'], 10, 1),
     keep: int('keep', values.keep, 10, 2),
+    maxSeconds: values['max-seconds'] === undefined ? undefined : int('max-seconds', values['max-seconds'], 0, 1),
     out: values.out ?? path.join(projectRoot, 'bench', 'results', 'load.json'),
   };
 }
@@ -88,6 +95,9 @@ class Recorder {
   readonly errors: { op: string; status: number; code: string; message: string }[] = [];
   mismatches: string[] = [];
   status5xx = 0;
+  /** Why the run stops early (a signal, --max-seconds); sandboxes then finish their step and are removed. */
+  stopReason: string | undefined;
+  checkpointsDone = 0;
 
   async time<T>(op: string, fn: () => Promise<{ status: number; body: T; text: string }>, want: number): Promise<T> {
     const t0 = performance.now();
@@ -152,7 +162,7 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
     if (r.exitCode !== 0 || r.stdout !== want) rec.mismatches.push(`sandbox ${i} ${what}: got ${JSON.stringify(r.stdout).slice(0, 120)}, want ${JSON.stringify(want).slice(0, 120)}`);
   };
   try {
-    for (let k = 1; k <= o.checkpoints; k++) {
+    for (let k = 1; k <= o.checkpoints && !rec.stopReason; k++) {
       const content = `sandbox ${i} step ${k} ${'.'.repeat(k % 50)}\n`;
       await rec.time('write', () => api.req('PUT', `/v1/sandboxes/${id}/files?path=/workspace/step`, { content }), 200);
       await check(id, content, `after write ${k}`);
@@ -160,6 +170,7 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
       const context = { format: 'openai-chat', messages: [{ role: 'user', content: `sandbox ${i} step ${k}` }] };
       const ck = await rec.time<{ id: string }>('checkpoint', () => api.req('POST', `/v1/sandboxes/${id}/checkpoints`, { label: `step ${k}`, context }), 201);
       kept.push({ id: ck.id, content, context });
+      rec.checkpointsDone++;
       if (kept.length > o.keep) {
         const old = kept.shift()!;
         await rec.time('delete-checkpoint', () => api.req('DELETE', `/v1/sandboxes/${id}/checkpoints/${old.id}`), 200);
@@ -194,6 +205,7 @@ async function main(): Promise<void> {
   const home = fs.mkdtempSync('/var/tmp/lockstep-bench-load-');
   let ls: Lockstep | undefined;
   let stopping = false;
+  let rec: Recorder | undefined;
   const cleanup = async () => {
     if (ls) await ls.destroyAll({ deleteFiles: true }).catch((e) => console.error('cleanup:', e));
     else fs.rmSync(home, { recursive: true, force: true });
@@ -202,6 +214,11 @@ async function main(): Promise<void> {
     process.on(sig, () => {
       if (stopping) process.exit(130);
       stopping = true;
+      if (rec && !rec.stopReason) {
+        rec.stopReason = sig;
+        console.error(`\n${sig}: stopping early; each sandbox finishes its step and is removed (again to exit at once)`);
+        return;
+      }
       console.error(`\n${sig}: cleaning up (again to exit at once)`);
       void cleanup().finally(() => process.exit(130));
     });
@@ -227,14 +244,17 @@ async function main(): Promise<void> {
     const hostBefore = footprint(ls);
 
     console.error(`bench:load: ${o.sandboxes} sandboxes × ${o.checkpoints} checkpoints, rollback every ${o.rollbackEvery}, fork every ${o.forkEvery}, load ${os.loadavg()[0]!.toFixed(1)}`);
-    const rec = new Recorder();
+    const run = new Recorder();
+    rec = run;
     const t0 = performance.now();
+    const limit = o.maxSeconds === undefined ? undefined : setTimeout(() => (run.stopReason ??= `--max-seconds ${o.maxSeconds}`), o.maxSeconds * 1000);
     const progress = setInterval(() => {
-      const n = [...rec.samples.values()].reduce((a, s) => a + s.length, 0);
-      console.error(`  ${((performance.now() - t0) / 1000).toFixed(0)} s: ${n} operations, ${rec.errors.length} errors`);
+      const n = [...run.samples.values()].reduce((a, s) => a + s.length, 0);
+      console.error(`  ${((performance.now() - t0) / 1000).toFixed(0)} s: ${n} operations, ${run.checkpointsDone} checkpoints, ${run.errors.length} errors`);
     }, 30_000);
-    await Promise.all(Array.from({ length: o.sandboxes }, (_, i) => sandboxLoop(api, rec, o, i)));
+    await Promise.all(Array.from({ length: o.sandboxes }, (_, i) => sandboxLoop(api, run, o, i)));
     clearInterval(progress);
+    clearTimeout(limit);
     const seconds = (performance.now() - t0) / 1000;
 
     await ls.engine.drainLocks();
@@ -248,33 +268,36 @@ async function main(): Promise<void> {
     await app.shutdown({ graceMs: 5000, abortWaitMs: 2000 });
 
     const perOp: Record<string, { n: number; p50: number; p99: number; max: number }> = {};
-    for (const [op, s] of [...rec.samples].sort()) {
+    for (const [op, s] of [...run.samples].sort()) {
       const sorted = [...s].sort((a, b) => a - b);
       const r1 = (x: number) => Math.round(x * 10) / 10;
       perOp[op] = { n: s.length, p50: r1(percentile(sorted, 50)), p99: r1(percentile(sorted, 99)), max: r1(sorted.at(-1)!) };
     }
     // "rollback (standby)" and "rollback (restore)" split the rollbacks already counted.
-    const total = [...rec.samples].filter(([op]) => !op.startsWith('rollback (')).reduce((a, [, s]) => a + s.length, 0);
+    const total = [...run.samples].filter(([op]) => !op.startsWith('rollback (')).reduce((a, [, s]) => a + s.length, 0);
     const byCode: Record<string, number> = {};
-    for (const e of rec.errors) byCode[`${e.op}:${e.code}`] = (byCode[`${e.op}:${e.code}`] ?? 0) + 1;
+    for (const e of run.errors) byCode[`${e.op}:${e.code}`] = (byCode[`${e.op}:${e.code}`] ?? 0) + 1;
     const results = {
       date: new Date().toISOString(),
       host: { cpus: os.cpus().length, memGiB: Math.round(os.totalmem() / 2 ** 30), kernel: os.release(), loadavgEnd: os.loadavg().map((x) => Math.round(x * 10) / 10) },
       config: { sandboxes: o.sandboxes, checkpoints: o.checkpoints, rollbackEvery: o.rollbackEvery, forkEvery: o.forkEvery, keep: o.keep, channel: 'http (in-process server on loopback)' },
       seconds: Math.round(seconds * 10) / 10,
+      // Set when the run stopped before every sandbox took all its checkpoints (a signal, --max-seconds).
+      stoppedEarly: run.stopReason ?? null,
+      checkpoints: run.checkpointsDone,
       operations: total,
       operationsPerSecond: Math.round((total / seconds) * 10) / 10,
       perOperationMs: perOp,
       manager: { before, after },
-      errors: { count: rec.errors.length, http5xx: rec.status5xx, byCode, samples: rec.errors.slice(0, 20) },
-      outputMismatches: { count: rec.mismatches.length, samples: rec.mismatches.slice(0, 20) },
+      errors: { count: run.errors.length, http5xx: run.status5xx, byCode, samples: run.errors.slice(0, 20) },
+      outputMismatches: { count: run.mismatches.length, samples: run.mismatches.slice(0, 20) },
       leftBehind: left,
     };
     fs.mkdirSync(path.dirname(o.out), { recursive: true });
     fs.writeFileSync(o.out, JSON.stringify(results, null, 2) + '\n');
     console.log(JSON.stringify(results, null, 2));
     console.error(`wrote ${o.out}`);
-    if (rec.errors.length || rec.mismatches.length || Object.keys(left).length) process.exitCode = 1;
+    if (run.errors.length || run.mismatches.length || Object.keys(left).length) process.exitCode = 1;
   } finally {
     await cleanup();
   }
