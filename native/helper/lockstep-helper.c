@@ -44,6 +44,7 @@
 #include <sys/types.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "confine.h"
@@ -945,14 +946,13 @@ static const char *disallowed(bool daemon_mode, char **argv, int argc) {
   return NULL;
 }
 
-/* Reads one request: NUL-separated tokens ending with an empty token.
+/* Serves one whole request (read by the poll loop, see struct pending):
+ * NUL-separated tokens ending with an empty token.
  * "run" ARGV...           the child's stdout is this connection
  * "daemon" LOGFILE ARGV... the child logs to LOGFILE; we answer {"pid":N}
  * Only a peer with our own uid (SO_PEERCRED) is served, and only the
  * requests disallowed() lets through. */
-static void handle_request(int conn) {
-  static char buf[65536];
-  size_t len = 0;
+static void handle_request(int conn, char *buf, size_t len) {
   struct ucred peer;
   socklen_t plen = sizeof(peer);
   if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &plen) != 0) {
@@ -960,15 +960,8 @@ static void handle_request(int conn) {
     return;
   }
   bool stranger = peer.uid != geteuid();
-  for (;;) {
-    ssize_t n = read(conn, buf + len, sizeof(buf) - 1 - len);
-    if (n <= 0) return;
-    len += (size_t)n;
-    if (len >= 2 && buf[len - 1] == '\0' && buf[len - 2] == '\0') break;
-    if (len >= sizeof(buf) - 1) return;
-  }
-  /* Read (and drop) a stranger's request before answering, so that it gets
-   * the refusal instead of a broken pipe; none of it is looked at. */
+  /* A stranger's request was read whole (so that it gets the refusal
+   * instead of a broken pipe) and is dropped; none of it is looked at. */
   if (stranger) {
     fprintf(stderr, "lockstep-helper: refused a request from pid %d uid %u\n", peer.pid, peer.uid);
     fflush(stderr);
@@ -1051,6 +1044,54 @@ static void handle_request(int conn) {
   }
 }
 
+/* A connection whose request has not all arrived yet. The supervisor reads
+ * every such connection from its one poll loop instead of blocking on one:
+ * the manager writes its request only on the event-loop turn after its
+ * connect() succeeded, and on a busy host that turn can come seconds later
+ * (a blocking read with a 5 s timeout closed such connections, and the
+ * manager's write then failed with EPIPE). A slow client now holds up
+ * nobody, and gets as long as the manager waits for an answer (30 s). */
+#define MAX_PENDING 64
+#define REQUEST_MAX 65536
+#define REQUEST_DEADLINE_MS 30000
+struct pending {
+  int fd;
+  size_t len;
+  long long deadline_ms;
+  char *buf;
+};
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Reads what has arrived: 1 when the request is whole (it ends with an
+ * empty token), 0 when more is to come, -1 when the peer hung up first or
+ * sent more than a request may hold. */
+static int read_pending(struct pending *q) {
+  for (;;) {
+    ssize_t n = read(q->fd, q->buf + q->len, REQUEST_MAX - 1 - q->len);
+    if (n < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+    if (n == 0) return -1;
+    q->len += (size_t)n;
+    if (q->len >= 2 && q->buf[q->len - 1] == '\0' && q->buf[q->len - 2] == '\0') return 1;
+    if (q->len >= REQUEST_MAX - 1) return -1;
+  }
+}
+
+static void finish_pending(struct pending *q, bool whole) {
+  if (whole) {
+    /* Blocking again: a "run" child gets this socket as its stdout. */
+    int fl = fcntl(q->fd, F_GETFL);
+    if (fl >= 0) fcntl(q->fd, F_SETFL, fl & ~O_NONBLOCK);
+    handle_request(q->fd, q->buf, q->len);
+  }
+  close(q->fd);
+  free(q->buf);
+}
+
 static int cmd_supervise(const struct opts *o) {
   if (!o->socket_path || !o->pidfile) usage();
   int pidfd = open(o->pidfile, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -1118,9 +1159,22 @@ static int cmd_supervise(const struct opts *o) {
   fprintf(stderr, "lockstep-helper: supervising %s (pid %d)\n", o->socket_path, getpid());
   fflush(stderr);
 
+  struct pending pending[MAX_PENDING];
+  int npending = 0;
   for (;;) {
-    struct pollfd p[2] = {{sk, POLLIN, 0}, {sfd, POLLIN, 0}};
-    if (poll(p, 2, -1) < 0) {
+    /* The listening socket, the signals, then every connection whose
+     * request is still arriving. A full table leaves new connections in
+     * the listen backlog until a slot frees. */
+    struct pollfd p[2 + MAX_PENDING];
+    p[0] = (struct pollfd){sk, npending < MAX_PENDING ? POLLIN : 0, 0};
+    p[1] = (struct pollfd){sfd, POLLIN, 0};
+    long long now = now_ms(), wait = -1;
+    for (int i = 0; i < npending; i++) {
+      p[2 + i] = (struct pollfd){pending[i].fd, POLLIN, 0};
+      long long left = pending[i].deadline_ms > now ? pending[i].deadline_ms - now : 0;
+      if (wait < 0 || left < wait) wait = left;
+    }
+    if (poll(p, (nfds_t)(2 + npending), (int)wait) < 0) {
       if (errno == EINTR) continue;
       return 1;
     }
@@ -1142,13 +1196,30 @@ static int cmd_supervise(const struct opts *o) {
           if (daemons[i] == dead) daemons[i] = 0;
       }
     }
+    /* Walk down, so that moving the last entry into a finished slot skips nothing. */
+    now = now_ms();
+    for (int i = npending - 1; i >= 0; i--) {
+      int r = (p[2 + i].revents & (POLLIN | POLLHUP | POLLERR)) ? read_pending(&pending[i]) : 0;
+      if (r == 0 && now < pending[i].deadline_ms) continue;
+      finish_pending(&pending[i], r > 0);
+      pending[i] = pending[--npending];
+    }
     if (p[0].revents & POLLIN) {
-      int conn = accept4(sk, NULL, NULL, SOCK_CLOEXEC);
+      int conn = accept4(sk, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (conn < 0) continue;
-      struct timeval tv = {5, 0};
-      setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-      handle_request(conn);
-      close(conn);
+      char *buf = malloc(REQUEST_MAX);
+      if (!buf) {
+        close(conn);
+        continue;
+      }
+      struct pending *q = &pending[npending++];
+      *q = (struct pending){conn, 0, now_ms() + REQUEST_DEADLINE_MS, buf};
+      /* The request is usually there already: serve it in this turn. */
+      int r = read_pending(q);
+      if (r != 0) {
+        finish_pending(q, r > 0);
+        npending--;
+      }
     }
   }
 }

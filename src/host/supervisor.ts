@@ -38,7 +38,7 @@ function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<
     });
     conn.on('error', (e) => {
       clearTimeout(timer);
-      reject(e);
+      reject(new HostError('SUPERVISOR_UNREACHABLE', `The supervisor at ${socket} dropped the request: ${(e as NodeJS.ErrnoException).code ?? e.message}`, { cause: e }));
     });
   });
 }

@@ -68,6 +68,8 @@ export function statusForCode(code: string, err?: unknown): number {
   if (err instanceof InvalidStateError) return 409;
   // The host is not set up or cannot run this Lockstep (`lockstep setup` fixes the first).
   if (HOST_NOT_READY.has(code)) return 503;
+  // The per-host supervisor (the sandboxes' parent) did not take the request: a retry may succeed.
+  if (code === 'SUPERVISOR_UNREACHABLE' || code === 'SUPERVISOR_TIMEOUT') return 503;
   return 500;
 }
 

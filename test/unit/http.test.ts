@@ -27,6 +27,8 @@ const statuses: [string, number][] = [
   ['DISK_FULL', 507],
   ['QUOTA_EXCEEDED', 429],
   ['COMMAND_TIMEOUT', 504],
+  ['SUPERVISOR_UNREACHABLE', 503],
+  ['SUPERVISOR_TIMEOUT', 503],
   ['CRIU_DUMP_FAILED', 500],
   ['SOMETHING_NEW', 500],
 ];
