@@ -65,8 +65,16 @@ export interface ShutdownReport {
   abandoned: string[];
 }
 
+/** A route the server answers, as registered with fastify (HEAD routes included). */
+export interface RouteEntry {
+  method: string;
+  url: string;
+}
+
 /** The fastify instance, with a graceful shutdown and the server's metrics. */
 export type LockstepServer = FastifyInstance & {
+  /** Every route, in registration order (complete once the server is ready); tests enumerate the API from it. */
+  readonly routes: readonly RouteEntry[];
   /** Stops accepting, lets in-flight operations finish (then aborts them), closes; idempotent. */
   shutdown(opts?: ShutdownOptions): Promise<ShutdownReport>;
   readonly metrics: ServerMetrics;
@@ -124,6 +132,12 @@ export function createServer(opts: ServerOptions): LockstepServer {
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false, allowUnionTypes: true },
     },
   }) as unknown as FastifyInstance;
+
+  // First hook of all, so that no route (plugins' included) is registered before it.
+  const routes: RouteEntry[] = [];
+  app.addHook('onRoute', (r) => {
+    for (const method of [r.method].flat()) routes.push({ method, url: r.url });
+  });
 
   // Response schemas document the API in OpenAPI; they must not reshape
   // what is sent (fast-json-stringify drops and coerces fields).
@@ -244,7 +258,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
     return shutdownPromise;
   };
 
-  return Object.assign(app, { shutdown, metrics, operations }) as LockstepServer;
+  return Object.assign(app, { shutdown, metrics, operations, routes }) as LockstepServer;
 }
 
 async function claimIdempotency(ctx: ApiContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {

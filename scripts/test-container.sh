@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# `npm run test:container`: the integration tests inside a privileged Docker
+# container, the README's container route run for real.
+#
+#   scripts/test-container.sh [ava arguments]   # default: every integration test file
+#   scripts/test-container.sh --image-only      # build (or find) the image, run nothing
+#
+# 1. The image. No registry is reachable, so it is made here: a Debian
+#    bookworm root filesystem by debootstrap from the machine's own apt
+#    sources (as sandbox-images/dev does) with the packages
+#    scripts/provision-host.sh lists, the host's Node.js (the files of its
+#    `nodejs` package) and the host's private CRIU prefix (/opt/lockstep,
+#    built by provision-host.sh) copied in, then `docker import`. Its tag is
+#    a hash of what went into it, so a second run reuses it; a change to
+#    this script, to provision-host.sh, to the CRIU provisioning or to the
+#    Node version builds a new one.
+# 2. The engine: scripts/start-dockerd.sh, the one the image tests use.
+# 3. The run: `docker run --privileged` with
+#      --cgroupns=host -v /sys/fs/cgroup   sandbox cgroups are made (and frozen)
+#                                          in the host's hierarchy, v1 and v2;
+#      -v /dev:/dev                        loop devices for the btrfs store are
+#                                          created on demand, after the
+#                                          container started (a privileged
+#                                          container's own /dev is a copy made
+#                                          at start), and /dev/btrfs-control;
+#      --init                              a pid 1 that reaps orphans;
+#      --network host                      the image recipes (debootstrap of
+#                                          "dev") reach the Debian mirror;
+#                                          tests listen on loopback ports;
+#      -v /var/run/docker.sock             the Docker import/export tests talk
+#                                          to the host's engine (no Docker in
+#                                          Docker);
+#      a volume for /var/tmp               the tests' state directories (loop
+#                                          files) on the host's disk, not on
+#                                          overlay2; dropped with the container;
+#      the volume lockstep-test-cache      the build cache of recipe images
+#                                          (/var/cache/lockstep), kept between
+#                                          runs;
+#    the repository bind-mounted at /src. Inside, `scripts/setup.sh --images
+#    base,dev` (everything already provisioned: it only checks, and builds
+#    the images into the cache the first time), then ava.
+# CI=true is passed through: a skipped integration test is then a failure.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LOCKSTEP_LOG_TAG="test:container"
+# shellcheck source-path=SCRIPTDIR source=../sandbox-images/lib.sh
+. "$root/sandbox-images/lib.sh"
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (debootstrap, docker run --privileged)"
+[[ -x /opt/lockstep/bin/criu && -r /opt/lockstep/provisioned ]] || die "CRIU is not provisioned on this host: run scripts/provision-host.sh (or npm run setup) first"
+command -v debootstrap >/dev/null || die "debootstrap not found: run scripts/provision-host.sh"
+dpkg-query -W -f='${Status}' nodejs 2>/dev/null | grep -q 'install ok installed' ||
+	die "the host's Node.js is not Debian's nodejs package; this script copies that package's files into the image"
+
+SUITE=bookworm
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+REPO=lockstep-test-runner
+CACHE_VOLUME=lockstep-test-cache
+
+# The Debian packages provision-host.sh installs (its PKGS table, "name:file"),
+# plus what a shell in the container uses.
+mapfile -t provision_pkgs < <(awk '/^PKGS=\(/ { on = 1; next } on && /^\)/ { exit } on { sub(/^[ \t]+/, ""); split($0, a, ":"); if (a[1] != "") print a[1] }' "$root/scripts/provision-host.sh")
+((${#provision_pkgs[@]} > 5)) || die "could not read the package list (PKGS) from scripts/provision-host.sh"
+extra_pkgs=(util-linux mount procps kmod curl git)
+include=$(IFS=,; printf '%s' "${provision_pkgs[*]},${extra_pkgs[*]}")
+
+node_version=$(node --version)
+key=$({
+	cat "${BASH_SOURCE[0]}" "$root/scripts/provision-host.sh" /opt/lockstep/provisioned
+	cat /opt/lockstep/criu/.lockstep-criu 2>/dev/null || true
+	printf '%s\n%s\n' "$node_version" "$include"
+} | sha256sum | cut -c1-16)
+image="$REPO:$key"
+
+bash "$root/scripts/start-dockerd.sh"
+
+if docker image inspect "$image" >/dev/null 2>&1; then
+	log "reusing image $image"
+else
+	mirror=$(debian_mirror_uri) || die "cannot find the Debian mirror URI in the apt sources"
+	rootfs=$(mktemp -d /var/tmp/lockstep-test-runner.XXXXXX)
+	unmount_below() {
+		awk -v r="$rootfs/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r |
+			while IFS= read -r m; do umount -l -- "$m" 2>/dev/null || true; done
+	}
+	trap 'unmount_below; rm -rf -- "$rootfs"' EXIT
+	cache_args=()
+	if [[ -d /var/cache/apt/archives ]]; then cache_args=(--cache-dir=/var/cache/apt/archives); fi
+	start=$SECONDS
+	log "building $image: debootstrap --variant=minbase $SUITE (+ ${#provision_pkgs[@]} provisioned packages); a few minutes, once"
+	if ! debootstrap --variant=minbase --include="$include" --keyring="$KEYRING" "${cache_args[@]}" \
+		"$SUITE" "$rootfs" "$mirror" >"$rootfs.log" 2>&1; then
+		tail -n 30 "$rootfs.log" | sed "s/^/[$LOCKSTEP_LOG_TAG]   /" >&2
+		die "debootstrap of $SUITE failed (whole log: $rootfs.log)"
+	fi
+	rm -f -- "$rootfs.log"
+	unmount_below
+	log "copying in the host's Node.js $node_version and /opt/lockstep (CRIU $(/opt/lockstep/bin/criu --version 2>/dev/null | awk '/Version/ { print $2 }'))"
+	# Files (not directories) of the nodejs package, paths kept.
+	dpkg -L nodejs | while IFS= read -r f; do [[ -f $f || -L $f ]] && printf '%s\n' "${f#/}"; done |
+		tar -C / -cf - --no-recursion -T - | tar -C "$rootfs" -xf -
+	cp -a /opt/lockstep "$rootfs/opt/"
+	rm -f -- "$rootfs/opt/lockstep/.provision.lock"
+	install -d -m 0755 "$rootfs/usr/local/sbin"
+	ln -sfn /opt/lockstep/bin/criu "$rootfs/usr/local/sbin/criu"
+	# apt inside the container reads the same sources as the host.
+	cp -a /etc/apt/sources.list.d/. "$rootfs/etc/apt/sources.list.d/" 2>/dev/null || true
+	[[ -f /etc/apt/sources.list ]] && cp /etc/apt/sources.list "$rootfs/etc/apt/sources.list"
+	rm -rf -- "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+	tar -C "$rootfs" --numeric-owner -cf - . |
+		docker import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+			--change 'CMD ["/bin/bash"]' --message "lockstep integration-test runner ($key)" - "$image" >/dev/null
+	log "built $image in $((SECONDS - start)) s"
+fi
+
+# Images of earlier keys are stale: drop them (a running container keeps its own).
+docker image ls --format '{{.Repository}}:{{.Tag}}' "$REPO" | grep -vxF "$image" | xargs -r docker image rm >/dev/null 2>&1 || true
+
+if [[ ${1:-} == --image-only ]]; then
+	printf '%s\n' "$image"
+	exit 0
+fi
+if (($# == 0)); then set -- 'dist/test/integration/**/*.test.js'; fi
+
+tty_args=()
+if [[ -t 0 && -t 1 ]]; then tty_args=(-t); fi
+# Settings the tests read, passed through when set.
+env_args=(-e "LOCKSTEP_LOG_LEVEL=${LOCKSTEP_LOG_LEVEL:-error}")
+for v in CI LOCKSTEP_STANDBY LOCKSTEP_CRIU_LOG_LEVEL LOCKSTEP_KEEP_CRIU_LOGS; do
+	if [[ -n ${!v:-} ]]; then env_args+=(-e "$v=${!v}"); fi
+done
+name="lockstep-test-$$"
+log "running the integration tests in $image (container $name)"
+start=$SECONDS
+set +e
+docker run --rm "${tty_args[@]}" --name "$name" \
+	--privileged --init --network host --cgroupns host \
+	-v /sys/fs/cgroup:/sys/fs/cgroup \
+	-v /dev:/dev \
+	-v /lib/modules:/lib/modules:ro \
+	-v /var/run/docker.sock:/var/run/docker.sock \
+	--mount type=volume,dst=/var/tmp \
+	--mount "type=volume,src=$CACHE_VOLUME,dst=/var/cache/lockstep" \
+	-v "$root:/src" -w /src \
+	"${env_args[@]}" \
+	"$image" bash -c 'bash scripts/setup.sh --images base,dev && exec npx --no-install ava "$@"' test-container "$@"
+rc=$?
+set -e
+log "container run finished in $((SECONDS - start)) s (exit $rc)"
+exit "$rc"
