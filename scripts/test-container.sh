@@ -11,11 +11,11 @@
 #    scripts/provision-host.sh lists, the host's Node.js (the files of its
 #    `nodejs` package) and the host's private CRIU prefix (/opt/lockstep,
 #    built by provision-host.sh) copied in, then `docker import`. Its tag is
-#    a hash of what went into it, so a second run reuses it; a change to
-#    this script, to provision-host.sh, to the CRIU provisioning or to the
-#    Node version builds a new one.
+#    a hash of what went into it, so a second run reuses it; a change to the
+#    recipe (RECIPE_VERSION), to provision-host.sh, to the CRIU provisioning
+#    or to the Node version builds a new one.
 # 2. The engine: scripts/start-dockerd.sh, the one the image tests use.
-# 3. The run: `docker run --privileged` with
+# 3. The run: `docker run --privileged` (where the host allows it, see below) with
 #      --cgroupns=host -v /sys/fs/cgroup   sandbox cgroups are made (and frozen)
 #                                          in the host's hierarchy, v1 and v2;
 #      -v /dev:/dev                        loop devices for the btrfs store are
@@ -40,6 +40,15 @@
 #    base,dev` (everything already provisioned: it only checks, and builds
 #    the images into the cache the first time), then ava.
 # CI=true is passed through: a skipped integration test is then a failure.
+#
+# `--privileged` asks runc for every capability, CAP_SYS_RESOURCE included; a
+# host whose root lacks it (these VMs: root has
+# every capability except CAP_SYS_RESOURCE) refuses to start such a
+# container ("unable to apply caps: operation not permitted"). There the
+# script grants what --privileged grants, less that one capability: every
+# other capability, no seccomp or AppArmor profile, unmasked /proc paths, and
+# every device (-v /dev plus a device-cgroup rule). Lockstep itself never
+# raises an rlimit, so the tests need nothing more.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -65,11 +74,13 @@ mapfile -t provision_pkgs < <(awk '/^PKGS=\(/ { on = 1; next } on && /^\)/ { exi
 extra_pkgs=(util-linux mount procps kmod curl git)
 include=$(IFS=,; printf '%s' "${provision_pkgs[*]},${extra_pkgs[*]}")
 
+# Bump when the image's recipe below changes (the run options do not count).
+RECIPE_VERSION=1
 node_version=$(node --version)
 key=$({
-	cat "${BASH_SOURCE[0]}" "$root/scripts/provision-host.sh" /opt/lockstep/provisioned
+	printf 'recipe %s\n%s\n%s\n' "$RECIPE_VERSION" "$node_version" "$include"
+	cat "$root/scripts/provision-host.sh" /opt/lockstep/provisioned
 	cat /opt/lockstep/criu/.lockstep-criu 2>/dev/null || true
-	printf '%s\n%s\n' "$node_version" "$include"
 } | sha256sum | cut -c1-16)
 image="$REPO:$key"
 
@@ -123,6 +134,15 @@ if [[ ${1:-} == --image-only ]]; then
 fi
 if (($# == 0)); then set -- 'dist/test/integration/**/*.test.js'; fi
 
+# --privileged, or the same less CAP_SYS_RESOURCE where the host cannot grant it.
+if docker run --rm --privileged --network none "$image" true >/dev/null 2>&1; then
+	priv_args=(--privileged)
+else
+	log "this host cannot grant --privileged (its root lacks CAP_SYS_RESOURCE): every other capability, unconfined, all devices"
+	priv_args=(--cap-add ALL --cap-drop SYS_RESOURCE --security-opt seccomp=unconfined --security-opt apparmor=unconfined
+		--security-opt systempaths=unconfined --device-cgroup-rule 'a *:* rwm')
+fi
+
 tty_args=()
 if [[ -t 0 && -t 1 ]]; then tty_args=(-t); fi
 # Settings the tests read, passed through when set.
@@ -135,7 +155,7 @@ log "running the integration tests in $image (container $name)"
 start=$SECONDS
 set +e
 docker run --rm "${tty_args[@]}" --name "$name" \
-	--privileged --init --network host --cgroupns host \
+	"${priv_args[@]}" --init --network host --cgroupns host \
 	-v /sys/fs/cgroup:/sys/fs/cgroup \
 	-v /dev:/dev \
 	-v /lib/modules:/lib/modules:ro \

@@ -126,6 +126,9 @@ export function createServer(opts: ServerOptions): LockstepServer {
       return typeof h === 'string' && /^[A-Za-z0-9._:-]{1,128}$/.test(h) ? h : `req_${randomBytes(8).toString('hex')}`;
     },
     return503OnClosing: true,
+    // Errors fastify raises before routing (a path with bad percent-encoding,
+    // an over-long parameter) get the one error body too.
+    frameworkErrors: (err, req, reply) => errorHandler(err, req, reply),
     ajv: {
       // Reject what does not fit instead of quietly fixing it: no type
       // coercion, no stripping of unknown properties.

@@ -65,6 +65,8 @@ interface Part {
 
 /** One request, as built by a generator. */
 interface FuzzRequest {
+  /** "METHOD url" of the route it was built for. */
+  route?: string;
   method: string;
   /** Raw request target, sent as is (no URL normalisation). */
   target: string;
@@ -106,7 +108,7 @@ const part = (text: string, cross = false): Part => ({ text, cross });
 
 /** Hostile text for a path segment, already in request-target form. */
 const hostileSegment: fc.Arbitrary<string> = fc.oneof(
-  fc.constantFrom('..', '.', '%2e%2e', '%2E%2E%2F', '..%2F..%2F', '%2F', 'a%2Fb', '%00', 'sbx_%00', 'sbx_abc%00.json', '%E2%80%AE', '%C0%AF', '%ZZ', '%', '-1', '0', '99999999999999999999999', 'sbx_', 'SBX_ABC', 'sbx_ABC', 'ckpt_', 'eff_XYZ', '%20', '~', '*'),
+  fc.constantFrom('..', '.', '%2e%2e', '%2E%2E%2F', '..%2F..%2F', '%2F', 'a%2Fb', '%00', 'sbx_%00', 'sbx_abc%00.json', '%E2%80%AE', '%C0%AF', '%ZZ', '%', '-1', '0', '99999999999999999999999', 'sbx_', `sbx_${'a'.repeat(120)}`, 'x'.repeat(3000), 'SBX_ABC', 'sbx_ABC', 'ckpt_', 'eff_XYZ', '%20', '~', '*'),
   fc.string({ unit: 'grapheme', maxLength: 40 }).map((s) => encodeURIComponent(s)),
   fc.stringMatching(/^(sbx|ckpt|eff)_[a-z0-9]{1,80}$/),
 );
@@ -156,7 +158,7 @@ function queryString(fields: Record<string, fc.Arbitrary<string>>): fc.Arbitrary
   const pair = (k: string, v: fc.Arbitrary<string>) => v.map((x) => `${encodeURIComponent(k)}=${encodeURIComponent(x)}`);
   const wanted = Object.entries(fields).map(([k, v]) =>
     fc.oneof(
-      { weight: 5, arbitrary: pair(k, v).map((p) => [p]) },
+      { weight: 12, arbitrary: pair(k, v).map((p) => [p]) },
       { weight: 1, arbitrary: fc.constant([] as string[]) },
       { weight: 1, arbitrary: fc.tuple(pair(k, v), pair(k, v)).map(([x, y]) => [x, y]) },
       { weight: 1, arbitrary: fc.string({ maxLength: 20 }).map((x) => [`${encodeURIComponent(k)}=${encodeURIComponent(x)}`]) },
@@ -164,7 +166,7 @@ function queryString(fields: Record<string, fc.Arbitrary<string>>): fc.Arbitrary
     ),
   );
   const extra = fc.oneof(
-    { weight: 6, arbitrary: fc.constant([] as string[]) },
+    { weight: 12, arbitrary: fc.constant([] as string[]) },
     { weight: 1, arbitrary: fc.tuple(fc.stringMatching(/^[a-z]{1,8}$/), fc.string({ maxLength: 10 })).map(([k, v]) => [`${k}=${encodeURIComponent(v)}`]) },
     { weight: 1, arbitrary: fc.constantFrom(['__proto__[x]=1'], ['constructor[prototype][x]=1'], ['%00=%00'], ['&&&'], ['a=%ZZ'], ['=x']) },
   );
@@ -188,11 +190,14 @@ function jsonFields(fields: Record<string, fc.Arbitrary<unknown>>, required: str
     { weight: 1, arbitrary: fc.tuple(fc.string({ maxLength: 12 }), hostileJson).map(([k, v]) => [k, v] as const) },
     { weight: 1, arbitrary: fc.constantFrom(['__proto__', { polluted: 1 }] as const, ['constructor', { prototype: { polluted: 1 } }] as const) },
   );
-  return fc.tuple(fc.tuple(...entries), extra).map(([es, ex]) => {
+  const build = (es: readonly (readonly [string, unknown] | undefined)[]) => {
     const o: Record<string, unknown> = {};
-    for (const e of [...es, ex]) if (e) Object.defineProperty(o, e[0], { value: e[1], enumerable: true, configurable: true, writable: true });
+    for (const e of es) if (e) Object.defineProperty(o, e[0], { value: e[1], enumerable: true, configurable: true, writable: true });
     return o;
-  });
+  };
+  // A third of the bodies are valid throughout, so that requests get past validation into the handlers.
+  const valid = fc.tuple(...Object.entries(fields).map(([k, v]) => (required.includes(k) ? v.map((x) => [k, x] as const) : fc.option(v.map((x) => [k, x] as const), { nil: undefined }))));
+  return fc.oneof({ weight: 1, arbitrary: valid.map(build) }, { weight: 2, arbitrary: fc.tuple(fc.tuple(...entries), extra).map(([es, ex]) => build([...es, ex])) });
 }
 
 interface Body {
@@ -204,7 +209,7 @@ interface Body {
 function envelope(value: fc.Arbitrary<unknown>): fc.Arbitrary<Body> {
   const json = (v: unknown) => Buffer.from(JSON.stringify(v) ?? 'null');
   return fc.oneof(
-    { weight: 12, arbitrary: value.map((v) => ({ contentType: 'application/json', bytes: json(v) })) },
+    { weight: 24, arbitrary: value.map((v) => ({ contentType: 'application/json', bytes: json(v) })) },
     { weight: 1, arbitrary: fc.constant({}) },
     { weight: 1, arbitrary: fc.constant({ contentType: 'application/json', bytes: Buffer.alloc(0) }) },
     {
@@ -224,7 +229,7 @@ function envelope(value: fc.Arbitrary<unknown>): fc.Arbitrary<Body> {
 const extraHeaders: fc.Arbitrary<Record<string, string>> = fc.record(
     {
       accept: fc.constantFrom('application/json', 'application/x-ndjson', 'text/event-stream', 'application/octet-stream', '*/*', 'text/html', 'x/y;q=0'),
-      'idempotency-key': fc.oneof(fc.stringMatching(/^[a-z0-9-]{1,20}$/), fc.constantFrom('', ' ', 'k'.repeat(300), 'fuzz-fixed-key')),
+      'idempotency-key': fc.oneof({ weight: 4, arbitrary: fc.stringMatching(/^[a-z0-9-]{1,20}$/) }, { weight: 1, arbitrary: fc.constantFrom('', ' ', 'k'.repeat(300), 'fuzz-fixed-key') }),
       'x-request-id': fc.oneof(fc.stringMatching(/^[A-Za-z0-9._:-]{1,20}$/), fc.constantFrom('a b', '../x', 'x'.repeat(500))),
       'x-forwarded-for': fc.constantFrom('127.0.0.1', '10.0.0.1, ::1'),
     },
@@ -305,7 +310,7 @@ function underSandbox(suffix: string, more: (own: Fixture, other: Fixture) => fc
 const noBody = () => fc.constant({});
 /** A route with no parameters: only its query string is fuzzed. */
 const fixed = (p: string) => queryString({ url: fc.string(), q: fc.string() }).map((query) => ({ path: p, query }));
-const fileQuery = (extra: Record<string, fc.Arbitrary<string>> = {}) => queryString({ path: filePath, toolCallId: fc.string({ maxLength: 10 }), ...extra });
+const fileQuery = (extra: Record<string, fc.Arbitrary<string>> = {}) => queryString({ path: filePath, toolCallId: fc.string({ minLength: 1, maxLength: 10 }), ...extra });
 
 /**
  * One generator per route, keyed "METHOD url" as fastify registered it.
@@ -363,7 +368,7 @@ const GENERATORS: Record<string, Generator> = {
               cwd: fc.constantFrom('/workspace', '/', '/tmp', 'relative', '/nonexistent', '/proc/self'),
               envs,
               timeoutMs: fc.constantFrom(30_000, 60_000),
-              toolCallId: fc.string({ maxLength: 12 }),
+              toolCallId: fc.string({ minLength: 1, maxLength: 12 }),
               background: fc.constant(false),
             },
             ['cmd'],
@@ -390,7 +395,7 @@ const GENERATORS: Record<string, Generator> = {
       .tuple(
         fileQuery(),
         fc.oneof(
-          { weight: 4, arbitrary: envelope(jsonFields({ content: fc.string({ unit: 'grapheme', maxLength: 50 }), encoding: fc.constantFrom('utf8', 'base64'), mode: fc.constantFrom(0o644, 0o755, 0o4755, 0o7777), toolCallId: fc.string({ maxLength: 10 }) }, ['content'])) },
+          { weight: 4, arbitrary: envelope(jsonFields({ content: fc.string({ unit: 'grapheme', maxLength: 50 }), encoding: fc.constantFrom('utf8', 'base64'), mode: fc.constantFrom(0o644, 0o755, 0o4755, 0o7777), toolCallId: fc.string({ minLength: 1, maxLength: 10 }) }, ['content'])) },
           { weight: 2, arbitrary: fc.uint8Array({ maxLength: 200 }).map((b) => ({ contentType: 'application/octet-stream', bytes: Buffer.from(b) })) },
           { weight: 1, arbitrary: fc.constant({ contentType: 'application/octet-stream', bytes: Buffer.alloc(FILE_BODY_LIMIT + 1, 0x61) }) },
         ),
@@ -434,7 +439,7 @@ const GENERATORS: Record<string, Generator> = {
           reversibility: fc.constantFrom('sandbox-local', 'compensable', 'irreversible'),
           scope: fc.constantFrom('lineage', 'branch'),
           key: fc.string({ minLength: 1, maxLength: 10 }),
-          toolCallId: fc.string({ maxLength: 10 }),
+          toolCallId: fc.string({ minLength: 1, maxLength: 10 }),
           compensation: fc.record({ kind: fc.string({ minLength: 1, maxLength: 5 }), input: hostileJson }),
         },
         ['kind', 'input', 'reversibility'],
@@ -449,7 +454,7 @@ const GENERATORS: Record<string, Generator> = {
   ),
   'POST /v1/sandboxes/:id/effects/:effectId/resolve': effectVerb('resolve', () => jsonFields({ outcome: fc.constantFrom('committed', 'failed'), output: hostileJson }, ['outcome'])),
   'GET /v1/sandboxes/:id/observations': underSandbox('/observations', () => queryString({ includeStale: fc.constantFrom('true', 'false', 'yes', '1') }).map((query) => ({ query }))),
-  'POST /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () => envelope(jsonFields({ path: filePath, verdict: fc.string({ maxLength: 20 }), toolCallId: fc.string({ maxLength: 10 }) }, ['path', 'verdict'])).map((body) => ({ body }))),
+  'POST /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () => envelope(jsonFields({ path: filePath, verdict: fc.string({ maxLength: 20 }), toolCallId: fc.string({ minLength: 1, maxLength: 10 }) }, ['path', 'verdict'])).map((body) => ({ body }))),
   'GET /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () => queryString({ stale: fc.constantFrom('true', 'false', 'TRUE', '') }).map((query) => ({ query }))),
 };
 
@@ -582,8 +587,10 @@ integration(test, () => {
     console.log(`[http-fuzz] seed ${SEED}, ${RUNS} runs, ${routes.length} routes`);
 
     const request: fc.Arbitrary<FuzzRequest> = fc
-      .tuple(fc.constantFrom(...routes), authArb, extraHeaders)
+      // The API's own routes (not HEAD twins, not the docs) get most of the requests.
+      .tuple(fc.oneof(...routes.map((r) => ({ weight: r.url.startsWith('/v1') && r.method !== 'HEAD' ? 6 : 1, arbitrary: fc.constant(r) }))), authArb, extraHeaders)
       .chain(([route, auth, headers]) => {
+        const key = `${route.method} ${route.url}`;
         // Who is "own" follows the token: B's requests use B's ids as their own.
         const own = auth === 'b' ? w.b : w.a;
         const other = auth === 'b' ? w.a : w.b;
@@ -591,6 +598,7 @@ integration(test, () => {
           const h: Record<string, string> = { ...headers, ...authHeader(w, auth) };
           if (shape.body?.contentType !== undefined) h['content-type'] = shape.body.contentType;
           return {
+            route: key,
             method: route.method,
             target: shape.path + (shape.query ?? ''),
             headers: h,
@@ -603,12 +611,16 @@ integration(test, () => {
       });
 
     const counts = { requests: 0, ok: 0, refused: 0, byStatus: {} as Record<number, number> };
+    const byRoute = new Map<string, Record<number, number>>();
     await fc.assert(
       fc.asyncProperty(request, async (r) => {
         const before = await stateDigest(ls, w);
         const res = await send(port, r);
         counts.requests++;
         counts.byStatus[res.status] = (counts.byStatus[res.status] ?? 0) + 1;
+        const tally = byRoute.get(r.route ?? '') ?? {};
+        tally[res.status] = (tally[res.status] ?? 0) + 1;
+        byRoute.set(r.route ?? '', tally);
         const what = `${describe(r)} -> ${res.status} ${res.body.subarray(0, 400).toString('utf8')}`;
 
         const timedOut = res.status === 504 && r.timed && res.body.includes('COMMAND_TIMEOUT');
@@ -640,6 +652,7 @@ integration(test, () => {
       { numRuns: RUNS, seed: SEED, endOnFailure: true, includeErrorInReport: true },
     );
     t.log(`answers: ${JSON.stringify(counts)}`);
+    if (process.env.LOCKSTEP_FUZZ_VERBOSE) for (const [k, v] of [...byRoute].sort()) t.log(`${k}: ${JSON.stringify(v)}`);
 
     // The fixtures are whole and their own tenants still reach them.
     for (const [name, f] of [['acme', w.a], ['globex', w.b]] as const) {
