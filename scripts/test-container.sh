@@ -33,9 +33,11 @@
 #      a volume for /var/tmp               the tests' state directories (loop
 #                                          files) on the host's disk, not on
 #                                          overlay2; dropped with the container;
-#      the volume lockstep-test-cache      the build cache of recipe images
-#                                          (/var/cache/lockstep), kept between
-#                                          runs;
+#      -v /var/cache/lockstep              the host's build cache of recipe
+#                                          images (base, dev), which `npm test`
+#                                          on the host has filled: the same
+#                                          recipes give the same keys, so the
+#                                          container builds none of them again;
 #    the repository bind-mounted at /src. Inside, `scripts/setup.sh --images
 #    base,dev` (everything already provisioned: it only checks, and builds
 #    the images into the cache the first time), then ava.
@@ -65,7 +67,7 @@ dpkg-query -W -f='${Status}' nodejs 2>/dev/null | grep -q 'install ok installed'
 SUITE=bookworm
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 REPO=lockstep-test-runner
-CACHE_VOLUME=lockstep-test-cache
+CACHE=${LOCKSTEP_CACHE:-/var/cache/lockstep}
 
 # The Debian packages provision-host.sh installs (its PKGS table, "name:file"),
 # plus what a shell in the container uses.
@@ -75,7 +77,7 @@ extra_pkgs=(util-linux mount procps kmod curl git)
 include=$(IFS=,; printf '%s' "${provision_pkgs[*]},${extra_pkgs[*]}")
 
 # Bump when the image's recipe below changes (the run options do not count).
-RECIPE_VERSION=1
+RECIPE_VERSION=2
 node_version=$(node --version)
 key=$({
 	printf 'recipe %s\n%s\n%s\n' "$RECIPE_VERSION" "$node_version" "$include"
@@ -85,6 +87,7 @@ key=$({
 image="$REPO:$key"
 
 bash "$root/scripts/start-dockerd.sh"
+install -d -m 0755 "$CACHE"
 
 if docker image inspect "$image" >/dev/null 2>&1; then
 	log "reusing image $image"
@@ -111,6 +114,9 @@ else
 	# Files (not directories) of the nodejs package, paths kept.
 	dpkg -L nodejs | while IFS= read -r f; do [[ -f $f || -L $f ]] && printf '%s\n' "${f#/}"; done |
 		tar -C / -cf - --no-recursion -T - | tar -C "$rootfs" -xf -
+	# npm as the host has it: an `npm install -g npm` leaves files the package does not list.
+	rm -rf -- "$rootfs/usr/lib/node_modules/npm"
+	cp -a /usr/lib/node_modules/npm "$rootfs/usr/lib/node_modules/"
 	cp -a /opt/lockstep "$rootfs/opt/"
 	rm -f -- "$rootfs/opt/lockstep/.provision.lock"
 	install -d -m 0755 "$rootfs/usr/local/sbin"
@@ -161,10 +167,10 @@ docker run --rm "${tty_args[@]}" --name "$name" \
 	-v /lib/modules:/lib/modules:ro \
 	-v /var/run/docker.sock:/var/run/docker.sock \
 	--mount type=volume,dst=/var/tmp \
-	--mount "type=volume,src=$CACHE_VOLUME,dst=/var/cache/lockstep" \
+	-v "$CACHE:/var/cache/lockstep" \
 	-v "$root:/src" -w /src \
 	"${env_args[@]}" \
-	"$image" bash -c 'bash scripts/setup.sh --images base,dev && exec npx --no-install ava "$@"' test-container "$@"
+	"$image" bash -c 'npm --version >/dev/null && bash scripts/setup.sh --images base,dev && exec node_modules/.bin/ava "$@"' test-container "$@"
 rc=$?
 set -e
 log "container run finished in $((SECONDS - start)) s (exit $rc)"
