@@ -133,6 +133,11 @@ export function toErrorResponse(err: unknown): { status: number; body: ErrorBody
       return { status: 415, body: { error: { code: 'UNSUPPORTED_MEDIA_TYPE', message: 'Unsupported Content-Type: send application/json (or application/octet-stream for file contents)', field: 'Content-Type' } }, internal: false };
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
       return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'The body is empty but Content-Type is application/json', field: 'body' } }, internal: false };
+    // Raised before routing (fastify's frameworkErrors), for the path itself.
+    case 'FST_ERR_BAD_URL':
+      return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'The request path is not valid percent-encoding (a % must be followed by two hex digits)', field: 'url' } }, internal: false };
+    case 'FST_ERR_MAX_PARAM_LENGTH':
+      return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'A path parameter is longer than any id (at most 100 characters)', field: 'url' } }, internal: false };
     case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
       return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'Content-Length does not match the body', field: 'Content-Length' } }, internal: false };
   }

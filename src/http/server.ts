@@ -65,8 +65,16 @@ export interface ShutdownReport {
   abandoned: string[];
 }
 
+/** A route the server answers, as registered with fastify (HEAD routes included). */
+export interface RouteEntry {
+  method: string;
+  url: string;
+}
+
 /** The fastify instance, with a graceful shutdown and the server's metrics. */
 export type LockstepServer = FastifyInstance & {
+  /** Every route, in registration order (complete once the server is ready); tests enumerate the API from it. */
+  readonly routes: readonly RouteEntry[];
   /** Stops accepting, lets in-flight operations finish (then aborts them), closes; idempotent. */
   shutdown(opts?: ShutdownOptions): Promise<ShutdownReport>;
   readonly metrics: ServerMetrics;
@@ -118,12 +126,21 @@ export function createServer(opts: ServerOptions): LockstepServer {
       return typeof h === 'string' && /^[A-Za-z0-9._:-]{1,128}$/.test(h) ? h : `req_${randomBytes(8).toString('hex')}`;
     },
     return503OnClosing: true,
+    // Errors fastify raises before routing (a path with bad percent-encoding,
+    // an over-long parameter) get the one error body too.
+    frameworkErrors: (err, req, reply) => errorHandler(err, req, reply),
     ajv: {
       // Reject what does not fit instead of quietly fixing it: no type
       // coercion, no stripping of unknown properties.
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false, allowUnionTypes: true },
     },
   }) as unknown as FastifyInstance;
+
+  // First hook of all, so that no route (plugins' included) is registered before it.
+  const routes: RouteEntry[] = [];
+  app.addHook('onRoute', (r) => {
+    for (const method of [r.method].flat()) routes.push({ method, url: r.url });
+  });
 
   // Response schemas document the API in OpenAPI; they must not reshape
   // what is sent (fast-json-stringify drops and coerces fields).
@@ -244,7 +261,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
     return shutdownPromise;
   };
 
-  return Object.assign(app, { shutdown, metrics, operations }) as LockstepServer;
+  return Object.assign(app, { shutdown, metrics, operations, routes }) as LockstepServer;
 }
 
 async function claimIdempotency(ctx: ApiContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
