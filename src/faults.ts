@@ -7,6 +7,7 @@
  * fails at that point, in process, with its own error handling running.
  */
 import { HostError } from './errors.js';
+import { envValue } from './config.js';
 
 /** Every fault point, so that a test can crash the manager at each of them. */
 export const FAULT_POINTS = {
@@ -31,7 +32,7 @@ export function isFaultPoint(point: string): point is FaultPoint {
 export type FaultHook = (point: FaultPoint) => void;
 
 /** Kills the process at the configured point; a no-op otherwise. */
-export function envFaultHook(spec: string | undefined = process.env.LOCKSTEP_FAULT): FaultHook {
+export function envFaultHook(spec: string | undefined = envValue('LOCKSTEP_FAULT')): FaultHook {
   if (!spec) return () => undefined;
   // A crash test whose point is misspelled would pass without ever crashing.
   if (!isFaultPoint(spec)) throw new HostError('CONFIG_INVALID', `LOCKSTEP_FAULT=${JSON.stringify(spec)} names no fault point; the points are ${ALL_FAULT_POINTS.join(', ')}`);

@@ -17,8 +17,6 @@ import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
 import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/rollback.js';
 import { hasStandbyFor } from './checkpoints/standby.js';
 import { removeSandbox } from './sandboxes/remove.js';
-import { isAlive, startTime, mountsUnder } from './host/proc.js';
-import { native } from './native/binding.js';
 
 export interface ReapReport {
   operations: string[];
@@ -28,7 +26,7 @@ export interface ReapReport {
 
 export async function reap(engine: Engine): Promise<ReapReport> {
   const report: ReapReport = { operations: [], sandboxes: [], orphans: [] };
-  const { catalog, runtime, layers, paths, cgroups } = engine;
+  const { catalog, runtime, layers, paths, cgroups, proc } = engine;
 
   for (const op of catalog.operations()) {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
@@ -99,9 +97,9 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       } catch {
         /* no cgroup */
       }
-      const alive = row.init_pid !== null && isAlive(row.init_pid) && startTime(row.init_pid) === row.init_start;
+      const alive = row.init_pid !== null && proc.isAlive(row.init_pid) && proc.startTime(row.init_pid) === row.init_start;
       // A warm standby whose processes are gone is of no use: drop it.
-      if (row.standby_instance && !(row.standby_pid !== null && isAlive(row.standby_pid) && startTime(row.standby_pid) === row.standby_start)) {
+      if (row.standby_instance && !(row.standby_pid !== null && proc.isAlive(row.standby_pid) && proc.startTime(row.standby_pid) === row.standby_start)) {
         await runtime.destroy(row.standby_instance).catch(() => undefined);
         catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
       }
@@ -131,7 +129,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   // Writable layers.
   for (const id of layers.listUppers()) {
     if (!known.has(id)) {
-      for (const m of mountsUnder(paths.sandboxRoot(id))) native().unmount(m, true);
+      for (const m of proc.mountsUnder(paths.sandboxRoot(id))) engine.native.unmount(m, true);
       await layers.deleteUpper(id);
       report.orphans.push(`upper:${id}`);
     }

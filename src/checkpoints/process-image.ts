@@ -12,13 +12,13 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { native, type CriuRequest } from '../native/binding.js';
+import type { CriuRequest } from '../native/binding.js';
 import type { Engine } from '../engine.js';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import { limitsOf } from '../sandboxes/create.js';
 
 export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string): CriuRequest & { imagesDir: string; pid: number } {
-  const b = native();
+  const b = engine.native;
   return {
     op: 'dump',
     imagesDir,
@@ -30,12 +30,12 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
-    logLevel: Number(process.env.LOCKSTEP_CRIU_LOG_LEVEL ?? 2),
+    logLevel: engine.config.criuLogLevel,
   };
 }
 
 export function restoreOptions(engine: Engine, instance: string, imagesDir: string): Omit<CriuRequest, 'op'> & { imagesDir: string } {
-  const b = native();
+  const b = engine.native;
   return {
     imagesDir,
     root: engine.paths.sandboxRoot(instance),
@@ -44,7 +44,7 @@ export function restoreOptions(engine: Engine, instance: string, imagesDir: stri
     cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(instance)),
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
-    logLevel: Number(process.env.LOCKSTEP_CRIU_LOG_LEVEL ?? 2),
+    logLevel: engine.config.criuLogLevel,
   };
 }
 

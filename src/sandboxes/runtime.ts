@@ -7,12 +7,11 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import { helperPath, initPath, native } from '../native/binding.js';
+import { helperPath, initPath } from '../native/binding.js';
 import { HostError, SystemCallError, isNativeError } from '../errors.js';
-import { parseHelperAnswer, type Supervisor } from '../host/supervisor.js';
-import { mountsUnder, startTime } from '../host/proc.js';
+import { parseHelperAnswer } from '../host/supervisor.js';
 import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
-import type { LayerStore } from '../layers/layer-store.js';
+import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
 
 /** Directories every sandbox root has, whatever the image: they sit in the runtime layer. */
@@ -42,9 +41,11 @@ export class SandboxRuntime {
   constructor(
     readonly paths: StatePaths,
     readonly cgroups: CgroupDriver,
-    readonly layers: LayerStore,
-    readonly supervisor: Supervisor,
+    readonly layers: LayerPort,
+    readonly supervisor: HelperClient,
     readonly homeTag: string,
+    readonly native: NativeBinding,
+    readonly proc: ProcessTable,
   ) {}
 
   /** cgroup name of a sandbox: lockstep/<homeTag>/<id>. */
@@ -96,10 +97,10 @@ export class SandboxRuntime {
   /** Mounts the overlay root (runtime layer and image below, the writable layer on top), then sets the layer's disk quota. */
   mountRoot(host: SandboxHost): void {
     const target = this.paths.sandboxRoot(host.id);
-    if (!mountsUnder(target).includes(target)) {
+    if (!this.proc.mountsUnder(target).includes(target)) {
       const { upper, work } = this.layers.upperDir(host.id);
       try {
-        native().mountOverlay(target, [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs], upper, work);
+        this.native.mountOverlay(target, [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs], upper, work);
       } catch (e) {
         if (isNativeError(e)) {
           const hint = e.code === 'ELOOP' ? 'overlay directories may not overlap' : e.code === 'ENOENT' ? 'a layer directory is missing' : e.message;
@@ -126,7 +127,7 @@ export class SandboxRuntime {
     ];
     const answer = await this.supervisor.run(argv);
     const { pid } = parseHelperAnswer<{ pid: number }>(answer, `starting sandbox ${host.id}`);
-    const start = startTime(pid);
+    const start = this.proc.startTime(pid);
     if (start === undefined) throw new HostError('SANDBOX_INIT_DIED', `The init of sandbox ${host.id} exited right after it started`);
     return { pid, start };
   }
@@ -144,13 +145,13 @@ export class SandboxRuntime {
 
   /** Unmounts the root (lazily: a process of another tool may still look at it). */
   unmountRoot(id: string): void {
-    for (const m of mountsUnder(this.paths.sandboxRoot(id))) native().unmount(m, true);
+    for (const m of this.proc.mountsUnder(this.paths.sandboxRoot(id))) this.native.unmount(m, true);
   }
 
   /** Everything a sandbox has on the host, removed in reverse order; safe to repeat. */
   async destroy(id: string): Promise<void> {
     await this.killProcesses(id).catch(() => undefined);
-    for (const m of mountsUnder(this.paths.sandboxRun(id))) native().unmount(m, true);
+    for (const m of this.proc.mountsUnder(this.paths.sandboxRun(id))) this.native.unmount(m, true);
     await this.layers.deleteUpper(id);
     fs.rmSync(this.paths.sandboxRun(id), { recursive: true, force: true });
     this.cgroups.remove(this.cgroupName(id));
