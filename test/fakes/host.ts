@@ -238,7 +238,7 @@ export class FakeHost {
     const notFaked = (name: string) => () => {
       throw new Error(`native.${name} is not part of the fake`);
     };
-    const host = this;
+    const makeWatcher = (onExit: (id: number) => void) => new FakePidWatcher(this, onExit);
     return {
       mountOverlay: (target: string) => {
         this.record(`native.mountOverlay ${target}`);
@@ -255,11 +255,10 @@ export class FakeHost {
       criuCgroupModes: { ignore: 0, none: 1, props: 2, soft: 3, full: 4, strict: 5 },
       criuNetworkLocks: { iptables: 1, nftables: 2, skip: 3 },
       openFlags: { O_PATH: 0o10000000, O_DIRECTORY: 0o200000, O_NOFOLLOW: 0o400000, O_NONBLOCK: 0o4000 },
-      PidWatcher: class extends FakePidWatcher {
-        constructor(onExit: (id: number) => void) {
-          super(host, onExit);
-        }
-      },
+      // `new native.PidWatcher(onExit)`: a constructor that returns the fake.
+      PidWatcher: function (onExit: (id: number) => void) {
+        return makeWatcher(onExit);
+      } as unknown as NativeBinding['PidWatcher'],
       filesystemType: notFaked('filesystemType'),
       subvolumeCreate: notFaked('subvolumeCreate'),
       subvolumeSnapshot: notFaked('subvolumeSnapshot'),
