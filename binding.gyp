@@ -4,7 +4,7 @@
   # unshare/setns/pivot_root happen in a separate process, as node-pty's
   # spawn-helper and runc's nsenter do), and the sandbox's static init.
   # libcriu comes from the private CRIU prefix that scripts/provision-host.sh
-  # installs (see docs/ARCHITECTURE.md, "CRIU on a stock Debian 12"). The
+  # installs (see docs/ARCHITECTURE.md, "CRIU 4.2.1 from Debian forky"). The
   # helper links libcap, and its syscall filter is compiled at build time with
   # libseccomp (Debian's libcap-dev, libseccomp-dev; native/helper/confine.c).
   "variables": {

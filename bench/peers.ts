@@ -2,7 +2,7 @@
  * The alternatives a user would reach for instead of Lockstep, measured on
  * the same workloads in the same run:
  *  - the CRIU command line plus `cp -a` of the sandbox's writable layer
- *    (same CRIU 4.1.1 binary and the same dump/restore options Lockstep
+ *    (same CRIU binary and the same dump/restore options Lockstep
  *    uses, see src/checkpoints/process-image.ts; every call pays CRIU's
  *    exec and its kernel-feature probe, which is what a user pays);
  *  - `cp -a` alone for the workspace-size workload;

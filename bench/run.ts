@@ -82,7 +82,7 @@ function read(file: string): string | undefined {
   }
 }
 
-/** "CRIU 4.1.1": the binary Lockstep's service and the CLI peer both run (provisioning may replace it). */
+/** "CRIU 4.2.1": the binary Lockstep's service and the CLI peer both run (provisioning may replace it). */
 function criuVersion(): string {
   try {
     return `CRIU ${execFileSync(criuBinary(), ['--version'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).split('\n')[0]!.replace(/^Version:\s*/, '').trim()}`;

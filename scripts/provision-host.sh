@@ -15,7 +15,8 @@
 #    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates,
 #    libseccomp-dev and libcap-dev (the helper's syscall filter and
 #    capability sets), and the toolchain the native build needs (g++, make,
-#    python3 for node-gyp, libc6-dev for the static init).
+#    python3 for node-gyp, libc6-dev for the static init), and clang-format
+#    (`npm run lint` checks the C and C++ sources with it).
 #  - CRIU 4.2 from Debian forky (testing) into a private prefix, /opt/lockstep/criu,
 #    together with its libc and criu's other runtime libraries: bookworm's
 #    criu 3.17 fails `criu check` on this kernel; trixie's 4.1.1 cannot dump
@@ -64,6 +65,7 @@ PKGS=(
 	libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a
 	libseccomp-dev:/usr/include/seccomp.h
 	libcap-dev:/usr/include/sys/capability.h
+	clang-format:/usr/bin/clang-format
 )
 PROVIDED=(
 	/usr/bin/containerd /usr/sbin/runc

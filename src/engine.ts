@@ -7,27 +7,29 @@
 import fs from 'node:fs';
 import type { Catalog, SandboxRow } from './catalog/catalog.js';
 import type { CgroupDriver } from './host/cgroups.js';
-import type { CriuService } from './host/criu-service.js';
-import type { Supervisor } from './host/supervisor.js';
 import type { ImageStore } from './images/image-store.js';
-import type { LayerStore } from './layers/layer-store.js';
 import type { StatePaths } from './paths.js';
 import type { SandboxRuntime, SandboxHost } from './sandboxes/runtime.js';
 import type { InitWatcher } from './sandboxes/init-watcher.js';
 import type { FaultHook } from './faults.js';
 import type { Logger } from './log.js';
 import type { AgentState } from './agent-state/agent-state.js';
-import { native } from './native/binding.js';
+import type { LockstepConfig } from './config.js';
+import type { Clock, CriuClient, HelperClient, LayerPort, NativeBinding, ProcessTable } from './ports.js';
 import { InvalidStateError } from './errors.js';
-import { sleep } from './host/proc.js';
 
 export interface Engine {
+  config: LockstepConfig;
   paths: StatePaths;
   catalog: Catalog;
+  /** The ports (src/ports.ts): production ones unless open() was given others. */
+  native: NativeBinding;
+  proc: ProcessTable;
+  clock: Clock;
   cgroups: CgroupDriver;
-  layers: LayerStore;
-  supervisor: Supervisor;
-  criu: CriuService;
+  layers: LayerPort;
+  supervisor: HelperClient;
+  criu: CriuClient;
   images: ImageStore;
   runtime: SandboxRuntime;
   log: Logger;
@@ -47,10 +49,14 @@ export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
   return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname, diskBytes: row.disk_bytes, idBase: row.id_base };
 }
 
-/** In-process queue + cross-process flock on <run>/sandboxes/<id>/lock. */
+/** In-process queue + cross-process flock on <run>/locks/<id> (StatePaths.sandboxLock). */
 export class SandboxLocks {
   private readonly chains = new Map<string, Promise<unknown>>();
-  constructor(private readonly lockFile: (id: string) => string) {}
+  constructor(
+    private readonly lockFile: (id: string) => string,
+    private readonly flock: NativeBinding['flock'],
+    private readonly clock: Clock,
+  ) {}
 
   async with<T>(id: string, fn: () => Promise<T>, timeoutMs = 60_000): Promise<T> {
     const prev = this.chains.get(id) ?? Promise.resolve();
@@ -62,10 +68,10 @@ export class SandboxLocks {
     let fd: number | undefined;
     try {
       fd = fs.openSync(this.lockFile(id), fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
-      const deadline = Date.now() + timeoutMs;
-      while (!native().flock(fd, true)) {
-        if (Date.now() > deadline) throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, { sandboxId: id });
-        await sleep(5);
+      const deadline = this.clock.now() + timeoutMs;
+      while (!this.flock(fd, true)) {
+        if (this.clock.now() > deadline) throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, { sandboxId: id });
+        await this.clock.sleep(5);
       }
       return await fn();
     } finally {

@@ -4,13 +4,125 @@
  * failure (a native SystemError, a CRIU log, an SQLite error) is kept as `cause`.
  */
 
+/**
+ * Every code Lockstep reports, thrown or in an answer body. A new code goes
+ * here first: src/http/errors.ts must then give it a status (the compiler
+ * checks), and test/unit/error-codes.test.ts checks that every code thrown in
+ * src/ is listed.
+ */
+export const ERROR_CODES = [
+  // Bad input
+  'INVALID_ARGUMENT',
+  'INVALID_JSON',
+  'BAD_REQUEST',
+  'USAGE',
+  'PATH_ESCAPES_SANDBOX',
+  'CONTEXT_FORMAT_UNSUPPORTED',
+  'FILE_TYPE_NOT_SUPPORTED',
+  'FILE_TOO_LARGE',
+  'PAYLOAD_TOO_LARGE',
+  'UNSUPPORTED_MEDIA_TYPE',
+  'LIMIT_UNSUPPORTED',
+  'QUOTA_EXCEEDED',
+  'UNAUTHENTICATED',
+  // Not found
+  'SANDBOX_NOT_FOUND',
+  'IMAGE_NOT_FOUND',
+  'CHECKPOINT_NOT_FOUND',
+  'EFFECT_NOT_FOUND',
+  'OBSERVATION_NOT_FOUND',
+  'CONTEXT_NOT_FOUND',
+  'LAYER_NOT_FOUND',
+  'TENANT_NOT_FOUND',
+  'FILE_NOT_FOUND',
+  'ROUTE_NOT_FOUND',
+  'DOCKER_IMAGE_NOT_FOUND',
+  // Conflicts with the current state
+  'IMAGE_EXISTS',
+  'TENANT_EXISTS',
+  'SANDBOX_BUSY',
+  'SANDBOX_NOT_RUNNING',
+  'IMAGE_IN_USE',
+  'TENANT_HAS_SANDBOXES',
+  'FILE_BUSY',
+  'CHECKPOINT_DAMAGED',
+  'EFFECT_OUTCOME_UNKNOWN',
+  'EFFECT_NOT_UNKNOWN',
+  'EFFECT_NOT_COMPENSABLE',
+  'EFFECT_ALREADY_SETTLED',
+  'ROLLBACK_REFUSED_IRREVERSIBLE',
+  'IDEMPOTENCY_KEY_CONFLICT',
+  'IDEMPOTENCY_KEY_IN_PROGRESS',
+  'IDEMPOTENCY_KEY_REUSED',
+  'AGENT_STATE_SCHEMA_TOO_NEW',
+  'LANGGRAPH_SANDBOX_DIVERGED',
+  'LANGGRAPH_CONTEXT_MISSING',
+  'CGROUP_TIMEOUT',
+  // Commands and forks that did not finish
+  'COMMAND_TIMEOUT',
+  'COMMAND_ABORTED',
+  'FORK_ABORTED',
+  'FORK_FAILED',
+  'SERVER_SHUTTING_DOWN',
+  // Disk
+  'DISK_QUOTA_EXCEEDED',
+  'DISK_FULL',
+  // The host is not set up (`lockstep setup` fixes most)
+  'NATIVE_NOT_BUILT',
+  'NATIVE_LOAD_FAILED',
+  'NATIVE_BUILD_FAILED',
+  'UNSUPPORTED_PLATFORM',
+  'CRIU_NOT_INSTALLED',
+  'HOST_PROVISIONING_FAILED',
+  'CATALOG_TOO_NEW',
+  'CONFIG_INVALID',
+  // The host or the manager failed
+  'NOT_ROOT',
+  'HOME_LOCKED',
+  'MANAGER_CLOSED',
+  'CRIU_TOO_OLD',
+  'CRIU_UNAVAILABLE',
+  'CRIU_CHECK_FAILED',
+  'CRIU_DUMP_FAILED',
+  'CRIU_RESTORE_FAILED',
+  'SUPERVISOR_TIMEOUT',
+  'SUPERVISOR_START_FAILED',
+  'HELPER_NO_ANSWER',
+  'HELPER_FAILED',
+  'SANDBOX_INIT_DIED',
+  'SANDBOX_ENTER_FAILED',
+  'OVERLAY_MOUNT_FAILED',
+  'LAYER_STORE_FAILED',
+  'LAYER_STORE_MOUNT_FAILED',
+  'BTRFS_UNAVAILABLE',
+  'DISK_QUOTA_UNAVAILABLE',
+  'CGROUP_UNAVAILABLE',
+  'CGROUP_CONTROLLERS',
+  'DOCKER_IMPORT_FAILED',
+  'IMAGE_BUILD_FAILED',
+  'FILE_ACCESS_FAILED',
+  'CHECKPOINT_CORRUPT',
+  'SUPERVISOR_UNREACHABLE',
+  'HOME_NOT_SEARCHABLE',
+  'ID_RANGES_EXHAUSTED',
+  'INTERNAL',
+] as const;
+
+/** A stable error code (see ERROR_CODES). */
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+/** Kinds of things NotFoundError names; each has a `<KIND>_NOT_FOUND` code. */
+export type NotFoundKind = 'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant';
+/** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
+export type ExistingKind = 'image' | 'tenant';
+
 /** Base class of every error Lockstep throws. */
 export class LockstepError extends Error {
-  readonly code: string;
+  readonly code: ErrorCode;
   /** Extra structured facts for callers and logs (ids, paths, log tails). */
   readonly details: Record<string, unknown>;
 
-  constructor(code: string, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
+  constructor(code: ErrorCode, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = new.target.name;
     this.code = code;
@@ -36,22 +148,22 @@ export class InvalidArgumentError extends LockstepError {
 /** A named thing (sandbox, image, checkpoint, effect, ...) does not exist, or is not visible to the caller. */
 export class NotFoundError extends LockstepError {
   /** `hint`: what to do about it, appended to the message. */
-  constructor(kind: 'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant', id: string, hint?: string) {
+  constructor(kind: NotFoundKind, id: string, hint?: string) {
     const what = kind === 'image' || kind === 'tenant' ? `named ${JSON.stringify(id)}` : `with id ${JSON.stringify(id)}`;
-    super(`${kind.toUpperCase()}_NOT_FOUND`, `No ${kind} ${what}${hint ? `: ${hint}` : ''}`, { details: { kind, id } });
+    super(`${kind.toUpperCase() as Uppercase<NotFoundKind>}_NOT_FOUND`, `No ${kind} ${what}${hint ? `: ${hint}` : ''}`, { details: { kind, id } });
   }
 }
 
 /** Something with that name already exists. */
 export class AlreadyExistsError extends LockstepError {
-  constructor(kind: string, id: string) {
-    super(`${kind.toUpperCase()}_EXISTS`, `A ${kind} named ${JSON.stringify(id)} already exists`, { details: { kind, id } });
+  constructor(kind: ExistingKind, id: string) {
+    super(`${kind.toUpperCase() as Uppercase<ExistingKind>}_EXISTS`, `A ${kind} named ${JSON.stringify(id)} already exists`, { details: { kind, id } });
   }
 }
 
 /** The object is in a state that does not allow the operation (stopped sandbox, image in use, ...). */
 export class InvalidStateError extends LockstepError {
-  constructor(code: string, message: string, details: Record<string, unknown> = {}) {
+  constructor(code: ErrorCode, message: string, details: Record<string, unknown> = {}) {
     super(code, message, { details });
   }
 }
@@ -76,7 +188,7 @@ export class LimitUnsupportedError extends LockstepError {
 
 /** The host lacks something Lockstep needs (CRIU, btrfs, cgroup controller, root). */
 export class HostError extends LockstepError {
-  constructor(code: string, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
+  constructor(code: ErrorCode, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
     super(code, message, options);
   }
 }
@@ -87,7 +199,7 @@ export class SystemCallError extends LockstepError {
   readonly syscall: string | undefined;
   readonly path: string | undefined;
   readonly sysCode: string | undefined;
-  constructor(code: string, message: string, cause: NativeErrorLike) {
+  constructor(code: ErrorCode, message: string, cause: NativeErrorLike) {
     super(code, message, {
       cause,
       details: { errno: cause.errno, syscall: cause.syscall, path: cause.path, sysCode: cause.code },

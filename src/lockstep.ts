@@ -12,13 +12,13 @@ import { Supervisor } from './host/supervisor.js';
 import { DockerEngine, type DockerPort } from './images/docker.js';
 import { ImageStore } from './images/image-store.js';
 import { LayerStore } from './layers/layer-store.js';
-import { StatePaths, resolveHome } from './paths.js';
+import { StatePaths } from './paths.js';
 import { SandboxRuntime } from './sandboxes/runtime.js';
 import { InitWatcher } from './sandboxes/init-watcher.js';
 import { SandboxLocks, type Engine } from './engine.js';
 import { envFaultHook, type FaultHook } from './faults.js';
 import { createLogger, type Logger } from './log.js';
-import { assertSupportedPlatform, native } from './native/binding.js';
+import { assertSupportedPlatform, native as loadNative } from './native/binding.js';
 import { HostError, InvalidArgumentError } from './errors.js';
 import { reap, type ReapReport } from './reaper.js';
 import { AgentState } from './agent-state/agent-state.js';
@@ -27,19 +27,45 @@ import { migrateTenants } from './tenants/tenants.js';
 import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
-import { mountPropagation, mountsUnder, sleep } from './host/proc.js';
 import { openHomeForUserNamespaces, userNamespacesWanted } from './sandboxes/id-ranges.js';
+import { resolveConfig, type ConfigOptions, type LockstepConfig } from './config.js';
+import { procfs, systemClock, type Clock, type CriuClient, type HelperClient, type LayerPort, type NativeBinding, type ProcessTable } from './ports.js';
 
 export interface OpenOptions {
   /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */
   home?: string | undefined;
+  /** Settings that beat their environment variables (src/config.ts); resolved once, here. */
+  config?: ConfigOptions | undefined;
   logger?: Logger | undefined;
   docker?: DockerPort | undefined;
-  cgroups?: CgroupDriver | undefined;
   /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
   fault?: FaultHook | undefined;
   /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: yes, unless LOCKSTEP_USERNS=off). */
   userNamespaces?: boolean | undefined;
+  // The ports (src/ports.ts). Each defaults to the real host's; a manager
+  // given all the privileged ones (native, helper, criu, cgroups, layers)
+  // does not need root, which is how test/unit/ runs the engine.
+  /** The native addon's surface. */
+  native?: NativeBinding | undefined;
+  /** The supervisor client (starts inits and the CRIU service). */
+  helper?: HelperClient | undefined;
+  criu?: CriuClient | undefined;
+  cgroups?: CgroupDriver | undefined;
+  layers?: LayerPort | undefined;
+  proc?: ProcessTable | undefined;
+  clock?: Clock | undefined;
+}
+
+/** What open() has resolved before it takes the state directory's lock. */
+interface Opening {
+  opts: OpenOptions;
+  config: LockstepConfig;
+  native: NativeBinding;
+  proc: ProcessTable;
+  clock: Clock;
+  paths: StatePaths;
+  lockFd: number;
+  fault: FaultHook;
 }
 
 /** Manager of one state directory. */
@@ -62,19 +88,23 @@ export class Lockstep {
   /** Opens (and if needed initialises) a state directory; reaps what a crashed manager left. */
   static async open(opts: OpenOptions = {}): Promise<Lockstep> {
     assertSupportedPlatform();
-    if (process.getuid?.() !== 0) throw new HostError('NOT_ROOT', 'Lockstep manages namespaces, cgroups and mounts: run it as root');
-    const paths = new StatePaths(resolveHome(opts.home));
+    const privileged = !(opts.native && opts.helper && opts.criu && opts.cgroups && opts.layers);
+    if (privileged && process.getuid?.() !== 0) throw new HostError('NOT_ROOT', 'Lockstep manages namespaces, cgroups and mounts: run it as root');
+    const config = resolveConfig({ ...opts.config, home: opts.home ?? opts.config?.home });
+    const native = opts.native ?? loadNative();
+    const paths = new StatePaths(config.home);
     fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 });
     fs.chmodSync(paths.home, 0o700);
     for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun, paths.locks]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
 
     const lockFd = fs.openSync(paths.managerLock, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
-    const fault = opts.fault ?? envFaultHook();
+    const fault = opts.fault ?? envFaultHook(config.fault);
     // A manager that failed to open must let go of the lock (other managers
     // would wait for it, then fail with HOME_LOCKED) and of the database.
     const opened: { catalog?: Catalog } = {};
     try {
-      return await Lockstep.openLocked(opts, paths, lockFd, fault, (c) => (opened.catalog = c));
+      const opening: Opening = { opts, config, native, proc: opts.proc ?? procfs, clock: opts.clock ?? systemClock, paths, lockFd, fault };
+      return await Lockstep.openLocked(opening, (c) => (opened.catalog = c));
     } catch (e) {
       try {
         opened.catalog?.close();
@@ -86,45 +116,50 @@ export class Lockstep {
   }
 
   /** open()'s steps once the state directory's lock file is open; open() unwinds them on failure. */
-  private static async openLocked(opts: OpenOptions, paths: StatePaths, lockFd: number, fault: FaultHook, opened: (c: Catalog) => void): Promise<Lockstep> {
-    const exclusive = native().flock(lockFd, true);
+  private static async openLocked(opening: Opening, opened: (c: Catalog) => void): Promise<Lockstep> {
+    const { opts, config, native, proc, clock, paths, lockFd, fault } = opening;
+    const exclusive = native.flock(lockFd, true);
     if (!exclusive) {
-      for (let i = 0; !native().flock(lockFd, false); i++) {
+      for (let i = 0; !native.flock(lockFd, false); i++) {
         if (i > 2000) throw new HostError('HOME_LOCKED', `Cannot open ${paths.home}: another manager holds it exclusively`);
-        await sleep(5);
+        await clock.sleep(5);
       }
     }
 
-    const log = opts.logger ?? createLogger();
+    const log = opts.logger ?? createLogger(config.logLevel);
     const catalog = new Catalog(paths.catalog, [migrateAgentState, migrateTenants]);
     opened(catalog);
     fault('open:catalog');
-    const layers = LayerStore.open(paths);
-    ensureSharedRunFolder(paths.sandboxesRun);
+    const layers = opts.layers ?? LayerStore.open(paths, config);
+    ensureSharedRunFolder(native, proc, paths.sandboxesRun);
     const userNamespaces = userNamespacesWanted(opts.userNamespaces);
     if (userNamespaces) openHomeForUserNamespaces(paths);
-    const supervisor = new Supervisor(paths);
+    const supervisor = opts.helper ?? new Supervisor(paths, config.criuBinary);
     await supervisor.ensureRunning();
     const cgroups = opts.cgroups ?? detectCgroups();
     const homeTag = createHash('sha256').update(paths.home).digest('hex').slice(0, 10);
-    const runtime = new SandboxRuntime(paths, cgroups, layers, supervisor, homeTag);
+    const runtime = new SandboxRuntime(paths, cgroups, layers, supervisor, homeTag, native, proc);
     let docker: DockerPort | undefined = opts.docker;
-    const images = new ImageStore(paths, catalog, () => (docker ??= new DockerEngine()));
-    const locks = new SandboxLocks((id) => paths.sandboxLock(id));
+    const images = new ImageStore(paths, catalog, () => (docker ??= new DockerEngine({ socketPath: config.dockerSocket })));
+    const locks = new SandboxLocks((id) => paths.sandboxLock(id), native.flock.bind(native), clock);
     const withSandboxLock: Engine['withSandboxLock'] = (id, fn, o) => locks.with(id, fn, o?.timeoutMs);
     const engine: Engine = {
+      config,
       paths,
       catalog,
+      native,
+      proc,
+      clock,
       cgroups,
       layers,
       supervisor,
-      criu: new CriuService(paths, supervisor),
+      criu: opts.criu ?? new CriuService(paths, supervisor, config, native),
       images,
       runtime,
       log,
       fault,
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
-      inits: new InitWatcher(catalog, runtime, withSandboxLock, log),
+      inits: new InitWatcher(catalog, runtime, withSandboxLock, log, (onExit) => new native.PidWatcher(onExit)),
       userNamespaces,
       withSandboxLock,
       drainLocks: () => locks.drain(),
@@ -134,7 +169,7 @@ export class Lockstep {
       reaped = await reap(engine);
       fault('open:reaped');
       if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length) log.warn({ reaped }, 'cleaned up after a previous manager');
-      native().flock(lockFd, false); // downgrade: other managers may now share the directory
+      native.flock(lockFd, false); // downgrade: other managers may now share the directory
     }
     // Every init found running is watched from now on (the reaper has
     // already stopped the ones that died while no manager was open).
@@ -176,7 +211,7 @@ export class Lockstep {
   }
 
   /** Removes sandboxes whose lifetime (create's timeoutMs) has passed; returns their ids. */
-  async sweepExpired(now = Date.now()): Promise<string[]> {
+  async sweepExpired(now = this.engine.clock.now()): Promise<string[]> {
     this.assertOpen();
     const expired = this.engine.catalog.allSandboxes().filter((s) => s.expires_at !== null && s.expires_at <= now && s.state !== 'removing');
     for (const s of expired) await this.engine.withSandboxLock(s.id, () => removeSandbox(this.engine, s.id)).catch((err) => this.engine.log.warn({ err, sandboxId: s.id }, 'could not remove an expired sandbox'));
@@ -211,8 +246,9 @@ export class Lockstep {
     } catch {
       /* not empty: a sandbox of this directory could not be removed */
     }
-    for (const m of mountsUnder(this.engine.paths.run)) native().unmount(m, true);
-    LayerStore.unmount(this.engine.paths);
+    for (const m of this.engine.proc.mountsUnder(this.engine.paths.run)) this.engine.native.unmount(m, true);
+    // An injected layer store is its owner's to unmount.
+    if (this.engine.layers instanceof LayerStore) LayerStore.unmount(this.engine.paths);
     if (opts.deleteFiles) fs.rmSync(this.home, { recursive: true, force: true });
   }
 
@@ -226,8 +262,8 @@ export class Lockstep {
  * namespaces mounted there later also appear in the CRIU service's mount
  * namespace (a slave of the host's).
  */
-function ensureSharedRunFolder(dir: string): void {
-  const propagation = mountPropagation(dir);
+function ensureSharedRunFolder(native: NativeBinding, proc: ProcessTable, dir: string): void {
+  const propagation = proc.mountPropagation(dir);
   if (propagation === 'shared') return;
-  native().makeSharedMount(dir, propagation === undefined);
+  native.makeSharedMount(dir, propagation === undefined);
 }

@@ -1,6 +1,7 @@
 /** Structured logging: one pino root logger, child loggers bound to sandbox and checkpoint ids. */
 import fs from 'node:fs';
 import pino from 'pino';
+import { DEFAULTS, envValue } from './config.js';
 
 export type Logger = pino.Logger;
 
@@ -37,7 +38,7 @@ export function journalDestination(dest: pino.DestinationStream): pino.Destinati
 }
 
 /** Logs JSON to stderr; LOCKSTEP_LOG_LEVEL sets the level (default warn, so CLI output stays clean). */
-export function createLogger(level = process.env.LOCKSTEP_LOG_LEVEL ?? 'warn'): Logger {
+export function createLogger(level: string = envValue('LOCKSTEP_LOG_LEVEL') ?? DEFAULTS.logLevel): Logger {
   const dest = pino.destination(2);
   return pino({ level, base: { app: 'lockstep' } }, stderrIsJournal() ? journalDestination(dest) : dest);
 }

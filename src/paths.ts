@@ -4,12 +4,13 @@
  * creates things agree on where they live.
  */
 import path from 'node:path';
+import { DEFAULT_HOME, envValue } from './config.js';
 
-export const DEFAULT_HOME = '/var/lib/lockstep';
+export { DEFAULT_HOME };
 
 /** Resolves the state directory: explicit option, then LOCKSTEP_HOME, then the default. */
 export function resolveHome(home?: string): string {
-  return path.resolve(home ?? process.env.LOCKSTEP_HOME ?? DEFAULT_HOME);
+  return path.resolve(home ?? envValue('LOCKSTEP_HOME') ?? DEFAULT_HOME);
 }
 
 /** Every path inside one state directory. */

@@ -18,8 +18,6 @@ import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/r
 import { hasStandbyFor } from './checkpoints/standby.js';
 import { verifyCheckpoint } from './checkpoints/integrity.js';
 import { removeSandbox } from './sandboxes/remove.js';
-import { isAlive, startTime, mountsUnder } from './host/proc.js';
-import { native } from './native/binding.js';
 
 export interface ReapReport {
   operations: string[];
@@ -29,7 +27,7 @@ export interface ReapReport {
 
 export async function reap(engine: Engine): Promise<ReapReport> {
   const report: ReapReport = { operations: [], sandboxes: [], orphans: [] };
-  const { catalog, runtime, layers, paths, cgroups } = engine;
+  const { catalog, runtime, layers, paths, cgroups, proc } = engine;
 
   // A dead manager's CRIU call may still be running in the service: stop it
   // before its checkpoint is discarded or its sandbox thawed.
@@ -107,9 +105,9 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       } catch {
         /* no cgroup */
       }
-      const alive = row.init_pid !== null && isAlive(row.init_pid) && startTime(row.init_pid) === row.init_start;
+      const alive = row.init_pid !== null && proc.isAlive(row.init_pid) && proc.startTime(row.init_pid) === row.init_start;
       // A warm standby whose processes are gone is of no use: drop it.
-      if (row.standby_instance && !(row.standby_pid !== null && isAlive(row.standby_pid) && startTime(row.standby_pid) === row.standby_start)) {
+      if (row.standby_instance && !(row.standby_pid !== null && proc.isAlive(row.standby_pid) && proc.startTime(row.standby_pid) === row.standby_start)) {
         await runtime.destroy(row.standby_instance).catch(() => undefined);
         catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
       }
@@ -139,7 +137,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   // Writable layers.
   for (const id of layers.listUppers()) {
     if (!known.has(id)) {
-      for (const m of mountsUnder(paths.sandboxRoot(id))) native().unmount(m, true);
+      for (const m of proc.mountsUnder(paths.sandboxRoot(id))) engine.native.unmount(m, true);
       await layers.deleteUpper(id);
       report.orphans.push(`upper:${id}`);
     }

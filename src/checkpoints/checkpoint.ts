@@ -117,7 +117,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     // the commit waits on the disk, the hashing on the CPU.
     const tp = performance.now();
     const [, images] = await Promise.all([layers.sync(), hashProcessImage(imagesDir)]);
-    const checksums: CheckpointChecksums = { images, layer: layerFingerprint(paths.layer(layerId)) };
+    const checksums: CheckpointChecksums = { images, layer: layerFingerprint(engine.native, paths.layer(layerId)) };
     t.persistMs = performance.now() - tp;
     engine.fault('checkpoint:persisted');
 

@@ -8,7 +8,6 @@
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { startTime } from '../host/proc.js';
 import { restoreNewInstance } from './process-image.js';
 import { freeIdBase } from '../sandboxes/id-ranges.js';
 import { verifyCheckpoint } from './integrity.js';
@@ -61,7 +60,7 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     engine.fault('fork:restored');
     catalog.tx(() => {
       catalog.insertLayer(`upper_${id}`, 'upper', id);
-      catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null });
+      catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: engine.proc.startTime(pid) ?? null });
       engine.agent.onFork(parent, ckpt, catalog.sandbox(id)!);
       onCreated?.(catalog.sandbox(id)!);
       catalog.endOperation(opId);

@@ -22,7 +22,7 @@ import { createHash } from 'node:crypto';
 import type { CheckpointRow } from '../catalog/catalog.js';
 import { LockstepError } from '../errors.js';
 import type { Engine } from '../engine.js';
-import { native } from '../native/binding.js';
+import type { NativeBinding } from '../native/binding.js';
 
 /** What a checkpoint's files were when it was taken (stored as JSON in checkpoints.checksums). */
 export interface CheckpointChecksums {
@@ -62,8 +62,8 @@ export async function hashProcessImage(dir: string): Promise<CheckpointChecksums
 }
 
 /** The layer's identity and last-change transaction (O(1)). */
-export function layerFingerprint(layerDir: string): CheckpointChecksums['layer'] {
-  const info = native().subvolumeInfo(layerDir);
+export function layerFingerprint(native: Pick<NativeBinding, 'subvolumeInfo'>, layerDir: string): CheckpointChecksums['layer'] {
+  const info = native.subvolumeInfo(layerDir);
   return { uuid: info.uuid, ctransid: info.ctransid };
 }
 
@@ -79,7 +79,7 @@ export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | nu
  * in full. A checkpoint taken before checksums were recorded passes (there
  * is nothing to compare with).
  */
-export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log'>, ckpt: CheckpointRow): Promise<void> {
+export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log' | 'native'>, ckpt: CheckpointRow): Promise<void> {
   const recorded = recordedChecksums(ckpt);
   if (!recorded) {
     engine.log.debug({ checkpointId: ckpt.id }, 'checkpoint has no recorded checksums; not verified');
@@ -88,7 +88,7 @@ export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log'>, ck
   const layerDir = engine.paths.layer(ckpt.layer_id);
   let layer: CheckpointChecksums['layer'];
   try {
-    layer = layerFingerprint(layerDir);
+    layer = layerFingerprint(engine.native, layerDir);
   } catch (e) {
     throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, `cannot be read (${(e as Error).message})`);
   }

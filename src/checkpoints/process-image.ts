@@ -13,14 +13,14 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { native, type CriuRequest } from '../native/binding.js';
+import type { CriuRequest } from '../native/binding.js';
 import type { Engine } from '../engine.js';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import { limitsOf } from '../sandboxes/create.js';
 import { processImageForRange, shiftLayerOwners } from './id-shift.js';
 
 export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string): CriuRequest & { imagesDir: string; pid: number } {
-  const b = native();
+  const b = engine.native;
   return {
     op: 'dump',
     imagesDir,
@@ -32,12 +32,12 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
-    logLevel: Number(process.env.LOCKSTEP_CRIU_LOG_LEVEL ?? 2),
+    logLevel: engine.config.criuLogLevel,
   };
 }
 
 export function restoreOptions(engine: Engine, instance: string, imagesDir: string, idBase: number | null): Omit<CriuRequest, 'op'> & { imagesDir: string; workDirOwner?: number } {
-  const b = native();
+  const b = engine.native;
   return {
     imagesDir,
     root: engine.paths.sandboxRoot(instance),
@@ -46,7 +46,7 @@ export function restoreOptions(engine: Engine, instance: string, imagesDir: stri
     cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(instance)),
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
-    logLevel: Number(process.env.LOCKSTEP_CRIU_LOG_LEVEL ?? 2),
+    logLevel: engine.config.criuLogLevel,
     ...(idBase === null ? {} : { workDirOwner: idBase }),
   };
 }

@@ -15,7 +15,6 @@ import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.j
 import { InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { hostOf } from '../engine.js';
-import { startTime } from '../host/proc.js';
 import { restoreOptions } from './process-image.js';
 import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
 import { SandboxFiles } from '../sandboxes/files.js';
@@ -155,7 +154,7 @@ async function abandonSwap(engine: Engine, row: SandboxRow, opId: string): Promi
 export function commitRollback(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, pid: number, branchId: string, extra: Partial<SandboxRow> = {}) {
   const { catalog } = engine;
   const parts = catalog.tx(() => {
-    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer, ...extra });
+    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: engine.proc.startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer, ...extra });
     const parts = engine.agent.onRollback(row, ckpt, opId);
     engine.fault('rollback:commit');
     catalog.endOperation(opId);

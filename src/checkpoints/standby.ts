@@ -14,23 +14,17 @@
 import { randomBytes } from 'node:crypto';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
-import { startTime } from '../host/proc.js';
 import { isInitOf } from '../sandboxes/identity.js';
 import { restoreNewInstance } from './process-image.js';
 import { verifyCheckpoint } from './integrity.js';
 import { checkStandbyQuota, tenantOf } from '../tenants/quotas.js';
-
-/** STANDBY=off disables it (memory-tight hosts); on by default. */
-export function standbyEnabled(): boolean {
-  return process.env.LOCKSTEP_STANDBY !== 'off';
-}
 
 /**
  * True when the sandbox has a live standby for this checkpoint: its pid is
  * still the process restored then (start time) and a member of the standby's
  * cgroup, which stays frozen until the swap, so the answer holds until then.
  */
-export function hasStandbyFor(engine: Pick<Engine, 'cgroups' | 'runtime'>, row: SandboxRow, checkpointId: string): boolean {
+export function hasStandbyFor(engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>, row: SandboxRow, checkpointId: string): boolean {
   return row.standby_checkpoint === checkpointId && row.standby_instance !== null && isInitOf(engine, row.standby_instance, row.standby_pid, row.standby_start);
 }
 
@@ -80,7 +74,7 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
     // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.
     const fresh = engine.catalog.sandbox(sandboxId);
     if (!fresh || fresh.state !== 'running') throw new Error('sandbox changed while its standby was prepared');
-    const start = startTime(pid) ?? null;
+    const start = engine.proc.startTime(pid) ?? null;
     if (!isInitOf(engine, key, pid, start)) throw new Error('the restored standby exited before it was frozen');
     // Checked again with the commit, in the same tick: another sandbox of
     // the tenant may have taken the room while this one was restoring.

@@ -4,6 +4,7 @@
  * documented in the README ("Exit codes").
  */
 import { LockstepError } from '../errors.js';
+import { envValue } from '../config.js';
 
 export const EXIT = {
   ok: 0,
@@ -14,7 +15,7 @@ export const EXIT = {
   host: 5,
 } as const;
 
-export const useColor = () => process.stdout.isTTY === true && !process.env.NO_COLOR && !process.env.CI;
+export const useColor = () => process.stdout.isTTY === true && !envValue('NO_COLOR') && !envValue('CI');
 
 export function printJson(value: unknown): void {
   process.stdout.write(JSON.stringify(value, null, 2) + '\n');
@@ -44,7 +45,7 @@ export function reportError(e: unknown, json: boolean): number {
   } else {
     const msg = e instanceof Error ? e.message : String(e);
     process.stderr.write(`lockstep: ${msg}\n`);
-    if (!(e instanceof LockstepError) && process.env.LOCKSTEP_DEBUG) process.stderr.write(`${(e as Error).stack}\n`);
+    if (!(e instanceof LockstepError) && envValue('LOCKSTEP_DEBUG')) process.stderr.write(`${(e as Error).stack}\n`);
   }
   return code;
 }
@@ -61,7 +62,7 @@ export class Progress {
   private timer: NodeJS.Timeout | undefined;
   private text = '';
   private frame = 0;
-  private readonly tty = process.stderr.isTTY === true && !process.env.CI;
+  private readonly tty = process.stderr.isTTY === true && !envValue('CI');
   /** ttyOnly: for short operations, draw on a terminal but print nothing to a pipe or log. */
   constructor(
     private readonly quiet = false,

@@ -14,6 +14,7 @@ import { tenantUsage } from '../tenants/quotas.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { intFlag, need, parse } from './args.js';
 import { withLockstep } from './session.js';
+import { envValue } from '../config.js';
 
 type Handler = (argv: string[]) => Promise<number>;
 
@@ -53,7 +54,7 @@ export const serverCommands: Record<string, Handler> = {
     );
     need(positionals, 0, usage);
     const { loadConfigFile, resolveServeConfig } = await import('../http/config.js');
-    const { file, config: fileConfig } = loadConfigFile(values.config ?? (process.env.LOCKSTEP_CONFIG || undefined));
+    const { file, config: fileConfig } = loadConfigFile(values.config ?? envValue('LOCKSTEP_CONFIG'));
     const cfg = resolveServeConfig(values, process.env, fileConfig);
     const logger = createLogger(cfg.logLevel);
     logger.info({ version: VERSION, config: file ?? null, stateDirectory: cfg.stateDirectory, sources: cfg.sources }, 'starting');

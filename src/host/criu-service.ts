@@ -6,14 +6,15 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { native, type CriuRequest } from '../native/binding.js';
+import { native as loadNative, type CriuRequest, type NativeBinding } from '../native/binding.js';
 import { CriuError, HostError, SETUP_HINT } from '../errors.js';
 import type { StatePaths } from '../paths.js';
-import type { Supervisor } from './supervisor.js';
+import type { CriuClient, CriuDumpRequest, CriuRestoreRequest, HelperClient } from '../ports.js';
+import { DEFAULTS, envValue } from '../config.js';
 import { sleep } from './proc.js';
 
-/** Where scripts/provision-host.sh puts the CRIU 4.x wrapper; LOCKSTEP_CRIU overrides. */
-export const criuBinary = () => process.env.LOCKSTEP_CRIU ?? '/opt/lockstep/bin/criu';
+/** Where scripts/provision-host.sh puts the CRIU 4.x wrapper; LOCKSTEP_CRIU overrides (a manager reads its config instead). */
+export const criuBinary = () => envValue('LOCKSTEP_CRIU') ?? DEFAULTS.criuBinary;
 export const MIN_CRIU_VERSION = 40000;
 
 /** Last lines of a CRIU log, errors first: what a person needs to act on a failure. */
@@ -32,22 +33,24 @@ export function criuLogTail(file: string, lines = 25): string {
 }
 
 /** The service socket is SOCK_SEQPACKET, so liveness is checked with a real RPC (version). */
-async function serviceVersion(socket: string): Promise<number | undefined> {
+async function serviceVersion(native: NativeBinding, socket: string): Promise<number | undefined> {
   if (!fs.existsSync(socket)) return undefined;
   try {
-    return await native().criu({ op: 'version', serviceAddress: socket });
+    return await native.criu({ op: 'version', serviceAddress: socket });
   } catch {
     return undefined;
   }
 }
 
 /** Client of the state directory's CRIU service. */
-export class CriuService {
+export class CriuService implements CriuClient {
   /** The version verified by the last successful RPC; reset when a call cannot reach the service. */
   private verified: number | undefined;
   constructor(
     private readonly paths: StatePaths,
-    private readonly supervisor: Supervisor,
+    private readonly supervisor: HelperClient,
+    private readonly options: { criuBinary: string; keepCriuLogs: boolean } = { criuBinary: criuBinary(), keepCriuLogs: envValue('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined },
+    private readonly native: NativeBinding = loadNative(),
   ) {}
 
   get address(): string {
@@ -59,9 +62,9 @@ export class CriuService {
     // A verified service is trusted until a call fails to reach it: the
     // version RPC costs ~0.6 ms, a visible share of a 20 ms checkpoint.
     if (this.verified !== undefined && fs.existsSync(this.paths.criuSocket)) return this.verified;
-    let v = await serviceVersion(this.paths.criuSocket);
+    let v = await serviceVersion(this.native, this.paths.criuSocket);
     if (v === undefined) {
-      const bin = criuBinary();
+      const bin = this.options.criuBinary;
       if (!fs.existsSync(bin)) {
         throw new HostError('CRIU_NOT_INSTALLED', `CRIU is not installed at ${bin}: ${SETUP_HINT}`);
       }
@@ -69,7 +72,7 @@ export class CriuService {
       await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket], { isolatedRun: true });
       for (let i = 0; i < 400 && v === undefined; i++) {
         await sleep(5);
-        v = await serviceVersion(this.paths.criuSocket);
+        v = await serviceVersion(this.native, this.paths.criuSocket);
       }
       if (v === undefined) throw new CriuError('CRIU_UNAVAILABLE', 'The CRIU service did not start', criuLogTail(this.paths.criuLog));
     }
@@ -83,17 +86,17 @@ export class CriuService {
   /** One RPC; if the service cannot be reached (it died), start it again and retry once. */
   private async call(req: CriuRequest): Promise<number> {
     try {
-      return await native().criu({ ...req, serviceAddress: this.paths.criuSocket });
+      return await this.native.criu({ ...req, serviceAddress: this.paths.criuSocket });
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
       if (code !== 'ECONNREFUSED' && code !== 'ENOENT' && code !== 'ECONNRESET' && code !== 'EPIPE') throw e;
       this.verified = undefined;
       await this.ensureRunning();
-      return native().criu({ ...req, serviceAddress: this.paths.criuSocket });
+      return this.native.criu({ ...req, serviceAddress: this.paths.criuSocket });
     }
   }
 
-  async dump(req: Omit<CriuRequest, 'op' | 'serviceAddress'> & { imagesDir: string; pid: number }): Promise<void> {
+  async dump(req: CriuDumpRequest): Promise<void> {
     const logFile = req.logFile ?? 'dump.log';
     try {
       await this.call({ ...req, op: 'dump', logFile });
@@ -107,7 +110,7 @@ export class CriuService {
    * in a scratch folder of its own, since the images are read-only checkpoint
    * data; the folder goes afterwards unless LOCKSTEP_KEEP_CRIU_LOGS is set.
    */
-  async restore(request: Omit<CriuRequest, 'op' | 'serviceAddress' | 'workDir'> & { imagesDir: string; workDirOwner?: number }): Promise<number> {
+  async restore(request: CriuRestoreRequest & { workDirOwner?: number }): Promise<number> {
     const { workDirOwner, ...req } = request;
     const logFile = req.logFile ?? 'restore.log';
     const workDir = fs.mkdtempSync(path.join(this.paths.scratch, 'restore-'));
@@ -124,7 +127,7 @@ export class CriuService {
       throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}${why}: ${(e as Error).message}`, criuLogTail(path.join(workDir, logFile)), e);
     } finally {
       watch?.stop();
-      if (!process.env.LOCKSTEP_KEEP_CRIU_LOGS) fs.rmSync(workDir, { recursive: true, force: true });
+      if (!this.options.keepCriuLogs) fs.rmSync(workDir, { recursive: true, force: true });
     }
   }
 

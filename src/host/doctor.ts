@@ -7,6 +7,7 @@ import os from 'node:os';
 import { execFileSync } from 'node:child_process';
 import { native, helperPath, initPath } from '../native/binding.js';
 import { criuBinary, formatVersion, MIN_CRIU_VERSION } from './criu-service.js';
+import { CRIU_TESTED_VERSION, CRIU_TESTED_VERSION_NUMBER } from './criu-version.js';
 import { detectCgroups } from './cgroups.js';
 import { DockerEngine } from '../images/docker.js';
 import { resolveHome } from '../paths.js';
@@ -74,11 +75,12 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
 
   const criu = criuBinary();
   if (!fs.existsSync(criu)) {
-    add('criu', false, `${criu} not found`, `${SETUP_HINT}: it installs CRIU 4.x into /opt/lockstep/criu`);
+    add('criu', false, `${criu} not found`, `${SETUP_HINT}: it installs CRIU ${CRIU_TESTED_VERSION} into /opt/lockstep/criu`);
   } else if (addonOk) {
     try {
       const v = await native().criu({ op: 'version', serviceBinary: criu });
-      add('criu version', v >= MIN_CRIU_VERSION, `CRIU ${formatVersion(v)}`, 'Lockstep needs CRIU 4.0 or later; Debian 12 ships 3.17, which fails on current kernels');
+      const untested = v === CRIU_TESTED_VERSION_NUMBER ? '' : ` (Lockstep is tested with ${CRIU_TESTED_VERSION})`;
+      add('criu version', v >= MIN_CRIU_VERSION, `CRIU ${formatVersion(v)}${untested}`, `Lockstep needs CRIU ${formatVersion(MIN_CRIU_VERSION)} or later and is tested with ${CRIU_TESTED_VERSION}; Debian 12 ships 3.17, which fails on current kernels`);
       // `criu check` is diagnostic only: its exit status decides, its last line is shown.
       try {
         const out = execFileSync(criu, ['check'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });

@@ -19,6 +19,7 @@ import { criuBinary } from './criu-service.js';
 import { isAlive, sleep } from './proc.js';
 import { HostError, SystemCallError, type NativeErrorLike } from '../errors.js';
 import type { StatePaths } from '../paths.js';
+import type { HelperClient } from '../ports.js';
 
 
 function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<string> {
@@ -67,8 +68,12 @@ export function parseHelperAnswer<T>(text: string, what: string): T {
 }
 
 /** Client of one state directory's supervisor; starts it when it is not running. */
-export class Supervisor {
-  constructor(private readonly paths: StatePaths) {}
+export class Supervisor implements HelperClient {
+  constructor(
+    private readonly paths: StatePaths,
+    /** The one CRIU binary the supervisor will agree to run as a daemon. */
+    private readonly criu: string = criuBinary(),
+  ) {}
 
   async ensureRunning(): Promise<void> {
     if (await canConnect(this.paths.supervisorSocket)) return;
@@ -76,8 +81,7 @@ export class Supervisor {
     const log = fs.openSync(this.paths.supervisorLog, 'a', 0o600);
     const child = spawn(helperPath, ['supervise', '--socket', this.paths.supervisorSocket, '--pidfile', this.paths.supervisorPidfile], {
       detached: true,
-      // The one CRIU binary the supervisor will agree to run as a daemon.
-      env: { ...process.env, LOCKSTEP_CRIU: criuBinary() },
+      env: { ...process.env, LOCKSTEP_CRIU: this.criu },
       stdio: ['ignore', log, log],
     });
     child.unref();

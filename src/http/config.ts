@@ -160,13 +160,16 @@ export function resolveServeConfig(flags: ServeFlags, env: NodeJS.ProcessEnv, fi
   const graceMs = pick('graceMs', num(flags['grace-ms'], '--grace-ms', 0, 3_600_000), num(env.LOCKSTEP_GRACE_MS, 'LOCKSTEP_GRACE_MS', 0, 3_600_000), file.graceMs, 30_000);
 
   // The metrics token: a value or a file at each level, the value first.
-  let metricsToken: string | undefined;
-  if (flags['metrics-token'] !== undefined) (metricsToken = flags['metrics-token']), (sources.metricsToken = 'flag');
-  else if (flags['metrics-token-file'] !== undefined) (metricsToken = readSecretFile(flags['metrics-token-file'], '--metrics-token-file')), (sources.metricsToken = 'flag');
-  else if (env.LOCKSTEP_METRICS_TOKEN) (metricsToken = env.LOCKSTEP_METRICS_TOKEN), (sources.metricsToken = 'env');
-  else if (env.LOCKSTEP_METRICS_TOKEN_FILE) (metricsToken = readSecretFile(env.LOCKSTEP_METRICS_TOKEN_FILE, 'LOCKSTEP_METRICS_TOKEN_FILE')), (sources.metricsToken = 'env');
-  else if (file.metricsTokenFile !== undefined) (metricsToken = readSecretFile(file.metricsTokenFile, 'metricsTokenFile')), (sources.metricsToken = 'file');
-  else sources.metricsToken = 'default';
+  const token = ((): { value?: string; source: 'flag' | 'env' | 'file' | 'default' } => {
+    if (flags['metrics-token'] !== undefined) return { value: flags['metrics-token'], source: 'flag' };
+    if (flags['metrics-token-file'] !== undefined) return { value: readSecretFile(flags['metrics-token-file'], '--metrics-token-file'), source: 'flag' };
+    if (env.LOCKSTEP_METRICS_TOKEN) return { value: env.LOCKSTEP_METRICS_TOKEN, source: 'env' };
+    if (env.LOCKSTEP_METRICS_TOKEN_FILE) return { value: readSecretFile(env.LOCKSTEP_METRICS_TOKEN_FILE, 'LOCKSTEP_METRICS_TOKEN_FILE'), source: 'env' };
+    if (file.metricsTokenFile !== undefined) return { value: readSecretFile(file.metricsTokenFile, 'metricsTokenFile'), source: 'file' };
+    return { source: 'default' };
+  })();
+  const metricsToken = token.value;
+  sources.metricsToken = token.source;
 
   return {
     host,

@@ -5,72 +5,147 @@
  * here and nowhere else.
  */
 import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
-import { InvalidStateError, LockstepError } from '../errors.js';
+import { LockstepError, type ErrorCode } from '../errors.js';
 import { noteRequestError } from './request-log.js';
 
 /** The body of every error response. */
 export interface ErrorBody {
-  error: { code: string; message: string; field?: string };
+  error: { code: ErrorCode; message: string; field?: string };
 }
 
 /** An error raised by the HTTP layer itself (auth, idempotency, shutdown). */
 export class HttpError extends LockstepError {
   readonly statusCode: number;
-  constructor(statusCode: number, code: string, message: string, details: Record<string, unknown> = {}) {
+  constructor(statusCode: number, code: ErrorCode, message: string, details: Record<string, unknown> = {}) {
     super(code, message, { details });
     this.statusCode = statusCode;
   }
 }
 
-const CONFLICTS = new Set([
-  'SANDBOX_BUSY',
-  'IMAGE_IN_USE',
-  'EFFECT_OUTCOME_UNKNOWN',
-  'ROLLBACK_REFUSED_IRREVERSIBLE',
-  'IDEMPOTENCY_KEY_CONFLICT',
-  'SANDBOX_NOT_RUNNING',
-  'TENANT_HAS_SANDBOXES',
-  'FILE_BUSY',
+/**
+ * The HTTP status of every code, in one table the compiler keeps complete:
+ * a new ErrorCode does not build until it has a status here.
+ */
+export const HTTP_STATUS = {
+  INVALID_ARGUMENT: 400,
+  INVALID_JSON: 400,
+  BAD_REQUEST: 400,
+  USAGE: 400,
+  PATH_ESCAPES_SANDBOX: 400,
+  CONTEXT_FORMAT_UNSUPPORTED: 400,
+  FILE_TYPE_NOT_SUPPORTED: 400,
+  FILE_TOO_LARGE: 413,
+  PAYLOAD_TOO_LARGE: 413,
+  UNSUPPORTED_MEDIA_TYPE: 415,
+  // The request is well-formed but names a limit this host cannot enforce.
+  LIMIT_UNSUPPORTED: 422,
+  QUOTA_EXCEEDED: 429,
+  UNAUTHENTICATED: 401,
+
+  SANDBOX_NOT_FOUND: 404,
+  IMAGE_NOT_FOUND: 404,
+  CHECKPOINT_NOT_FOUND: 404,
+  EFFECT_NOT_FOUND: 404,
+  OBSERVATION_NOT_FOUND: 404,
+  CONTEXT_NOT_FOUND: 404,
+  LAYER_NOT_FOUND: 404,
+  TENANT_NOT_FOUND: 404,
+  FILE_NOT_FOUND: 404,
+  ROUTE_NOT_FOUND: 404,
+  DOCKER_IMAGE_NOT_FOUND: 404,
+
+  // Conflicts with the object's current state (already settled, not unknown, damaged, ...).
+  IMAGE_EXISTS: 409,
+  TENANT_EXISTS: 409,
+  SANDBOX_BUSY: 409,
+  SANDBOX_NOT_RUNNING: 409,
+  IMAGE_IN_USE: 409,
+  TENANT_HAS_SANDBOXES: 409,
+  FILE_BUSY: 409,
+  CHECKPOINT_DAMAGED: 409,
   // The checkpoint's files are not what was recorded when it was taken: this
   // one cannot be used, the sandbox and its other checkpoints can.
-  'CHECKPOINT_CORRUPT',
-]);
+  CHECKPOINT_CORRUPT: 409,
+  EFFECT_OUTCOME_UNKNOWN: 409,
+  EFFECT_NOT_UNKNOWN: 409,
+  EFFECT_NOT_COMPENSABLE: 409,
+  EFFECT_ALREADY_SETTLED: 409,
+  ROLLBACK_REFUSED_IRREVERSIBLE: 409,
+  IDEMPOTENCY_KEY_CONFLICT: 409,
+  IDEMPOTENCY_KEY_IN_PROGRESS: 409,
+  IDEMPOTENCY_KEY_REUSED: 409,
+  AGENT_STATE_SCHEMA_TOO_NEW: 409,
+  LANGGRAPH_SANDBOX_DIVERGED: 409,
+  LANGGRAPH_CONTEXT_MISSING: 409,
+  CGROUP_TIMEOUT: 409,
 
-const HOST_NOT_READY = new Set([
-  'NATIVE_NOT_BUILT',
-  'NATIVE_LOAD_FAILED',
-  'NATIVE_BUILD_FAILED',
-  'UNSUPPORTED_PLATFORM',
-  'CRIU_NOT_INSTALLED',
-  'HOST_PROVISIONING_FAILED',
-  'CATALOG_TOO_NEW',
-  'CONFIG_INVALID',
-]);
+  COMMAND_TIMEOUT: 504,
+  // Aborted by the server's shutdown (or for a client that is gone).
+  COMMAND_ABORTED: 503,
+  FORK_ABORTED: 503,
+  FORK_FAILED: 500,
+  SERVER_SHUTTING_DOWN: 503,
 
-/** HTTP status for a LockstepError code (the table in src/http/README.md). */
+  DISK_QUOTA_EXCEEDED: 507,
+  DISK_FULL: 507,
+
+  // The host is not set up or cannot run this Lockstep (`lockstep setup` fixes the first).
+  NATIVE_NOT_BUILT: 503,
+  NATIVE_LOAD_FAILED: 503,
+  NATIVE_BUILD_FAILED: 503,
+  UNSUPPORTED_PLATFORM: 503,
+  CRIU_NOT_INSTALLED: 503,
+  HOST_PROVISIONING_FAILED: 503,
+  CATALOG_TOO_NEW: 503,
+  // The state directory cannot be searched by the sandboxes' unprivileged ids (`lockstep setup` fixes it).
+  HOME_NOT_SEARCHABLE: 503,
+  // Every host id range for user namespaces is taken: capacity, not the request.
+  ID_RANGES_EXHAUSTED: 503,
+  // The per-host supervisor (the sandboxes' parent) did not take the request: a retry may succeed.
+  SUPERVISOR_UNREACHABLE: 503,
+  CONFIG_INVALID: 503,
+
+  // Failures of the host or the manager: the body hides the details, the log has them.
+  NOT_ROOT: 500,
+  HOME_LOCKED: 500,
+  MANAGER_CLOSED: 500,
+  CRIU_TOO_OLD: 500,
+  CRIU_UNAVAILABLE: 500,
+  CRIU_CHECK_FAILED: 500,
+  CRIU_DUMP_FAILED: 500,
+  CRIU_RESTORE_FAILED: 500,
+  SUPERVISOR_TIMEOUT: 503,
+  SUPERVISOR_START_FAILED: 500,
+  HELPER_NO_ANSWER: 500,
+  HELPER_FAILED: 500,
+  SANDBOX_INIT_DIED: 500,
+  SANDBOX_ENTER_FAILED: 500,
+  OVERLAY_MOUNT_FAILED: 500,
+  LAYER_STORE_FAILED: 500,
+  LAYER_STORE_MOUNT_FAILED: 500,
+  BTRFS_UNAVAILABLE: 500,
+  DISK_QUOTA_UNAVAILABLE: 500,
+  CGROUP_UNAVAILABLE: 500,
+  CGROUP_CONTROLLERS: 500,
+  DOCKER_IMPORT_FAILED: 500,
+  IMAGE_BUILD_FAILED: 500,
+  FILE_ACCESS_FAILED: 500,
+  INTERNAL: 500,
+} as const satisfies Record<ErrorCode, number>;
+
+/** True for a string that is one of Lockstep's codes. */
+export function isErrorCode(code: string): code is ErrorCode {
+  return Object.hasOwn(HTTP_STATUS, code);
+}
+
+/**
+ * HTTP status for a code (HTTP_STATUS above). An HttpError
+ * carries its own; a string that is no ErrorCode (from a newer peer, say)
+ * is a 500.
+ */
 export function statusForCode(code: string, err?: unknown): number {
   if (err instanceof HttpError) return err.statusCode;
-  if (code.endsWith('_NOT_FOUND')) return 404;
-  if (code === 'INVALID_ARGUMENT' || code === 'PATH_ESCAPES_SANDBOX' || code === 'CONTEXT_FORMAT_UNSUPPORTED' || code === 'FILE_TYPE_NOT_SUPPORTED') return 400;
-  if (code === 'FILE_TOO_LARGE') return 413;
-  if (code === 'QUOTA_EXCEEDED') return 429;
-  // The request is well-formed but names a limit this host cannot enforce.
-  if (code === 'LIMIT_UNSUPPORTED') return 422;
-  if (code === 'DISK_QUOTA_EXCEEDED' || code === 'DISK_FULL') return 507;
-  if (code === 'COMMAND_TIMEOUT') return 504;
-  // Aborted by the server's shutdown (or for a client that is gone).
-  if (code === 'COMMAND_ABORTED') return 503;
-  // Every host id range for user namespaces is taken: capacity, not the request.
-  if (code === 'ID_RANGES_EXHAUSTED') return 503;
-  if (code.endsWith('_EXISTS') || CONFLICTS.has(code)) return 409;
-  // The remaining state errors (already settled, not unknown, damaged, ...)
-  // are conflicts with the object's current state too.
-  if (err instanceof InvalidStateError) return 409;
-  // The host is not set up or cannot run this Lockstep (`lockstep setup` fixes the first).
-  if (HOST_NOT_READY.has(code)) return 503;
-  // The per-host supervisor (the sandboxes' parent) did not take the request: a retry may succeed.
-  if (code === 'SUPERVISOR_UNREACHABLE' || code === 'SUPERVISOR_TIMEOUT') return 503;
-  return 500;
+  return isErrorCode(code) ? HTTP_STATUS[code] : 500;
 }
 
 /** Turns an ajv instance path ("/envs/FOO", "/cmd/1") into a field name ("envs.FOO", "cmd[1]"). */

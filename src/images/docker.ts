@@ -11,6 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { HostError, LockstepError } from '../errors.js';
 import { native } from '../native/binding.js';
+import { DEFAULTS, envValue } from '../config.js';
 
 export interface DockerPort {
   ping(): Promise<boolean>;
@@ -36,7 +37,7 @@ export function isUnsafeEntry(header: { type?: string | null }): boolean {
 /** dockerode-backed implementation. */
 export class DockerEngine implements DockerPort {
   private readonly docker: Docker;
-  constructor(options: Docker.DockerOptions = { socketPath: process.env.DOCKER_SOCKET ?? '/var/run/docker.sock' }) {
+  constructor(options: Docker.DockerOptions = { socketPath: envValue('DOCKER_SOCKET') ?? DEFAULTS.dockerSocket }) {
     this.docker = new Docker(options);
   }
 

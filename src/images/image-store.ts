@@ -18,12 +18,13 @@ import { AlreadyExistsError, HostError, InvalidArgumentError, InvalidStateError,
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
 import { resolveHome, type StatePaths } from '../paths.js';
 import type { DockerPort } from './docker.js';
+import { DEFAULTS, envValue } from '../config.js';
 
 const execFileAsync = promisify(execFile);
 
 export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 export const recipesDir = () => path.join(projectRoot, 'sandbox-images');
-export const buildCacheDir = () => process.env.LOCKSTEP_CACHE ?? '/var/cache/lockstep';
+export const buildCacheDir = () => envValue('LOCKSTEP_CACHE') ?? DEFAULTS.cacheDir;
 
 /** Rejects names that could escape the images folder or confuse a shell. */
 export function validateImageName(name: unknown, field = 'image'): string {

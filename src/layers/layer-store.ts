@@ -13,8 +13,11 @@ import { execFileSync } from 'node:child_process';
 import { FS_MAGIC, native } from '../native/binding.js';
 import { HostError, SETUP_HINT, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
 import type { StatePaths } from '../paths.js';
+import { resolveConfig, type LockstepConfig } from '../config.js';
 
-const DEFAULT_STORE_GIB = 64;
+/** The settings the store reads (LOCKSTEP_STORE_GIB, LOCKSTEP_DISK_QUOTA). */
+type StoreConfig = Pick<LockstepConfig, 'storeGib' | 'diskQuota'>;
+
 
 function isBtrfs(p: string): boolean {
   try {
@@ -50,17 +53,20 @@ function wrapSync<T>(what: string, fn: () => T): T {
 /** btrfs-backed store of writable and checkpoint layers. */
 export class LayerStore {
   private quotasOn: boolean | undefined;
-  private constructor(private readonly paths: StatePaths) {}
+  private constructor(
+    private readonly paths: StatePaths,
+    private readonly config: StoreConfig,
+  ) {}
 
   /** Mounts (creating if needed) the store and its folders. Idempotent and quick when already mounted. */
-  static open(paths: StatePaths): LayerStore {
-    const store = new LayerStore(paths);
+  static open(paths: StatePaths, config: StoreConfig = resolveConfig()): LayerStore {
+    const store = new LayerStore(paths, config);
     store.ensureMounted();
     for (const dir of [paths.uppers, paths.layers, paths.processImages, paths.scratch]) {
       fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     }
     // Quotas on from the start: checkpoint sizes then always include their layers.
-    if (process.env.LOCKSTEP_DISK_QUOTA === 'on' && store.ownsFilesystem() && !store.quotasEnabled()) store.enableQuotas();
+    if (config.diskQuota === 'on' && store.ownsFilesystem() && !store.quotasEnabled()) store.enableQuotas();
     return store;
   }
 
@@ -70,7 +76,7 @@ export class LayerStore {
     if (isBtrfs(store)) return;
     if (isBtrfs(home)) return; // the state directory itself is on btrfs: subvolumes go straight in
     if (!fs.existsSync(storeImage)) {
-      const gib = Number(process.env.LOCKSTEP_STORE_GIB ?? DEFAULT_STORE_GIB);
+      const gib = this.config.storeGib;
       const fd = fs.openSync(storeImage + '.tmp', 'w', 0o600);
       try {
         fs.ftruncateSync(fd, gib * 1024 ** 3); // sparse: blocks are used only as layers grow
@@ -162,7 +168,7 @@ export class LayerStore {
    * an administrator has enabled them.
    */
   quotaUnavailable(): string | undefined {
-    if (process.env.LOCKSTEP_DISK_QUOTA === 'off') return 'disk quotas are turned off (LOCKSTEP_DISK_QUOTA=off)';
+    if (this.config.diskQuota === 'off') return 'disk quotas are turned off (LOCKSTEP_DISK_QUOTA=off)';
     if (this.quotasEnabled() || this.ownsFilesystem()) return undefined;
     return `btrfs quotas are off on ${this.paths.home}, a host btrfs Lockstep does not own: enable them there (btrfs quota enable) to allow disk quotas`;
   }

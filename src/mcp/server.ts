@@ -14,7 +14,7 @@ import { CONTEXT_FORMATS } from '../context/formats.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import { LockstepError } from '../errors.js';
-import { contextFromWire, rollbackToWire } from '../http/wire.js';
+import { contextFromWire, rollbackToWire } from '../wire.js';
 
 /** Options of createMcpServer. */
 export interface McpServerOptions {

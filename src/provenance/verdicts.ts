@@ -1,5 +1,5 @@
 /**
- * Verdicts bound to file content: "src/pkg.tgz scanned clean", "tests pass on src/app.ts".
+ * Verdicts bound to file content: "pkg.tgz scanned clean", "tests pass on app.ts".
  *
  * A verdict is a judgement about bytes, so it is recorded with the content hash it was made on
  * and holds exactly as long as the file still has that hash, whatever timeline, rollback or fork

@@ -9,10 +9,9 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { helperPath, initPath, native } from '../native/binding.js';
 import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
-import { parseHelperAnswer, type Supervisor } from '../host/supervisor.js';
-import { mountsUnder, startTime } from '../host/proc.js';
+import { parseHelperAnswer } from '../host/supervisor.js';
 import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
-import type { LayerStore } from '../layers/layer-store.js';
+import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
 import { ID_RANGE_SIZE } from './id-ranges.js';
 
@@ -45,9 +44,11 @@ export class SandboxRuntime {
   constructor(
     readonly paths: StatePaths,
     readonly cgroups: CgroupDriver,
-    readonly layers: LayerStore,
-    readonly supervisor: Supervisor,
+    readonly layers: LayerPort,
+    readonly supervisor: HelperClient,
     readonly homeTag: string,
+    readonly native: NativeBinding,
+    readonly proc: ProcessTable,
   ) {}
 
   /** cgroup name of a sandbox: lockstep/<homeTag>/<id>. */
@@ -116,13 +117,13 @@ export class SandboxRuntime {
    */
   mountRoot(host: SandboxHost): void {
     const target = this.paths.sandboxRoot(host.id);
-    if (!mountsUnder(target).includes(target)) {
+    if (!this.proc.mountsUnder(target).includes(target)) {
       const { upper, work } = this.layers.upperDir(host.id);
       try {
         let lowers = [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs];
         const idBase = host.idBase ?? null;
         if (idBase !== null) lowers = lowers.map((dir, i) => this.idmappedLower(host.id, i, dir, idBase));
-        native().mountOverlay(target, lowers, upper, work);
+        this.native.mountOverlay(target, lowers, upper, work);
       } catch (e) {
         // overlayfs makes its work directory in the writable layer at mount time.
         if (isNativeError(e) && e.code === 'ENOSPC') throw new StoreFullError(`Cannot mount the sandbox root at ${target}`, e);
@@ -141,8 +142,8 @@ export class SandboxRuntime {
   private idmappedLower(id: string, index: number, dir: string, idBase: number): string {
     const target = path.join(this.paths.sandboxLowers(id), String(index));
     fs.mkdirSync(target, { recursive: true, mode: 0o700 });
-    for (const m of mountsUnder(target)) native().unmount(m, true);
-    native().idmappedMount(dir, target, idBase, ID_RANGE_SIZE, true);
+    for (const m of this.proc.mountsUnder(target)) this.native.unmount(m, true);
+    this.native.idmappedMount(dir, target, idBase, ID_RANGE_SIZE, true);
     return target;
   }
 
@@ -164,7 +165,7 @@ export class SandboxRuntime {
     ];
     const answer = await this.supervisor.run(argv);
     const { pid } = parseHelperAnswer<{ pid: number }>(answer, `starting sandbox ${host.id}`);
-    const start = startTime(pid);
+    const start = this.proc.startTime(pid);
     if (start === undefined) throw new HostError('SANDBOX_INIT_DIED', `The init of sandbox ${host.id} exited right after it started`);
     return { pid, start };
   }
@@ -182,14 +183,14 @@ export class SandboxRuntime {
 
   /** Unmounts the root (lazily: a process of another tool may still look at it). */
   unmountRoot(id: string): void {
-    for (const m of mountsUnder(this.paths.sandboxRoot(id))) native().unmount(m, true);
-    for (const m of mountsUnder(this.paths.sandboxLowers(id))) native().unmount(m, true);
+    for (const m of this.proc.mountsUnder(this.paths.sandboxRoot(id))) this.native.unmount(m, true);
+    for (const m of this.proc.mountsUnder(this.paths.sandboxLowers(id))) this.native.unmount(m, true);
   }
 
   /** Everything a sandbox has on the host, removed in reverse order; safe to repeat. */
   async destroy(id: string): Promise<void> {
     await this.killProcesses(id).catch(() => undefined);
-    for (const m of mountsUnder(this.paths.sandboxRun(id))) native().unmount(m, true);
+    for (const m of this.proc.mountsUnder(this.paths.sandboxRun(id))) this.native.unmount(m, true);
     await this.layers.deleteUpper(id);
     fs.rmSync(this.paths.sandboxRun(id), { recursive: true, force: true });
     this.cgroups.remove(this.cgroupName(id));

@@ -26,7 +26,7 @@ import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
 import { removeSandbox } from './remove.js';
-import { prepareStandby, standbyEnabled } from '../checkpoints/standby.js';
+import { prepareStandby } from '../checkpoints/standby.js';
 
 export interface SandboxInfo {
   id: string;
@@ -491,8 +491,9 @@ export class Sandbox {
 
   /** Prepares a warm standby of a checkpoint in the background, behind this sandbox's lock. */
   private queueStandby(checkpointId: string): void {
-    if (!standbyEnabled()) return;
     const engine = this.core.engine;
+    // LOCKSTEP_STANDBY=off (memory-tight hosts): rollback always restores with CRIU.
+    if (!engine.config.standby) return;
     const ckpt = engine.catalog.checkpoint(checkpointId)!;
     void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
   }

@@ -102,7 +102,7 @@ test(exitCode, new InvalidStateError('IMAGE_IN_USE', 'in use'), EXIT.conflict);
 test(exitCode, new LockstepError('ROLLBACK_REFUSED_IRREVERSIBLE', 'x'), EXIT.conflict);
 test(exitCode, new LockstepError('EFFECT_OUTCOME_UNKNOWN', 'x'), EXIT.conflict);
 test(exitCode, new CriuError('CRIU_DUMP_FAILED', 'dump failed', 'log tail'), EXIT.host);
-test(exitCode, new HostError('HOST_UNSUPPORTED', 'x'), EXIT.host);
+test(exitCode, new HostError('HOST_PROVISIONING_FAILED', 'x'), EXIT.host);
 test(exitCode, new HostError('NOT_ROOT', 'x'), EXIT.host);
 test(exitCode, new HostError('NATIVE_NOT_BUILT', 'x'), EXIT.host);
 test(exitCode, new InvalidStateError('SANDBOX_NOT_RUNNING', 'x'), EXIT.failure);

@@ -4,7 +4,7 @@ import Database from 'better-sqlite3';
 import { HttpError, describeValidation, fieldName, statusForCode, toErrorResponse } from '../../src/http/errors.js';
 import { IDEMPOTENCY_TTL_MS, IdempotencyStore, requestHash, validateIdempotencyKey } from '../../src/http/idempotency.js';
 import { OperationTracker } from '../../src/http/operations.js';
-import { contextFromWire, contextToWire, renameField } from '../../src/http/wire.js';
+import { contextFromWire, contextToWire, renameField } from '../../src/wire.js';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../../src/errors.js';
 import { QuotaExceededError } from '../../src/tenants/quotas.js';
 

@@ -53,7 +53,7 @@ test('only Linux x86_64 is supported, and the error says which platform this is'
 });
 
 test('"not set up" errors exit with the host code and answer 503', (t) => {
-  for (const code of ['NATIVE_NOT_BUILT', 'NATIVE_LOAD_FAILED', 'UNSUPPORTED_PLATFORM', 'CRIU_NOT_INSTALLED', 'CATALOG_TOO_NEW', 'HOST_PROVISIONING_FAILED']) {
+  for (const code of ['NATIVE_NOT_BUILT', 'NATIVE_LOAD_FAILED', 'UNSUPPORTED_PLATFORM', 'CRIU_NOT_INSTALLED', 'CATALOG_TOO_NEW', 'HOST_PROVISIONING_FAILED'] as const) {
     t.is(exitCodeFor(new HostError(code, 'x')), EXIT.host, code);
     t.is(statusForCode(code, new HostError(code, 'x')), 503, code);
   }

@@ -3,7 +3,7 @@ import type { FastifyInstance } from 'fastify';
 import { checkQuota } from '../../tenants/quotas.js';
 import type { RollbackPolicy } from '../../effects/effect-ledger.js';
 import type { ApiContext } from '../context.js';
-import { contextFromWire, contextToWire, rollbackToWire } from '../wire.js';
+import { contextFromWire, contextToWire, rollbackToWire } from '../../wire.js';
 import * as S from '../schemas.js';
 import { statusForCode } from '../errors.js';
 

@@ -15,7 +15,7 @@ import { CommandHandle, type ObservedRunResult } from '../../sandboxes/sandbox.j
 import { CommandAbortedError } from '../../errors.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
-import { renameField } from '../wire.js';
+import { renameField } from '../../wire.js';
 import * as S from '../schemas.js';
 
 interface RunBody {

@@ -1,0 +1,104 @@
+/**
+ * The checkpoint's decisions, on the fake host (no root): the order of its
+ * steps, and that a failure at any step leaves no trace and the sandbox
+ * running and thawed.
+ */
+import test, { type ExecutionContext } from 'ava';
+import fs from 'node:fs';
+import { openFake } from '../fakes/manager.js';
+import { systemError } from '../fakes/host.js';
+
+async function sandboxWithFiles(t: ExecutionContext, content: string) {
+  const m = await openFake(t, { open: { config: { standby: false } } });
+  const sb = await m.ls.create();
+  m.host.uppers.set(m.row(sb.id).instance, content);
+  m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=7';
+  return { ...m, sb };
+}
+
+test('a checkpoint freezes, snapshots, dumps, thaws, syncs, then commits', async (t) => {
+  const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1');
+  const cg = engine.runtime.cgroupName(row(sb.id).instance);
+  const mark = host.calls.length;
+  const info = await ls.get(sb.id).checkpoint({ label: 'first' });
+  t.deepEqual(host.since(mark), [
+    'criu.ensureRunning',
+    `cgroups.freeze ${cg}`,
+    `layers.snapshotUpper ${sb.id} ${info.layerId}`,
+    `criu.dump ${row(sb.id).init_pid}`,
+    `cgroups.thaw ${cg}`,
+    'layers.sync',
+  ]);
+  // What was taken: the layer's content and the process's memory, as they were.
+  t.is(host.layers.get(info.layerId), 'files-v1');
+  t.is(fs.readFileSync(`${engine.paths.processImage(info.id)}/memory`, 'utf8'), 'counter=7');
+  t.is(row(sb.id).head_checkpoint_id, info.id);
+  t.is(engine.catalog.checkpoint(info.id)!.label, 'first');
+  t.deepEqual(engine.catalog.operations(), []);
+  t.false(host.cgroupDriver.isFrozen(cg));
+});
+
+const failures = [
+  { at: 'cgroups.freeze', thawed: false },
+  { at: 'layers.snapshotUpper', thawed: true },
+  { at: 'criu.dump', thawed: true },
+  { at: 'layers.sync', thawed: true },
+];
+
+for (const { at, thawed } of failures) {
+  test(`a failure at ${at} leaves no checkpoint, no layer, no image, and the sandbox running`, async (t) => {
+    const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1');
+    const before = row(sb.id);
+    const cg = engine.runtime.cgroupName(before.instance);
+    const layersBefore = [...host.layers.keys()];
+    host.failAt(at, systemError('EIO', at));
+    const mark = host.calls.length;
+    await t.throwsAsync(ls.get(sb.id).checkpoint(), { message: `${at}: EIO` });
+    const calls = host.since(mark);
+    t.is(calls.includes(`cgroups.thaw ${cg}`), thawed, 'thawed exactly when it had been frozen');
+    // The layer is always deleted (idempotent), also when it was never made.
+    t.true(calls.some((c) => c.startsWith('layers.deleteLayer ')));
+    t.deepEqual([...host.layers.keys()], layersBefore);
+    t.deepEqual(fs.readdirSync(engine.paths.processImages), []);
+    t.deepEqual(engine.catalog.checkpointsOf(sb.id), []);
+    t.deepEqual(engine.catalog.operations(), []);
+    t.false(host.cgroupDriver.isFrozen(cg));
+    t.like(row(sb.id), { state: 'running', init_pid: before.init_pid, head_checkpoint_id: null, branch_id: before.branch_id });
+    t.true(host.proc.isAlive(before.init_pid!));
+  });
+}
+
+test('an init whose pid now names another process is not dumped: SANDBOX_NOT_RUNNING, and the tree is thawed', async (t) => {
+  const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1');
+  const cg = engine.runtime.cgroupName(row(sb.id).instance);
+  // Same pid, another start time: the pid was reused by a process that is not the init.
+  host.processes.get(row(sb.id).init_pid!)!.start += 1;
+  const mark = host.calls.length;
+  await t.throwsAsync(ls.get(sb.id).checkpoint(), { code: 'SANDBOX_NOT_RUNNING' });
+  const calls = host.since(mark);
+  t.false(calls.some((c) => c.startsWith('criu.dump')));
+  t.false(calls.some((c) => c.startsWith('layers.snapshotUpper')));
+  t.true(calls.includes(`cgroups.thaw ${cg}`));
+  t.deepEqual(engine.catalog.operations(), []);
+});
+
+test('bad input is refused before anything is frozen', async (t) => {
+  const { ls, host, sb } = await sandboxWithFiles(t, 'x');
+  const mark = host.calls.length;
+  await t.throwsAsync(ls.get(sb.id).checkpoint({ label: 'two\nlines' }), { code: 'INVALID_ARGUMENT' });
+  t.deepEqual(host.since(mark), []);
+});
+
+test('the tenant quota is checked in the commit: over it, the files made are removed', async (t) => {
+  const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'x');
+  const { addTenant } = await import('../../src/tenants/tenants.js');
+  const { tenant } = addTenant(engine.catalog.db, 'acme', { maxCheckpointMb: 1 });
+  engine.catalog.updateSandbox(sb.id, { tenant: tenant.id });
+  // A process image of 2 MiB does not fit in 1 MiB.
+  host.processes.get(row(sb.id).init_pid!)!.memory = 'x'.repeat(2 * 1024 * 1024);
+  const layersBefore = [...host.layers.keys()];
+  await t.throwsAsync(ls.get(sb.id, tenant.id).checkpoint(), { code: 'QUOTA_EXCEEDED' });
+  t.deepEqual([...host.layers.keys()], layersBefore);
+  t.deepEqual(engine.catalog.checkpointsOf(sb.id), []);
+  t.is(row(sb.id).state, 'running');
+});

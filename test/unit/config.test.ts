@@ -1,0 +1,72 @@
+/** One configuration object: options beat the environment, which beats the defaults; the README's table is the list. */
+import test from 'ava';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { DEFAULTS, ENVIRONMENT, resolveConfig } from '../../src/config.js';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+
+/** The README's "Configuration" table: each variable with its default cell. */
+function readmeVariables(): Map<string, string> {
+  const text = fs.readFileSync(path.join(root, 'README.md'), 'utf8');
+  const section = text.slice(text.indexOf('\n## Configuration\n'));
+  const table = section.slice(0, section.indexOf('\n## ', 5));
+  const out = new Map<string, string>();
+  for (const line of table.split('\n')) {
+    const cells = line.split('|').map((c) => c.trim());
+    if (cells.length < 4 || !cells[1]!.startsWith('`')) continue;
+    for (const m of cells[1]!.matchAll(/`([A-Z_]+)`/g)) out.set(m[1]!, cells[3]!);
+  }
+  return out;
+}
+
+test("the README's table lists exactly the variables Lockstep reads", (t) => {
+  const documented = [...readmeVariables().keys()].sort();
+  t.true(documented.length > 10, 'the table was not found');
+  t.deepEqual(documented, Object.keys(ENVIRONMENT).sort());
+});
+
+test("the README's defaults are the manager's defaults", (t) => {
+  const table = readmeVariables();
+  const defaults = resolveConfig({}, {});
+  for (const [name, v] of Object.entries(ENVIRONMENT)) {
+    if (!('key' in v) || !(v.key in DEFAULTS)) continue;
+    t.true(table.get(name)!.includes(String(defaults[v.key])), `${name}: README says ${table.get(name)}, the code ${String(defaults[v.key])}`);
+  }
+});
+
+test('every variable named in src/ and bin/ is in the list, and only src/config.ts reads process.env.LOCKSTEP_*', (t) => {
+  const files = (dir: string): string[] =>
+    fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(path.join(dir, e.name)) : [path.join(dir, e.name)]));
+  const unknown = new Set<string>();
+  const direct: string[] = [];
+  for (const file of [...files(path.join(root, 'src')), ...files(path.join(root, 'bin'))]) {
+    const text = fs.readFileSync(file, 'utf8');
+    for (const m of text.matchAll(/\bLOCKSTEP_[A-Z_]+/g)) if (!(m[0] in ENVIRONMENT)) unknown.add(m[0]);
+    if (!file.endsWith(`src${path.sep}config.ts`) && /process\.env\.LOCKSTEP_/.test(text)) direct.push(path.relative(root, file));
+  }
+  t.deepEqual([...unknown], []);
+  t.deepEqual(direct, []);
+});
+
+test('options beat the environment, which beats the defaults', (t) => {
+  const env = { LOCKSTEP_HOME: '/srv/ls', LOCKSTEP_STANDBY: 'off', LOCKSTEP_CRIU_LOG_LEVEL: '4', LOCKSTEP_DISK_QUOTA: 'on', LOCKSTEP_KEEP_CRIU_LOGS: '1' };
+  const fromEnv = resolveConfig({}, env);
+  t.like(fromEnv, { home: '/srv/ls', standby: false, criuLogLevel: 4, diskQuota: 'on', keepCriuLogs: true, storeGib: 64 });
+  const fromOptions = resolveConfig({ home: 'rel/dir', standby: true, criuLogLevel: 1 }, env);
+  t.like(fromOptions, { home: path.resolve('rel/dir'), standby: true, criuLogLevel: 1, diskQuota: 'on' });
+  t.like(resolveConfig({}, {}), { home: DEFAULTS.home, standby: true, diskQuota: 'auto', keepCriuLogs: false, fault: undefined });
+  // An empty variable is unset, as a shell's `VAR= cmd` means.
+  t.is(resolveConfig({}, { LOCKSTEP_HOME: '' }).home, DEFAULTS.home);
+});
+
+test('a setting that cannot be used is refused, naming the option and the variable', (t) => {
+  const e1 = t.throws(() => resolveConfig({}, { LOCKSTEP_CRIU_LOG_LEVEL: 'loud' }));
+  t.is((e1 as { code?: string }).code, 'CONFIG_INVALID');
+  t.regex(e1!.message, /criuLogLevel \(LOCKSTEP_CRIU_LOG_LEVEL\)/);
+  const e2 = t.throws(() => resolveConfig({ storeGib: -1 }, {}));
+  t.regex(e2!.message, /storeGib \(LOCKSTEP_STORE_GIB\)/);
+  // Values other than on/off have always meant "unset" for the disk quota.
+  t.is(resolveConfig({}, { LOCKSTEP_DISK_QUOTA: 'maybe' }).diskQuota, 'auto');
+});

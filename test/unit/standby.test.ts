@@ -1,0 +1,76 @@
+/**
+ * The warm standby's decisions, on the fake host (no root): after a
+ * checkpoint a frozen copy of the sandbox restored from it is kept, or none
+ * when the configuration, the tenant's memory or a failure says so; a
+ * failure costs only the fast path, and leaves nothing behind.
+ */
+import test from 'ava';
+import { openFake } from '../fakes/manager.js';
+
+test('after a checkpoint, a frozen standby restored from it is kept', async (t) => {
+  const m = await openFake(t);
+  const sb = await m.ls.create();
+  m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=3';
+  const ckpt = await sb.checkpoint();
+  await sb.settled();
+  const row = m.row(sb.id);
+  t.is(row.standby_checkpoint, ckpt.id);
+  const key = row.standby_instance!;
+  t.true(key.startsWith(`${sb.id}.`));
+  const cg = m.engine.runtime.cgroupName(key);
+  t.true(m.host.cgroupDriver.isFrozen(cg));
+  t.deepEqual(m.host.cgroupDriver.pids(cg), [row.standby_pid]);
+  t.is(m.host.processes.get(row.standby_pid!)!.memory, 'counter=3');
+  t.is(m.host.processes.get(row.standby_pid!)!.start, row.standby_start!);
+});
+
+test('the standby is a setting of each manager: two managers in one process differ', async (t) => {
+  const on = await openFake(t, { open: { config: { standby: true } } });
+  const off = await openFake(t, { open: { config: { standby: false } } });
+  for (const m of [on, off]) {
+    const sb = await m.ls.create();
+    await sb.checkpoint();
+    await sb.settled();
+  }
+  t.is(on.host.only('criu.restore').length, 1);
+  t.is(off.host.only('criu.restore').length, 0);
+  t.is(off.engine.catalog.allSandboxes()[0]!.standby_instance, null);
+});
+
+test('a standby that fails to restore leaves nothing, and the sandbox runs on', async (t) => {
+  const m = await openFake(t);
+  const sb = await m.ls.create();
+  m.host.failAt('criu.restore');
+  await sb.checkpoint();
+  await sb.settled();
+  const row = m.row(sb.id);
+  t.is(row.standby_instance, null);
+  t.is(row.state, 'running');
+  t.deepEqual(m.host.cgroupDriver.children(m.engine.runtime.cgroupGroup), [sb.id]);
+  t.deepEqual([...m.host.uppers.keys()], [sb.id]);
+});
+
+test('a newer checkpoint replaces the standby; the old one is removed', async (t) => {
+  const m = await openFake(t);
+  const sb = await m.ls.create();
+  await sb.checkpoint();
+  await sb.settled();
+  const first = m.row(sb.id).standby_instance!;
+  const second = await sb.checkpoint();
+  await sb.settled();
+  t.is(m.row(sb.id).standby_checkpoint, second.id);
+  t.not(m.row(sb.id).standby_instance, first);
+  t.false(m.host.cgroups.has(m.engine.runtime.cgroupName(first)));
+  t.false(m.host.uppers.has(first));
+});
+
+test("no standby when it would take the tenant past its memory quota", async (t) => {
+  const m = await openFake(t);
+  const { addTenant } = await import('../../src/tenants/tenants.js');
+  const { tenant } = addTenant(m.engine.catalog.db, 'acme', { maxMemoryMb: 600 });
+  const sb = await m.ls.create({ tenant: tenant.id, memoryMb: 512 });
+  await sb.checkpoint();
+  await sb.settled();
+  t.is(m.row(sb.id).standby_instance, null);
+  t.is(m.host.only('criu.restore').length, 0);
+});
