@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import { helperPath, initPath, native } from '../native/binding.js';
+import { helperPath, initPath } from '../native/binding.js';
 import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
 import { parseHelperAnswer } from '../host/supervisor.js';
 import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
