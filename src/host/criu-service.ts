@@ -70,7 +70,10 @@ export class CriuService implements CriuClient {
       }
       fs.rmSync(this.paths.criuSocket, { force: true });
       await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket], { isolatedRun: true });
-      for (let i = 0; i < 400 && v === undefined; i++) {
+      // A deadline, not a count of polls: at load average 80 on 2 cores the
+      // service once took longer to answer than 400 polls of 5 ms lasted.
+      const deadline = Date.now() + 15_000;
+      while (v === undefined && Date.now() < deadline) {
         await sleep(5);
         v = await serviceVersion(this.native, this.paths.criuSocket);
       }
