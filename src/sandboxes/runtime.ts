@@ -11,7 +11,7 @@ import { helperPath, initPath, native } from '../native/binding.js';
 import { HostError, SystemCallError, isNativeError } from '../errors.js';
 import { parseHelperAnswer, type Supervisor } from '../host/supervisor.js';
 import { mountsUnder, startTime } from '../host/proc.js';
-import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
+import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgroups.js';
 import type { LayerStore } from '../layers/layer-store.js';
 import type { StatePaths } from '../paths.js';
 
@@ -153,6 +153,6 @@ export class SandboxRuntime {
     for (const m of mountsUnder(this.paths.sandboxRun(id))) native().unmount(m, true);
     await this.layers.deleteUpper(id);
     fs.rmSync(this.paths.sandboxRun(id), { recursive: true, force: true });
-    this.cgroups.remove(this.cgroupName(id));
+    await killAndRemove(this.cgroups, this.cgroupName(id));
   }
 }
