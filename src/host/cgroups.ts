@@ -110,6 +110,47 @@ async function waitFor(cond: () => boolean, timeoutMs: number, what: string): Pr
 }
 
 /**
+ * A freeze that times out is undone before the error goes up: otherwise the
+ * sandbox would stay half frozen (v1 FREEZING) with nobody left to thaw it.
+ */
+async function undoOnFailure(wait: Promise<void>, undo: () => void): Promise<void> {
+  try {
+    await wait;
+  } catch (e) {
+    try {
+      undo();
+    } catch {
+      /* the cgroup is gone: nothing left frozen */
+    }
+    throw e;
+  }
+}
+
+/**
+ * Kills the cgroup's processes and removes it, however long they take to
+ * die: a process inside a slow system call (a sandbox helper in
+ * unshare(CLONE_NEWNET) on a loaded host, which a create that timed out
+ * leaves behind) dies only when the call returns, and an rmdir before that
+ * fails with EBUSY, which left the cgroup and the process behind for good.
+ * A missing cgroup is success.
+ */
+export async function killAndRemove(cgroups: CgroupDriver, name: string, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    let killError: unknown;
+    await cgroups.kill(name, Math.max(1, deadline - Date.now())).catch((e: unknown) => (killError = e));
+    try {
+      cgroups.remove(name);
+      return;
+    } catch (e) {
+      // EBUSY: a process joined after the kill looked (a helper that was still starting).
+      if ((e as NodeJS.ErrnoException).code !== 'EBUSY' || Date.now() >= deadline) throw killError ?? e;
+    }
+    await sleep(20);
+  }
+}
+
+/**
  * cgroup v1: pids, memory and freezer hierarchies, plus cpu, cpuacct and
  * blkio where they are mounted (separately or co-mounted as "cpu,cpuacct":
  * the per-controller paths are then symlinks to one directory).
@@ -183,7 +224,7 @@ export class CgroupV1 implements CgroupDriver {
   async freeze(name: string, timeoutMs = 5000): Promise<void> {
     const state = path.join(this.dir('freezer', name), 'freezer.state');
     fs.writeFileSync(state, 'FROZEN');
-    await waitFor(() => readTrim(state) === 'FROZEN', timeoutMs, `cgroup ${name} to freeze`);
+    await undoOnFailure(waitFor(() => readTrim(state) === 'FROZEN', timeoutMs, `cgroup ${name} to freeze`), () => this.thaw(name));
   }
 
   thaw(name: string): void {
@@ -205,8 +246,9 @@ export class CgroupV1 implements CgroupDriver {
   async kill(name: string, timeoutMs = 5000): Promise<void> {
     if (!fs.existsSync(this.dir('freezer', name))) return;
     // Freeze first so nothing can fork while we kill; SIGKILL is delivered
-    // to frozen tasks once they thaw.
-    await this.freeze(name, timeoutMs).catch(() => undefined);
+    // to frozen tasks once they thaw. A task that does not freeze soon is in
+    // a long system call: kill it without waiting for that.
+    await this.freeze(name, Math.min(timeoutMs, 1000)).catch(() => undefined);
     for (const pid of this.pids(name)) {
       try {
         process.kill(pid, 'SIGKILL');
@@ -308,7 +350,7 @@ export class CgroupV2 implements CgroupDriver {
   async freeze(name: string, timeoutMs = 5000): Promise<void> {
     fs.writeFileSync(path.join(this.dir(name), 'cgroup.freeze'), '1');
     const events = path.join(this.dir(name), 'cgroup.events');
-    await waitFor(() => /frozen 1/.test(fs.readFileSync(events, 'utf8')), timeoutMs, `cgroup ${name} to freeze`);
+    await undoOnFailure(waitFor(() => /frozen 1/.test(fs.readFileSync(events, 'utf8')), timeoutMs, `cgroup ${name} to freeze`), () => this.thaw(name));
   }
 
   thaw(name: string): void {

@@ -10,7 +10,7 @@ import { createHash } from 'node:crypto';
 import { helperPath, initPath } from '../native/binding.js';
 import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
 import { parseHelperAnswer } from '../host/supervisor.js';
-import type { CgroupDriver, CgroupLimits } from '../host/cgroups.js';
+import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgroups.js';
 import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
 import { ID_RANGE_SIZE } from './id-ranges.js';
@@ -193,6 +193,6 @@ export class SandboxRuntime {
     for (const m of this.proc.mountsUnder(this.paths.sandboxRun(id))) this.native.unmount(m, true);
     await this.layers.deleteUpper(id);
     fs.rmSync(this.paths.sandboxRun(id), { recursive: true, force: true });
-    this.cgroups.remove(this.cgroupName(id));
+    await killAndRemove(this.cgroups, this.cgroupName(id));
   }
 }
