@@ -88,6 +88,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
   const t: Partial<CheckpointTimings> = {};
   const t0 = performance.now();
   let frozenAt = 0;
+  let committed!: CheckpointRow;
   try {
     fs.mkdirSync(imagesDir, { mode: 0o700 });
     await cgroups.freeze(cg);
@@ -119,7 +120,6 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     const sizes: CheckpointInfo['sizes'] = { processImageBytes: processImageBytes(imagesDir) };
     const layerBytes = layers.layerBytes(layerId); // exact now: the sync above committed the qgroup numbers
     if (layerBytes !== null) sizes.layerBytes = layerBytes;
-    let committed!: CheckpointRow;
     catalog.tx(() => {
       // In the commit transaction, so that two checkpoints cannot both fit the last room.
       const tenant = tenantOf(catalog.db, row.tenant);
@@ -149,15 +149,16 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });
       catalog.endOperation(opId);
     });
-    engine.fault('checkpoint:committed');
-    log.info({ timings: t }, 'checkpoint committed');
-    return checkpointInfo(committed);
   } catch (e) {
     log.warn({ err: e }, 'checkpoint failed; removing partial state');
     await discardCheckpointFiles(engine, checkpointId, layerId);
     catalog.endOperation(opId);
     throw e;
   }
+  // Past the commit the checkpoint exists: nothing after this point may discard its files.
+  engine.fault('checkpoint:committed');
+  log.info({ timings: t }, 'checkpoint committed');
+  return checkpointInfo(committed);
 }
 
 /** Removes a checkpoint's layer and process image (idempotent). */
