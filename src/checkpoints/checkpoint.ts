@@ -90,6 +90,7 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
   const t: Partial<CheckpointTimings> = {};
   const t0 = performance.now();
   let frozenAt = 0;
+  let committed!: CheckpointRow;
   try {
     fs.mkdirSync(imagesDir, { mode: 0o700 });
     await cgroups.freeze(cg);
@@ -125,7 +126,6 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     const sizes: CheckpointInfo['sizes'] = { processImageBytes: Object.values(images).reduce((n, f) => n + f.size, 0) };
     const layerBytes = layers.layerBytes(layerId); // exact now: the sync above committed the qgroup numbers
     if (layerBytes !== null) sizes.layerBytes = layerBytes;
-    let committed!: CheckpointRow;
     catalog.tx(() => {
       // In the commit transaction, so that two checkpoints cannot both fit the last room.
       const tenant = tenantOf(catalog.db, row.tenant);
@@ -156,9 +156,6 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });
       catalog.endOperation(opId);
     });
-    engine.fault('checkpoint:committed');
-    log.info({ timings: t }, 'checkpoint committed');
-    return checkpointInfo(committed);
   } catch (e) {
     const err = storeFullOr(engine, e);
     log.warn({ err }, 'checkpoint failed; removing partial state');
@@ -166,6 +163,10 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
     catalog.endOperation(opId);
     throw err;
   }
+  // Past the commit the checkpoint exists: nothing after this point may discard its files.
+  engine.fault('checkpoint:committed');
+  log.info({ timings: t }, 'checkpoint committed');
+  return checkpointInfo(committed);
 }
 
 /** Less than this free in the store right after CRIU failed means its writes hit ENOSPC. */

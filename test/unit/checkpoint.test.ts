@@ -102,3 +102,26 @@ test('the tenant quota is checked in the commit: over it, the files made are rem
   t.deepEqual(engine.catalog.checkpointsOf(sb.id), []);
   t.is(row(sb.id).state, 'running');
 });
+
+test('past the commit, a failure does not discard the checkpoint: its files stay with its record', async (t) => {
+  let armed = false;
+  const m = await openFake(t, {
+    open: {
+      config: { standby: false },
+      fault: (p) => {
+        if (armed && p === 'checkpoint:committed') throw new Error('after the commit');
+      },
+    },
+  });
+  const sb = await m.ls.create();
+  armed = true;
+  await t.throwsAsync(sb.checkpoint(), { message: 'after the commit' });
+  const [row] = m.engine.catalog.checkpointsOf(sb.id);
+  t.truthy(row);
+  t.true(m.host.layers.has(row!.layer_id));
+  t.true(fs.existsSync(`${m.engine.paths.processImage(row!.id)}/memory`));
+  // And a rollback to it works.
+  armed = false;
+  const report = await sb.rollback(row!.id);
+  t.is(report.checkpointId, row!.id);
+});

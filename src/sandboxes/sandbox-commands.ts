@@ -1,0 +1,132 @@
+/** sandbox.commands: commands run in a sandbox, each recorded as an observation; background commands as handles. */
+import fs from 'node:fs';
+import os from 'node:os';
+import { native } from '../native/binding.js';
+import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
+import { namespacePid, sleep } from '../host/proc.js';
+import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
+import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
+
+/** A command's result plus the id of the observation it was recorded as. */
+export interface ObservedRunResult extends RunResult {
+  /** Undefined when the call passed observe: false. */
+  observationId: string | undefined;
+}
+
+/** Command execution inside one sandbox. */
+export class SandboxCommands {
+  constructor(private readonly sandbox: SandboxCore) {}
+
+  /**
+   * Runs a command; a string runs through /bin/sh -c. Resolves with the exit
+   * code (never rejects on a non-zero one) and the id of the observation it
+   * was recorded as, tagged with the branch, the checkpoint epoch and the
+   * tool-call id.
+   */
+  run(cmd: string | string[], opts: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background: true }): Promise<CommandHandle>;
+  run(cmd: string | string[], opts?: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: false | undefined }): Promise<ObservedRunResult>;
+  async run(cmd: string | string[], options: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: boolean | undefined } = {}): Promise<ObservedRunResult | CommandHandle> {
+    const opts = options.envs && !options.env ? { ...options, env: options.envs } : options;
+    if (opts.background) return this.background(cmd, opts);
+    const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
+    if (typeof cmd === 'string' && cmd.trim() === '') throw new InvalidArgumentError('command', 'a non-empty command', cmd);
+    validateCommand(argv, opts);
+    const toolCallId = validateToolCallId(opts.toolCallId);
+    const row = this.sandbox.runningRow();
+    const result = await runCommand(this.sandbox.enterTarget(row), argv, opts);
+    if (opts.observe === false) return { ...result, observationId: undefined };
+    const obs = this.sandbox.engine.agent.observe(row, {
+      kind: 'command',
+      subject: typeof cmd === 'string' ? cmd : argv.join(' '),
+      exitCode: result.exitCode,
+      summary: (result.stdout + result.stderr).slice(0, 500),
+      ...(toolCallId ? { toolCallId } : {}),
+    });
+    return { ...result, observationId: obs.id };
+  }
+
+  /**
+   * Starts cmd in the background as part of the sandbox's process tree and
+   * returns a handle. Its exit code is written by a /bin/sh wrapper to
+   * /run/lockstep/exit/<pid> inside the sandbox, where wait() finds it.
+   */
+  private async background(cmd: string | string[], opts: RunOptions & Provenance): Promise<CommandHandle> {
+    const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
+    validateCommand(argv, opts);
+    const wrapped = ['/bin/sh', '-c', 'mkdir -p /run/lockstep/exit; "$@"; echo $? > /run/lockstep/exit/$$', 'lockstep-bg', ...argv];
+    const pid = await spawnDetached(this.sandbox.enterTarget(), wrapped, { cwd: opts.cwd, env: opts.env });
+    return new CommandHandle(this.sandbox, pid, opts.signal);
+  }
+
+  /** Starts a background process that belongs to the sandbox (checkpoints capture it); returns its pid inside the sandbox. */
+  async spawn(cmd: string | string[], opts: SpawnOptions = {}): Promise<number> {
+    const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
+    if (typeof cmd === 'string' && cmd.trim() === '') throw new InvalidArgumentError('command', 'a non-empty command', cmd);
+    validateCommand(argv, opts);
+    return spawnDetached(this.sandbox.enterTarget(), argv, opts);
+  }
+}
+
+/** A background command: wait for it, or kill it. */
+export class CommandHandle {
+  constructor(
+    private readonly sandbox: SandboxCore,
+    /** pid inside the sandbox */
+    readonly pid: number,
+    signal?: AbortSignal,
+  ) {
+    signal?.addEventListener('abort', () => void this.kill().catch(() => undefined), { once: true });
+  }
+
+  private hostPid(): number | undefined {
+    const cg = this.sandbox.engine.runtime.cgroupName(this.sandbox.row().instance);
+    return this.sandbox.engine.cgroups.pids(cg).find((p) => namespacePid(p) === this.pid);
+  }
+
+  /** Resolves when the command has exited, with its exit code (null if it was killed before reporting one). */
+  async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<{ exitCode: number | null }> {
+    const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
+    while (this.hostPid() !== undefined) {
+      if (opts.signal?.aborted) throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for background command ${this.pid}`);
+      if (Date.now() > deadline) throw new CommandAbortedError('COMMAND_TIMEOUT', `Background command ${this.pid} still running after ${opts.timeoutMs} ms`);
+      await sleep(20);
+    }
+    const raw = this.sandbox.files();
+    try {
+      const { content } = await raw.read(`/run/lockstep/exit/${this.pid}`);
+      return { exitCode: Number(content.toString().trim()) };
+    } catch {
+      return { exitCode: null };
+    }
+  }
+
+  /** Sends a signal (default SIGKILL) to the command. False if it had already exited. */
+  async kill(signal: NodeJS.Signals = 'SIGKILL'): Promise<boolean> {
+    const pid = this.hostPid();
+    if (pid === undefined) return false;
+    // Pinned by a pidfd, then checked again: had the command exited and its
+    // pid been reused, the signal fails rather than reach the new holder.
+    let fd: number;
+    try {
+      fd = native().pidfdOpen(pid);
+    } catch {
+      return false;
+    }
+    try {
+      if (this.hostPid() !== pid) return false;
+      // The detached command leads its own process group (setsid): signal all of it.
+      return native().pidfdSendSignal(fd, os.constants.signals[signal], true);
+    } catch (e) {
+      // Kernels before 6.9 cannot signal a group through a pidfd; the group is this sandbox's while its leader runs.
+      if ((e as NodeJS.ErrnoException).code !== 'EINVAL') return false;
+      try {
+        process.kill(-pid, signal);
+        return true;
+      } catch {
+        return false;
+      }
+    } finally {
+      fs.closeSync(fd);
+    }
+  }
+}
