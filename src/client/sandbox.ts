@@ -12,6 +12,7 @@ import { Readable } from 'node:stream';
 import type { SandboxInfo, ObservedRunResult } from '../sandboxes/sandbox.js';
 import type { CreateOptions } from '../sandboxes/create.js';
 import type { FileEntry } from '../sandboxes/files.js';
+import type { OutputChunk, OutputOffsets } from '../sandboxes/background-output.js';
 import type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 import type { ForkResult } from '../checkpoints/fork.js';
 import type { RollbackReport } from '../checkpoints/rollback.js';
@@ -197,6 +198,17 @@ export class RemoteCommandHandle {
     readonly pid: number,
   ) {}
 
+  /** What it wrote since `from` (byte offsets; default the start), and where to continue from; `rewound` after a rollback. */
+  async output(from: OutputOffsets = { stdout: 0, stderr: 0 }, opts: CallOptions = {}): Promise<OutputChunk & { running: boolean }> {
+    const r = await this.sandbox.transport.json<OutputChunk & { running: boolean; pid: number }>({
+      method: 'GET',
+      path: this.sandbox.path(`/commands/${this.pid}/output`),
+      query: { stdoutOffset: String(from.stdout), stderrOffset: String(from.stderr) },
+      signal: opts.signal,
+    });
+    return { stdout: r.stdout, stderr: r.stderr, offsets: r.offsets, rewound: r.rewound, running: r.running };
+  }
+
   /** Resolves with its exit code once it has exited (null if killed before reporting one). */
   async wait(opts: { timeoutMs?: number | undefined } & CallOptions = {}): Promise<{ exitCode: number | null }> {
     const r = await this.sandbox.transport.json<{ exitCode: number | null }>({
@@ -219,6 +231,19 @@ export class RemoteCommandHandle {
 /** Commands of a remote sandbox. */
 export class RemoteCommands {
   constructor(private readonly sandbox: Sandbox) {}
+
+  /** Reattaches to a background command by its pid (from run's handle or list()). */
+  async connect(pid: number, opts: CallOptions = {}): Promise<RemoteCommandHandle> {
+    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
+    // Answers INVALID_ARGUMENT (field pid) unless the sandbox started such a command.
+    await this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path(`/commands/${pid}/output`), query: { stdoutOffset: '0', stderrOffset: '0' }, signal: opts.signal });
+    return new RemoteCommandHandle(this.sandbox, pid);
+  }
+
+  /** The background commands, by pid, with whether each still runs. */
+  async list(opts: CallOptions = {}): Promise<{ pid: number; running: boolean; exitCode: number | null }[]> {
+    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/commands'), signal: opts.signal });
+  }
 
   /**
    * Runs a command; a string runs through /bin/sh -c. Resolves with the exit

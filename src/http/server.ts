@@ -26,6 +26,7 @@ import { IdempotencyStore, requestHash, validateIdempotencyKey } from './idempot
 import { ServerMetrics } from './metrics.js';
 import { OperationTracker } from './operations.js';
 import { agentRoutes } from './routes/agent.js';
+import { backgroundRoutes } from './routes/background.js';
 import { checkpointRoutes } from './routes/checkpoints.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
@@ -204,6 +205,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
       });
       sandboxRoutes(v1, ctx);
       commandRoutes(v1, ctx);
+      backgroundRoutes(v1, ctx);
       checkpointRoutes(v1, ctx, { contextBodyLimit: fileBodyLimit });
       agentRoutes(v1, ctx);
       imageRoutes(v1, ctx);

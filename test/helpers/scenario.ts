@@ -11,12 +11,21 @@ import { eventually } from './harness.js';
 
 type Awaitable<T> = T | Promise<T>;
 
+interface BackgroundHandle {
+  pid: number;
+  wait(): Promise<{ exitCode: number | null }>;
+  kill(): Promise<boolean>;
+  output(from?: { stdout: number; stderr: number }): Promise<{ stdout: string; stderr: string; offsets: { stdout: number; stderr: number }; rewound: boolean; running: boolean }>;
+}
+
 /** What the scenario uses of a sandbox: the members both SDKs have, with the same names. */
 export interface ScenarioSandbox {
   readonly id: string;
   commands: {
     run(cmd: string | string[], opts?: { cwd?: string; envs?: Record<string, string>; onStdout?: (s: string) => void; onStderr?: (s: string) => void; signal?: AbortSignal }): Promise<ObservedRunResult>;
-    run(cmd: string | string[], opts: { background: true }): Promise<{ pid: number; wait(): Promise<{ exitCode: number | null }>; kill(): Promise<boolean> }>;
+    run(cmd: string | string[], opts: { background: true }): Promise<BackgroundHandle>;
+    connect(pid: number): Promise<BackgroundHandle>;
+    list(): Promise<{ pid: number; running: boolean; exitCode: number | null }[]>;
   };
   files: {
     write(path: string, data: string | Uint8Array): Promise<{ sha256: string; bytes: number }>;
@@ -72,6 +81,27 @@ export function scenarioTests(test: TestFn, label: string, open: (t: ExecutionCo
     const forever = await sbx.commands.run('sleep 600', { background: true });
     t.true(await forever.kill());
     t.is((await forever.wait()).exitCode, null);
+
+    // Output of a background command, read by offsets, and after reattaching by pid.
+    const talker = await sbx.commands.run('echo out 1; echo err 1 >&2; sleep 0.3; printf "out 2 \\303\\251\\n"; exit 5', { background: true });
+    const first = await eventually(async () => {
+      const o = await talker.output();
+      return o.stdout.includes('out 1') && o.stderr.includes('err 1') ? o : undefined;
+    }, 10_000);
+    t.deepEqual(await talker.wait(), { exitCode: 5 });
+    const rest = await talker.output(first!.offsets);
+    t.is(first!.stdout + rest.stdout, 'out 1\nout 2 \u00e9\n');
+    t.is(rest.stderr, '');
+    t.false(rest.rewound);
+    t.false(rest.running);
+    const reattached = await (await target.connect(sbx.id)).commands.connect(talker.pid);
+    t.is((await reattached.output()).stdout, 'out 1\nout 2 \u00e9\n');
+    t.deepEqual(await reattached.wait(), { exitCode: 5 });
+    const listed = await sbx.commands.list();
+    t.deepEqual(listed.find((c) => c.pid === talker.pid), { pid: talker.pid, running: false, exitCode: 5 });
+    t.deepEqual(listed.find((c) => c.pid === bg.pid), { pid: bg.pid, running: false, exitCode: 7 });
+    const unknown = await t.throwsAsync(sbx.commands.connect(999_999));
+    t.like(unknown, { code: 'INVALID_ARGUMENT', field: 'pid' });
   });
 
   test.serial(`${label}: files, checkpoint with a context, an irreversible effect, rollback with its report, the effect not run twice, fork`, async (t) => {
@@ -141,6 +171,40 @@ export function scenarioTests(test: TestFn, label: string, open: (t: ExecutionCo
     });
     t.deepEqual(inFork, { messageId: 'm-1' });
     t.is(sent, 1);
+  });
+
+  test.serial(`${label}: a background command's output is part of the sandbox: a rollback rewinds it with the process, a fork copies it`, async (t) => {
+    const target = await open(t);
+    const sbx = await target.create({ memoryMb: 64 });
+    t.teardown(() => sbx.kill().then(() => undefined, () => undefined));
+    const proc = await sbx.commands.run('echo a; while [ ! -e /workspace/go ]; do sleep 0.05; done; echo b; exec sleep 600', { background: true });
+    await eventually(async () => (await proc.output()).stdout === 'a\n', 10_000);
+    const ck = await sbx.checkpoint({ label: 'after a' });
+
+    await sbx.files.write('go', '');
+    const seen = await eventually(async () => {
+      const o = await proc.output();
+      return o.stdout === 'a\nb\n' ? o : undefined;
+    }, 10_000);
+
+    // The output file went back to what it was at the checkpoint: reading on from the old offsets says so.
+    await sbx.rollback(ck.id);
+    const back = await proc.output(seen!.offsets);
+    t.true(back.rewound);
+    t.is(back.stdout, 'a\n');
+    t.true(back.running, 'the restored process waits again');
+    await sbx.files.write('go', '');
+    await eventually(async () => (await proc.output()).stdout === 'a\nb\n', 10_000);
+
+    // A fork has the same command at the same point, with its output so far.
+    const [f] = await sbx.fork(ck.id, { count: 1 });
+    if (!f?.ok) return t.fail(`fork failed: ${JSON.stringify(f)}`);
+    const child = await target.connect(f.id);
+    t.teardown(() => child.kill().then(() => undefined, () => undefined));
+    const inFork = await child.commands.connect(proc.pid);
+    t.is((await inFork.output()).stdout, 'a\n');
+    await child.files.write('go', '');
+    await eventually(async () => (await inFork.output()).stdout === 'a\nb\n', 10_000);
   });
 
   test.serial(`${label}: typed errors name what was wrong`, async (t) => {
