@@ -16,13 +16,14 @@ from .errors import (
     NotFoundError,
     QuotaExceededError,
 )
-from .sandbox import CommandHandle, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
 
 __all__ = [
     "AsyncCommandHandle",
     "AsyncSandbox",
     "CommandAbortedError",
     "CommandHandle",
+    "CommandOutput",
     "CommandResult",
     "EntryInfo",
     "InvalidArgumentError",

@@ -12,7 +12,7 @@ import asyncio
 import functools
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
 
-from .sandbox import CommandHandle, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
 
 
 class AsyncCommandHandle:
@@ -26,10 +26,19 @@ class AsyncCommandHandle:
     async def kill(self, signal: str = "SIGKILL") -> bool:
         return await asyncio.to_thread(self._h.kill, signal)
 
+    async def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
+        return await asyncio.to_thread(self._h.output, stdout_offset, stderr_offset)
+
 
 class AsyncCommands:
     def __init__(self, sbx: Sandbox):
         self._sbx = sbx
+
+    async def connect(self, pid: int) -> AsyncCommandHandle:
+        return AsyncCommandHandle(await asyncio.to_thread(self._sbx.commands.connect, pid))
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.commands.list)
 
     async def run(self, cmd: Union[str, List[str]], **kw: Any) -> Union[CommandResult, AsyncCommandHandle]:
         r = await asyncio.to_thread(functools.partial(self._sbx.commands.run, cmd, **kw))

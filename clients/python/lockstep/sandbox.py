@@ -103,6 +103,18 @@ def _kill(transport: Transport, sandbox_id: str) -> bool:
         return False
 
 
+@dataclass
+class CommandOutput:
+    """New output of a background command. ``rewound``: a rollback took the output back, and this starts at 0."""
+
+    stdout: str
+    stderr: str
+    stdout_offset: int
+    stderr_offset: int
+    rewound: bool
+    running: bool
+
+
 class CommandHandle:
     """A background command: wait for it or signal it."""
 
@@ -119,12 +131,29 @@ class CommandHandle:
         """Sends a signal; False if it had already exited."""
         return bool(self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/kill"), json_body={"signal": signal})["killed"])
 
+    def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
+        """What it wrote since the byte offsets (default the start); continue from the returned offsets."""
+        r = self._sandbox._t.json(
+            "GET", self._sandbox._path(f"/commands/{self.pid}/output"), query={"stdoutOffset": str(stdout_offset), "stderrOffset": str(stderr_offset)}
+        )
+        return CommandOutput(r["stdout"], r["stderr"], r["offsets"]["stdout"], r["offsets"]["stderr"], bool(r["rewound"]), bool(r["running"]))
+
 
 class Commands:
     """Commands of a sandbox."""
 
     def __init__(self, sandbox: "Sandbox"):
         self._sandbox = sandbox
+
+    def connect(self, pid: int) -> CommandHandle:
+        """Reattaches to a background command by pid (InvalidArgumentError unless the sandbox started one)."""
+        h = CommandHandle(self._sandbox, pid)
+        h.output()
+        return h
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Background commands: [{pid, running, exitCode}]."""
+        return self._sandbox._t.json("GET", self._sandbox._path("/commands"))
 
     def run(
         self,

@@ -14,6 +14,8 @@ def test_async_scenario(conn):
             bg = await sbx.commands.run("exit 3", background=True)
             assert isinstance(bg, AsyncCommandHandle)
             assert await bg.wait() == 3
+            assert (await (await sbx.commands.connect(bg.pid)).output()).running is False
+            assert {"pid": bg.pid, "running": False, "exitCode": 3} in await sbx.commands.list()
 
             await sbx.files.write("notes.txt", "v1\n")
             ck = await sbx.checkpoint(label="v1", context={"format": "anthropic", "messages": [{"role": "user", "content": "hi"}]})

@@ -42,6 +42,20 @@ def test_create_list_connect_commands_and_background(conn):
         forever = sbx.commands.run("sleep 600", background=True)
         assert forever.kill() is True
         assert forever.wait() is None
+
+        # A background command's output, by offsets, and after reattaching by pid.
+        talker = sbx.commands.run("echo out 1; echo err 1 >&2; sleep 0.3; echo out 2; exit 5", background=True)
+        first = eventually(lambda: (lambda o: o if "out 1" in o.stdout and "err 1" in o.stderr else None)(talker.output()))
+        assert talker.wait() == 5
+        rest = talker.output(first.stdout_offset, first.stderr_offset)
+        assert first.stdout + rest.stdout == "out 1\nout 2\n"
+        assert not rest.rewound and not rest.running
+        reattached = Sandbox.connect(sbx.sandbox_id, **conn).commands.connect(talker.pid)
+        assert reattached.output().stdout == "out 1\nout 2\n"
+        assert {"pid": talker.pid, "running": False, "exitCode": 5} in sbx.commands.list()
+        with pytest.raises(InvalidArgumentError) as e:
+            sbx.commands.connect(999999)
+        assert e.value.field == "pid"
     # The with block killed it.
     assert Sandbox.kill(sbx.sandbox_id, **conn) is False
     with pytest.raises(NotFoundError) as e:
