@@ -8,6 +8,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
+import { MAX_SESSIONS } from '../../src/http/routes/mcp.js';
 
 async function connect(t: { teardown: (fn: () => Promise<void>) => void }, base: string, token: string): Promise<{ client: Client; transport: StreamableHTTPClientTransport }> {
   const transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), { requestInit: { headers: { authorization: `Bearer ${token}` } } });
@@ -114,5 +115,40 @@ integration(test, () => {
     t.is(noSession.status, 400);
     t.like(await noSession.json(), { error: { code: 'INVALID_ARGUMENT', field: 'Mcp-Session-Id' } });
     await call(acme, 'kill_sandbox', { sandboxId: mine.id });
+  });
+
+  test.serial("past the session limit a tenant's least recently used session is closed, and no other tenant's", async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client: http } = await startServer(t, ls);
+    const acme = tenantToken(ls, 'acme');
+    const other = tenantToken(ls, 'other');
+    const headers = (token: string, sid?: string) => ({
+      authorization: `Bearer ${token}`,
+      'content-type': 'application/json',
+      accept: 'application/json, text/event-stream',
+      'mcp-protocol-version': '2025-06-18',
+      ...(sid ? { 'mcp-session-id': sid } : {}),
+    });
+    const init = async (token: string) => {
+      const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 't', version: '0' } } });
+      const res = await fetch(`${http.base}/mcp`, { method: 'POST', headers: headers(token), body });
+      await res.text();
+      t.is(res.status, 200);
+      return res.headers.get('mcp-session-id')!;
+    };
+    const ping = async (token: string, sid: string) => {
+      const res = await fetch(`${http.base}/mcp`, { method: 'POST', headers: headers(token, sid), body: JSON.stringify({ jsonrpc: '2.0', id: 2, method: 'ping' }) });
+      await res.text();
+      return res.status;
+    };
+    const theirs = await init(other);
+    const mine: string[] = [];
+    for (let i = 0; i < MAX_SESSIONS; i++) mine.push(await init(acme));
+    t.is(await ping(acme, mine[0]!), 200); // the first is now the most recently used
+    mine.push(await init(acme)); // one too many: closes mine[1], the least recently used
+    t.is(await ping(acme, mine[1]!), 404);
+    t.is(await ping(acme, mine[0]!), 200);
+    t.is(await ping(acme, mine.at(-1)!), 200);
+    t.is(await ping(other, theirs), 200);
   });
 });

@@ -7,7 +7,11 @@
  * quotas as the REST routes. A session belongs to the tenant that opened
  * it: every request is authenticated again, and another tenant's session id
  * answers exactly like an unknown one (404). Sessions idle for longer than
- * SESSION_IDLE_MS are closed, and a tenant has at most MAX_SESSIONS open.
+ * SESSION_IDLE_MS are closed, and a tenant has at most MAX_SESSIONS open:
+ * the next initialize closes that tenant's least recently used one (MCP
+ * clients often leave without ending their session; refusing new ones would
+ * lock a tenant out until the idle sweep, and evicting only its own sessions
+ * keeps one tenant from pushing out another's).
  */
 import { randomUUID } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
@@ -38,10 +42,10 @@ interface Session {
 class McpSessions {
   readonly byId = new Map<string, Session>();
 
-  countFor(tenantId: string): number {
-    let n = 0;
-    for (const s of this.byId.values()) if (s.tenantId === tenantId) n++;
-    return n;
+  /** Closes the tenant's least recently used sessions until it has room for one more. */
+  async makeRoom(tenantId: string): Promise<void> {
+    const own = [...this.byId].filter(([, s]) => s.tenantId === tenantId).sort(([, a], [, b]) => a.lastUsed - b.lastUsed);
+    for (const [id] of own.slice(0, Math.max(0, own.length - MAX_SESSIONS + 1))) await this.close(id);
   }
 
   async close(id: string): Promise<void> {
@@ -110,9 +114,7 @@ export function mcpRoutes(app: FastifyInstance, ctx: ApiContext, opts: { bearer:
         session = sessions.byId.get(sid);
         if (!session || session.tenantId !== tenant.id) throw new HttpError(404, 'MCP_SESSION_NOT_FOUND', 'No MCP session with that Mcp-Session-Id: initialize a new one', { field: 'Mcp-Session-Id' });
       } else if (req.method === 'POST' && isInitializeRequest(req.body)) {
-        if (sessions.countFor(tenant.id) >= MAX_SESSIONS) {
-          throw new HttpError(429, 'QUOTA_EXCEEDED', `A tenant may hold at most ${MAX_SESSIONS} MCP sessions open; close one (HTTP DELETE /mcp with its Mcp-Session-Id) first`);
-        }
+        await sessions.makeRoom(tenant.id);
         const server = createMcpServer({ lockstep: ctx.lockstep, tenant: tenantScope(ctx, tenant.id) });
         const opened: Session = { tenantId: tenant.id, server, lastUsed: Date.now(), transport: undefined as unknown as StreamableHTTPServerTransport };
         opened.transport = new StreamableHTTPServerTransport({
