@@ -47,6 +47,9 @@ export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWith
 
 const enc = encodeURIComponent;
 
+/** Longest single wait request; fetch gives up on answers that take 300 s. */
+export const WAIT_SLICE_MS = 60_000;
+
 /** A handle on a sandbox of the calling tenant, over HTTP. */
 export class Sandbox {
   readonly commands: RemoteCommands;
@@ -209,16 +212,27 @@ export class RemoteCommandHandle {
     return { stdout: r.stdout, stderr: r.stderr, offsets: r.offsets, rewound: r.rewound, running: r.running };
   }
 
-  /** Resolves with its exit code once it has exited (null if killed before reporting one). */
+  /**
+   * Resolves with its exit code once it has exited (null if killed before
+   * reporting one). Waits in slices of WAIT_SLICE_MS on the server, so no
+   * request outlives fetch's own time limits however long the command runs.
+   */
   async wait(opts: { timeoutMs?: number | undefined } & CallOptions = {}): Promise<{ exitCode: number | null }> {
-    const r = await this.sandbox.transport.json<{ exitCode: number | null }>({
-      method: 'POST',
-      path: this.sandbox.path(`/commands/${this.pid}/wait`),
-      body: { json: opts.timeoutMs !== undefined ? { timeoutMs: opts.timeoutMs } : {} },
-      signal: opts.signal,
-      idempotencyKey: opts.idempotencyKey,
-    });
-    return { exitCode: r.exitCode };
+    const deadline = opts.timeoutMs === undefined ? Infinity : Date.now() + opts.timeoutMs;
+    for (;;) {
+      const slice = Math.max(1, Math.min(WAIT_SLICE_MS, deadline - Date.now()));
+      try {
+        const r = await this.sandbox.transport.json<{ exitCode: number | null }>({
+          method: 'POST',
+          path: this.sandbox.path(`/commands/${this.pid}/wait`),
+          body: { json: { timeoutMs: Math.ceil(slice) } },
+          signal: opts.signal,
+        });
+        return { exitCode: r.exitCode };
+      } catch (e) {
+        if ((e as { code?: string }).code !== 'COMMAND_TIMEOUT' || Date.now() >= deadline) throw e;
+      }
+    }
   }
 
   /** Sends a signal (default SIGKILL); false if it had already exited. */
@@ -275,6 +289,11 @@ export class RemoteCommands {
       const r = await t.json<{ pid: number }>({ method: 'POST', path, body: { json: body }, signal, idempotencyKey });
       return new RemoteCommandHandle(this.sandbox, r.pid);
     }
+    // Without callbacks, one JSON answer, sent when the command has finished: an
+    // answer lost on the way is retried and replayed, not run again (a connection
+    // lost while the command runs aborts it on the server, as the signal does, and
+    // the retry runs it afresh). fetch waits 300 s for an answer: longer commands
+    // stream (the headers come at once) or run in the background (wait() asks in slices).
     if (!onStdout && !onStderr) return t.json<ObservedRunResult>({ method: 'POST', path, body: { json: body }, signal, idempotencyKey });
 
     const res = await t.send({ method: 'POST', path, body: { json: body }, accept: 'application/x-ndjson', signal, idempotencyKey });

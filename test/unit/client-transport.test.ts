@@ -10,7 +10,8 @@ import http from 'node:http';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { AddressInfo } from 'node:net';
-import { CommandAbortedError, ConnectionError, InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError, RequestAbortedError, Sandbox } from '../../src/client/index.js';
+import { CommandAbortedError, ConnectionError, InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError, RemoteCommandHandle, RequestAbortedError, Sandbox } from '../../src/client/index.js';
+import { WAIT_SLICE_MS } from '../../src/client/sandbox.js';
 
 interface Canned {
   status: number;
@@ -143,4 +144,33 @@ test('lockstep/client loads nothing native and no server code: only its own modu
   walk(path.join(root, 'client/index.js'));
   const outside = [...seen].map((f) => path.relative(root, f)).filter((f) => !f.startsWith('client/'));
   t.deepEqual(outside.sort(), ['errors.js', 'http/defaults.js']);
+});
+
+test('wait() waits in slices on the server: a slice that times out is followed by another, within the caller\'s deadline', async (t) => {
+  const bodies: string[] = [];
+  const answers: Canned[] = [{ status: 200, body: info }, { status: 504, body: err('COMMAND_TIMEOUT') }, { status: 504, body: err('COMMAND_TIMEOUT') }, { status: 200, body: { pid: 7, exitCode: 3 } }];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (c: Buffer) => (body += c.toString()));
+    req.on('end', () => {
+      bodies.push(body);
+      const a = answers[Math.min(bodies.length - 1, answers.length - 1)]!;
+      res.writeHead(a.status, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(a.body));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const apiUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const sbx = await Sandbox.connect('sbx_abc', { ...fast, apiUrl });
+  const handle = new RemoteCommandHandle(sbx, 7);
+  t.deepEqual(await handle.wait(), { exitCode: 3 });
+  const waits = bodies.slice(1).map((b) => JSON.parse(b) as { timeoutMs: number });
+  t.is(waits.length, 3);
+  for (const w of waits) t.true(w.timeoutMs > 0 && w.timeoutMs <= WAIT_SLICE_MS);
+
+  // With a deadline of its own, the caller gets COMMAND_TIMEOUT once it has passed.
+  answers.splice(0, answers.length, { status: 504, body: err('COMMAND_TIMEOUT') });
+  const e = await t.throwsAsync(handle.wait({ timeoutMs: 50 }));
+  t.is((e as LockstepError).code, 'COMMAND_TIMEOUT');
 });
