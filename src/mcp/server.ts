@@ -99,7 +99,12 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         inputSchema: {
           image: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/).max(64).optional().describe('Image name (default "base")'),
           memoryMb: z.number().int().min(16).max(1024 * 1024).optional(),
-          metadata: z.record(z.string().max(200), z.string().max(1024)).optional().describe('Free-form labels, e.g. {"task": "fix-bug-12"}'),
+          // As over REST (64 labels), less the createdBy label added here.
+          metadata: z
+            .record(z.string().max(200), z.string().max(1024))
+            .refine((m) => Object.keys(m).length <= 63, 'at most 63 labels')
+            .optional()
+            .describe('Free-form labels, e.g. {"task": "fix-bug-12"}'),
         },
         annotations: hints(false, false, false),
       },
