@@ -62,6 +62,7 @@ PKGS=(
 	g++:/usr/bin/g++
 	make:/usr/bin/make
 	python3:/usr/bin/python3
+	python3-pytest:/usr/bin/pytest-3
 	libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a
 	libseccomp-dev:/usr/include/seccomp.h
 	libcap-dev:/usr/include/sys/capability.h

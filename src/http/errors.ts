@@ -103,6 +103,10 @@ export const HTTP_STATUS = {
   ID_RANGES_EXHAUSTED: 503,
   // The per-host supervisor (the sandboxes' parent) did not take the request: a retry may succeed.
   SUPERVISOR_UNREACHABLE: 503,
+  MCP_SESSION_NOT_FOUND: 404,
+  // Raised by lockstep/client itself, never sent by a server: the status is what a proxy would answer.
+  CONNECTION_FAILED: 502,
+  REQUEST_ABORTED: 499,
   CONFIG_INVALID: 503,
 
   // Failures of the host or the manager: the body hides the details, the log has them.

@@ -6,6 +6,9 @@
  * (additionalProperties: false) before any handler runs; errors have one
  * body shape (see errors.ts). POSTs honour Idempotency-Key.
  *
+ * MCP over streamable HTTP is at /mcp, behind the same bearer token
+ * (routes/mcp.ts).
+ *
  * Unauthenticated: /healthz, /openapi.json, /docs (Swagger UI, served from
  * the package, no CDN) and /metrics (Prometheus; give `metricsToken` to
  * require `Authorization: Bearer <metricsToken>` there).
@@ -23,9 +26,12 @@ import { IdempotencyStore, requestHash, validateIdempotencyKey } from './idempot
 import { ServerMetrics } from './metrics.js';
 import { OperationTracker } from './operations.js';
 import { agentRoutes } from './routes/agent.js';
+import { backgroundRoutes } from './routes/background.js';
 import { checkpointRoutes } from './routes/checkpoints.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
+import { imageRoutes } from './routes/images.js';
+import { mcpRoutes } from './routes/mcp.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { RequestLogController } from './request-log.js';
 import { VERSION } from '../version.js';
@@ -180,7 +186,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
       },
       components: { securitySchemes: { bearerAuth: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearerAuth: [] }],
-      tags: ['sandboxes', 'commands', 'files', 'checkpoints', 'effects', 'observations', 'verdicts', 'tenant'].map((name) => ({ name })),
+      tags: ['sandboxes', 'commands', 'files', 'checkpoints', 'effects', 'observations', 'verdicts', 'images', 'tenant'].map((name) => ({ name })),
     },
   });
   void app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { validatorUrl: null, deepLinking: true } });
@@ -216,8 +222,10 @@ export function createServer(opts: ServerOptions): LockstepServer {
       });
       sandboxRoutes(v1, ctx);
       commandRoutes(v1, ctx);
+      backgroundRoutes(v1, ctx);
       checkpointRoutes(v1, ctx, { contextBodyLimit: fileBodyLimit });
       agentRoutes(v1, ctx);
+      imageRoutes(v1, ctx);
       await v1.register(async (files) => {
         // Raw file bytes stay a stream: the route writes them to the file as they arrive.
         files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
@@ -226,6 +234,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
     },
     { prefix: '/v1' },
   );
+  // MCP's tool arguments carry file contents as JSON text: room for a whole file limit of base64.
+  mcpRoutes(app, ctx, { bearer, bodyLimit: Math.ceil(fileBodyLimit * 1.5) + MiB });
 
   const sweepMs = opts.sweepIntervalMs ?? 60_000;
   const sweeper =

@@ -74,6 +74,17 @@ function dirSize(dir: string): number {
   return total;
 }
 
+/**
+ * IMAGE_NOT_FOUND for a name that is neither installed nor a shipped recipe:
+ * it says what exists and the commands that make an image.
+ */
+function unknownImage(name: string, installed: string[] | undefined): NotFoundError {
+  const recipes = listRecipes();
+  const have = installed === undefined ? 'it is not a shipped recipe' : installed.length ? `installed here: ${installed.join(', ')}` : 'no image is installed here';
+  const build = recipes.length ? `build a shipped recipe (${recipes.join(', ')}) with \`lockstep image build NAME\`, ` : '';
+  return new NotFoundError('image', name, `${have} (\`lockstep image ls\`); ${build}or import one with \`lockstep image import docker:REF --name ${name}\``);
+}
+
 export type ProgressFn = (message: string) => void;
 
 /** Image catalog + on-disk rootfs management. */
@@ -96,7 +107,7 @@ export class ImageStore {
       const home = this.paths.home === resolveHome() ? '' : ` --home ${this.paths.home}`;
       throw new NotFoundError('image', name, `it is a shipped recipe not built in ${this.paths.home} yet: run \`${SETUP_COMMAND} --images ${name}${home}\` as root (or \`lockstep image build ${name}\`)`);
     }
-    throw new NotFoundError('image', name);
+    throw unknownImage(name, this.list().map((i) => i.name));
   }
 
   has(name: string): boolean {
@@ -107,9 +118,7 @@ export class ImageStore {
   /** Builds NAME from sandbox-images/NAME (or the build cache). */
   async build(name: string, opts: { progress?: ProgressFn; force?: boolean } = {}): Promise<ImageRow> {
     validateImageName(name);
-    if (!listRecipes().includes(name)) {
-      throw new NotFoundError('image', name);
-    }
+    if (!listRecipes().includes(name)) throw unknownImage(name, this.list().map((i) => i.name));
     if (this.has(name) && !opts.force) throw new AlreadyExistsError('image', name);
     const progress = opts.progress ?? (() => undefined);
     const hash = recipeHash(name);
@@ -135,7 +144,7 @@ export class ImageStore {
   /** Builds a recipe into the build cache only (used by setup); no state directory needed. */
   static async cacheRecipe(name: string, progress: ProgressFn = () => undefined): Promise<string> {
     validateImageName(name);
-    if (!listRecipes().includes(name)) throw new NotFoundError('image', name);
+    if (!listRecipes().includes(name)) throw unknownImage(name, undefined);
     return buildIntoCache(name, progress);
   }
 

@@ -1,26 +1,52 @@
 /**
- * The MCP server: one sandbox exposed to any MCP client as tools. Each tool
+ * The MCP server: sandboxes exposed to any MCP client as tools. Each tool
  * calls the same library method the CLI and the HTTP API call, and answers
  * with JSON text; a LockstepError becomes a tool error whose text is the
  * same `{"error": {"code", "message", "field"}}` body the HTTP API sends.
+ *
+ * Two scopes: one sandbox (`lockstep mcp` on stdio: the tools act on it), or
+ * a tenant (`/mcp` on `lockstep serve`: every tool takes a sandboxId, and
+ * create_sandbox / list_sandboxes / kill_sandbox manage several in one
+ * session, within the tenant's quotas, seeing only its sandboxes).
+ *
+ * Every tool carries MCP ToolAnnotations. openWorldHint is false throughout:
+ * the tools act on sandboxes and the ledger, never on the world outside
+ * (record_effect records an effect the agent performs itself).
  */
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import { createRequire } from 'node:module';
+import type { ToolAnnotations } from '@modelcontextprotocol/sdk/types.js';
 import type { Lockstep } from '../lockstep.js';
-import type { Sandbox } from '../sandboxes/sandbox.js';
+import type { Sandbox, SandboxInfo } from '../sandboxes/sandbox.js';
+import type { CreateOptions } from '../sandboxes/create.js';
+import type { ForkResult } from '../checkpoints/fork.js';
 import { CONTEXT_FORMATS } from '../context/formats.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
 import type { JsonValue } from '../effects/idempotency.js';
-import { LockstepError } from '../errors.js';
+import { InvalidArgumentError, LockstepError } from '../errors.js';
 import { contextFromWire, rollbackToWire } from '../wire.js';
 
-/** Options of createMcpServer. */
+/** What a tenant's session may do; the HTTP server builds it with the tenant's quotas. */
+export interface TenantScope {
+  /** The tenant's id (tn_…): sandboxes are looked up, listed and removed under it. */
+  id: string;
+  /** Creates a sandbox for the tenant (quota-checked). */
+  create(opts: Omit<CreateOptions, 'tenant'>): Promise<Sandbox>;
+  /** Forks a sandbox of the tenant (quota-checked). */
+  fork(sandbox: Sandbox, checkpointId: string, count: number): Promise<ForkResult[]>;
+  /** A sandbox as the tenant sees it. */
+  present(info: SandboxInfo): unknown;
+}
+
+/** Options of createMcpServer: exactly one of sandboxId and tenant. */
 export interface McpServerOptions {
   lockstep: Lockstep;
-  /** The sandbox the tools act on. */
-  sandboxId: string;
+  /** The one sandbox the tools act on (stdio). */
+  sandboxId?: string | undefined;
+  /** A tenant's session (HTTP): tools name their sandbox, and sandboxes can be created, listed and killed. */
+  tenant?: TenantScope | undefined;
   /** Called with the ids of sandboxes the fork tool starts (the stdio runner removes them with a sandbox it created). */
   onFork?: ((ids: string[]) => void) | undefined;
 }
@@ -43,11 +69,62 @@ async function tool(fn: () => Promise<unknown> | unknown): Promise<CallToolResul
 const toolCallId = z.string().min(1).max(200).optional().describe("Your tool-call id, recorded with the observation for provenance");
 const path = z.string().min(1).max(4096).describe('Path inside the sandbox; relative paths are under /workspace');
 
-/** Builds the MCP server for one sandbox; connect it to a transport. */
+const sandboxIdArg = z.string().regex(/^sbx_[a-z0-9]+$/).max(64).describe('The sandbox to act on (from create_sandbox or list_sandboxes)');
+
+/** Annotations: [readOnly, destructive, idempotent]; openWorld is false for every tool (see the top of this file). */
+function hints(readOnlyHint: boolean, destructiveHint: boolean, idempotentHint: boolean): ToolAnnotations {
+  return { readOnlyHint, destructiveHint, idempotentHint, openWorldHint: false };
+}
+
+/** Builds the MCP server for one sandbox or for a tenant; connect it to a transport. */
 export function createMcpServer(opts: McpServerOptions): McpServer {
   const ls = opts.lockstep;
-  const sandbox = (): Sandbox => ls.get(opts.sandboxId);
-  const server = new McpServer({ name: 'lockstep', version }, { instructions: `Tools act on the Lockstep sandbox ${opts.sandboxId}. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.` });
+  const scope = opts.tenant;
+  if ((opts.sandboxId === undefined) === (scope === undefined)) throw new InvalidArgumentError('sandboxId', 'exactly one of sandboxId and tenant', opts.sandboxId);
+  // In a tenant's session every sandbox tool takes the id; on stdio there is
+  // one sandbox and no such argument. The cast keeps the tools' argument
+  // types inferred; sandbox() reads the id only in a tenant's session.
+  const target = (scope ? { sandboxId: sandboxIdArg } : {}) as { sandboxId: typeof sandboxIdArg };
+  const sandbox = (args: { sandboxId?: string }): Sandbox => (scope ? ls.get(args.sandboxId!, scope.id) : ls.get(opts.sandboxId!));
+  const instructions = scope
+    ? 'Tools act on Lockstep sandboxes: create_sandbox makes one, and every other tool names its sandboxId. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.'
+    : `Tools act on the Lockstep sandbox ${opts.sandboxId}. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.`;
+  const server = new McpServer({ name: 'lockstep', version }, { instructions });
+
+  if (scope) {
+    server.registerTool(
+      'create_sandbox',
+      {
+        description: 'Create and start a sandbox (a Linux machine of its own with copy-on-write files); returns its id and limits.',
+        inputSchema: {
+          image: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/).max(64).optional().describe('Image name (default "base")'),
+          memoryMb: z.number().int().min(16).max(1024 * 1024).optional(),
+          // As over REST (64 labels), less the createdBy label added here.
+          metadata: z
+            .record(z.string().max(200), z.string().max(1024))
+            .refine((m) => Object.keys(m).length <= 63, 'at most 63 labels')
+            .optional()
+            .describe('Free-form labels, e.g. {"task": "fix-bug-12"}'),
+        },
+        annotations: hints(false, false, false),
+      },
+      ({ image, memoryMb, metadata }) => tool(async () => scope.present((await scope.create({ image, memoryMb, metadata: { ...metadata, createdBy: 'mcp' } })).info())),
+    );
+    server.registerTool(
+      'list_sandboxes',
+      { description: 'Your sandboxes, oldest first.', inputSchema: {}, annotations: hints(true, false, true) },
+      () => tool(() => ls.list(scope.id).map((i) => scope.present(i))),
+    );
+    server.registerTool(
+      'kill_sandbox',
+      { description: 'Remove a sandbox with its processes, files and checkpoints.', inputSchema: { sandboxId: sandboxIdArg }, annotations: hints(false, true, true) },
+      ({ sandboxId }) =>
+        tool(async () => {
+          await ls.remove(sandboxId, scope.id);
+          return { id: sandboxId, removed: true };
+        }),
+    );
+  }
 
   server.registerTool(
     'run_command',
@@ -59,20 +136,23 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         envs: z.record(z.string(), z.string()).optional().describe('Extra environment variables'),
         timeoutMs: z.number().int().positive().max(24 * 3600 * 1000).optional(),
         toolCallId,
+        ...target,
       },
+      annotations: hints(false, true, false),
     },
-    ({ cmd, cwd, envs, timeoutMs, toolCallId: tc }) => tool(() => sandbox().commands.run(cmd, { cwd, envs, timeoutMs, toolCallId: tc })),
+    ({ cmd, cwd, envs, timeoutMs, toolCallId: tc, ...a }) => tool(() => sandbox(a).commands.run(cmd, { cwd, envs, timeoutMs, toolCallId: tc })),
   );
 
   server.registerTool(
     'read_file',
     {
       description: 'Read a file of the sandbox. Text comes back as utf8, other bytes as base64 (or as asked).',
-      inputSchema: { path, encoding: z.enum(['utf8', 'base64']).optional(), toolCallId },
+      inputSchema: { path, encoding: z.enum(['utf8', 'base64']).optional(), toolCallId, ...target },
+      annotations: hints(true, false, true),
     },
-    ({ path: p, encoding, toolCallId: tc }) =>
+    ({ path: p, encoding, toolCallId: tc, ...a }) =>
       tool(async () => {
-        const r = await sandbox().files.read(p, { toolCallId: tc });
+        const r = await sandbox(a).files.read(p, { toolCallId: tc });
         const enc = encoding ?? (Buffer.from(r.content.toString('utf8'), 'utf8').equals(r.content) ? 'utf8' : 'base64');
         return { path: p, content: r.content.toString(enc), encoding: enc, sha256: r.sha256, bytes: r.content.length, observationId: r.observationId };
       }),
@@ -82,17 +162,18 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     'write_file',
     {
       description: 'Write a file in the sandbox (parent directories are created).',
-      inputSchema: { path, content: z.string().max(16 * 1024 * 1024), encoding: z.enum(['utf8', 'base64']).optional().describe('Encoding of content (default utf8)'), toolCallId },
+      inputSchema: { path, content: z.string().max(16 * 1024 * 1024), encoding: z.enum(['utf8', 'base64']).optional().describe('Encoding of content (default utf8)'), toolCallId, ...target },
+      annotations: hints(false, true, true),
     },
-    ({ path: p, content, encoding, toolCallId: tc }) => tool(async () => ({ path: p, ...(await sandbox().files.write(p, Buffer.from(content, encoding ?? 'utf8'), { toolCallId: tc })) })),
+    ({ path: p, content, encoding, toolCallId: tc, ...a }) => tool(async () => ({ path: p, ...(await sandbox(a).files.write(p, Buffer.from(content, encoding ?? 'utf8'), { toolCallId: tc })) })),
   );
 
   server.registerTool(
     'list_files',
-    { description: 'List a directory of the sandbox.', inputSchema: { path: path.default('/workspace'), toolCallId } },
-    ({ path: p, toolCallId: tc }) =>
+    { description: 'List a directory of the sandbox.', inputSchema: { path: path.default('/workspace'), toolCallId, ...target }, annotations: hints(true, false, true) },
+    ({ path: p, toolCallId: tc, ...a }) =>
       tool(async () => {
-        const entries = await sandbox().files.list(p, { toolCallId: tc });
+        const entries = await sandbox(a).files.list(p, { toolCallId: tc });
         return { path: p, entries: [...entries], observationId: entries.observationId };
       }),
   );
@@ -105,12 +186,14 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         label: z.string().max(200).optional(),
         context: z.union([z.record(z.string(), z.unknown()), z.array(z.unknown())]).optional().describe(`Your context: {format: ${CONTEXT_FORMATS.join('|')}, ...}, or with contextFormat just the messages array`),
         contextFormat: z.enum(CONTEXT_FORMATS as [string, ...string[]]).optional(),
+        ...target,
       },
+      annotations: hints(false, false, false),
     },
-    ({ label, context, contextFormat }) =>
+    ({ label, context, contextFormat, ...a }) =>
       tool(async () => {
         const ctx = context === undefined ? undefined : contextFromWire(context, contextFormat);
-        return sandbox().checkpoint({ label, context: ctx });
+        return sandbox(a).checkpoint({ label, context: ctx });
       }),
   );
 
@@ -125,20 +208,25 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         policy: z.enum(['warn', 'refuse']).optional().describe('"refuse": do not roll back if irreversible effects happened since'),
         failure: z.string().max(4000).optional().describe('Why the abandoned attempt failed'),
         lessons: z.array(z.string().max(2000)).max(100).optional().describe('What you learnt that stays true'),
+        ...target,
       },
+      // Destructive: what changed since the checkpoint is discarded.
+      annotations: hints(false, true, false),
     },
-    ({ checkpointId, policy, failure, lessons }) => tool(async () => rollbackToWire(await sandbox().rollback(checkpointId, { policy, failure, lessons }), true)),
+    ({ checkpointId, policy, failure, lessons, ...a }) => tool(async () => rollbackToWire(await sandbox(a).rollback(checkpointId, { policy, failure, lessons }), true)),
   );
 
   server.registerTool(
     'fork',
     {
       description: 'Start independent sandboxes from a checkpoint; returns their ids.',
-      inputSchema: { checkpointId: z.string().min(1), count: z.number().int().min(1).max(MAX_FORKS).optional() },
+      inputSchema: { checkpointId: z.string().min(1), count: z.number().int().min(1).max(MAX_FORKS).optional(), ...target },
+      annotations: hints(false, false, false),
     },
-    ({ checkpointId, count }) =>
+    ({ checkpointId, count, ...a }) =>
       tool(async () => {
-        const results = await sandbox().fork(checkpointId, { count });
+        const sb = sandbox(a);
+        const results = scope ? await scope.fork(sb, checkpointId, count ?? 1) : await sb.fork(checkpointId, { count });
         const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
         opts.onFork?.(ids);
         return { ids, errors: results.flatMap((r) => (r.ok ? [] : [r.error])) };
@@ -159,11 +247,14 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         output: z.any().optional().describe('What the effect returned (JSON)'),
         reversibility: z.enum(['sandbox-local', 'compensable', 'irreversible']).optional().describe('Default irreversible'),
         compensation: z.object({ kind: z.string().min(1), input: z.any() }).optional().describe('For compensable effects: the action that takes it back'),
+        ...target,
       },
+      // Idempotent: the same key records nothing new.
+      annotations: hints(false, false, true),
     },
-    ({ kind, input, key, output, reversibility, compensation }) =>
+    ({ kind, input, key, output, reversibility, compensation, ...a }) =>
       tool(() => {
-        const effects = sandbox().effects;
+        const effects = sandbox(a).effects;
         const b = effects.begin({
           kind,
           input: (input ?? null) as JsonValue,
@@ -177,7 +268,7 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       }),
   );
 
-  server.registerTool('list_checkpoints', { description: "The sandbox's checkpoints, oldest first.", inputSchema: {} }, () => tool(() => sandbox().checkpoints()));
+  server.registerTool('list_checkpoints', { description: "The sandbox's checkpoints, oldest first.", inputSchema: { ...target }, annotations: hints(true, false, true) }, (a: { sandboxId?: string }) => tool(() => sandbox(a).checkpoints()));
 
   return server;
 }

@@ -5,6 +5,7 @@ import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
 import { namespacePid, sleep } from '../host/proc.js';
 import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
+import { EXIT_DIR, backgroundPids, backgroundWrapper, readOutput, type OutputChunk, type OutputOffsets } from './background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
 
 /** A command's result plus the id of the observation it was recorded as. */
@@ -47,15 +48,34 @@ export class SandboxCommands {
 
   /**
    * Starts cmd in the background as part of the sandbox's process tree and
-   * returns a handle. Its exit code is written by a /bin/sh wrapper to
-   * /run/lockstep/exit/<pid> inside the sandbox, where wait() finds it.
+   * returns a handle. A /bin/sh wrapper sends its output to files inside the
+   * sandbox, where output() reads it, and writes its exit code where wait()
+   * finds it (background-output.ts).
    */
   private async background(cmd: string | string[], opts: RunOptions & Provenance): Promise<CommandHandle> {
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
     validateCommand(argv, opts);
-    const wrapped = ['/bin/sh', '-c', 'mkdir -p /run/lockstep/exit; "$@"; echo $? > /run/lockstep/exit/$$', 'lockstep-bg', ...argv];
+    const wrapped = backgroundWrapper(argv);
     const pid = await spawnDetached(this.sandbox.enterTarget(), wrapped, { cwd: opts.cwd, env: opts.env });
     return new CommandHandle(this.sandbox, pid, opts.signal);
+  }
+
+  /** Reattaches to a background command by its pid (from run's handle or list()). */
+  async connect(pid: number): Promise<CommandHandle> {
+    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
+    if (!(await backgroundPids(this.sandbox.files())).includes(pid)) throw new InvalidArgumentError('pid', 'the pid of a background command of this sandbox', pid);
+    return new CommandHandle(this.sandbox, pid);
+  }
+
+  /** The background commands started with run({background: true}), oldest pid first, with whether each still runs. */
+  async list(): Promise<{ pid: number; running: boolean; exitCode: number | null }[]> {
+    const out = [];
+    for (const pid of await backgroundPids(this.sandbox.files())) {
+      const h = new CommandHandle(this.sandbox, pid);
+      const running = h.isRunning();
+      out.push({ pid, running, exitCode: running ? null : (await h.wait()).exitCode });
+    }
+    return out;
   }
 
   /** Starts a background process that belongs to the sandbox (checkpoints capture it); returns its pid inside the sandbox. */
@@ -83,6 +103,17 @@ export class CommandHandle {
     return this.sandbox.engine.cgroups.pids(cg).find((p) => namespacePid(p) === this.pid);
   }
 
+  /** Whether the command's process is still there. */
+  isRunning(): boolean {
+    return this.hostPid() !== undefined;
+  }
+
+  /** What it wrote since `from` (byte offsets; default the start), and where to continue from. */
+  async output(from?: OutputOffsets): Promise<OutputChunk & { running: boolean }> {
+    const chunk = await readOutput(this.sandbox.files(), this.pid, from);
+    return { ...chunk, running: this.isRunning() };
+  }
+
   /** Resolves when the command has exited, with its exit code (null if it was killed before reporting one). */
   async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<{ exitCode: number | null }> {
     const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
@@ -93,8 +124,10 @@ export class CommandHandle {
     }
     const raw = this.sandbox.files();
     try {
-      const { content } = await raw.read(`/run/lockstep/exit/${this.pid}`);
-      return { exitCode: Number(content.toString().trim()) };
+      const { content } = await raw.read(`${EXIT_DIR}/${this.pid}`, { maxBytes: 64 });
+      // Written by the wrapper, but inside the sandbox: anything else there is no exit code.
+      const text = content.toString().trim();
+      return { exitCode: /^[0-9]{1,3}$/.test(text) ? Number(text) : null };
     } catch {
       return { exitCode: null };
     }

@@ -157,6 +157,8 @@ integration(test, () => {
       'POST /v1/sandboxes/{id}/commands': [[undefined, { cmd: 'cat /workspace/secret.txt' }], [undefined, { cmd: 'rm -rf /workspace', background: true }], [undefined, { cmd: 'echo x' }, { accept: 'application/x-ndjson' }]],
       'POST /v1/sandboxes/{id}/commands/{pid}/wait': [[undefined, { timeoutMs: 100 }]],
       'POST /v1/sandboxes/{id}/commands/{pid}/kill': [[undefined, {}]],
+      'GET /v1/sandboxes/{id}/commands': [[]],
+      'GET /v1/sandboxes/{id}/commands/{pid}/output': [['stdoutOffset=0']],
       'GET /v1/sandboxes/{id}/files': [['path=/workspace/secret.txt'], ['path=/workspace/secret.txt', undefined, { accept: 'application/octet-stream' }]],
       'PUT /v1/sandboxes/{id}/files': [['path=/workspace/secret.txt', { content: 'pwned' }], ['path=/workspace/secret.txt', Buffer.from('pwned'), raw]],
       'DELETE /v1/sandboxes/{id}/files': [['path=/workspace/secret.txt']],

@@ -319,6 +319,7 @@ integration(test, () => {
       ['/v1/sandboxes/{id}/effects/{effectId}/fail', ['post']],
       ['/v1/sandboxes/{id}/observations', ['get']],
       ['/v1/sandboxes/{id}/verdicts', ['get', 'post']],
+      ['/v1/images', ['get']],
     ] as const) {
       for (const m of methods) t.truthy(doc.paths[path]?.[m], `${m.toUpperCase()} ${path} is documented`);
     }

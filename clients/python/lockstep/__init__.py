@@ -1,0 +1,40 @@
+"""Lockstep's Python SDK: copy-on-write sandboxes for AI agents, over the HTTP
+API of ``lockstep serve``. Standard library only.
+
+    from lockstep import Sandbox
+    with Sandbox.create(api_url="http://127.0.0.1:7878", api_key="lst_...") as sbx:
+        print(sbx.commands.run("echo hi").stdout)
+"""
+
+from .aio import AsyncCommandHandle, AsyncSandbox, list_images_async
+from .errors import (
+    CommandAbortedError,
+    InvalidArgumentError,
+    InvalidStateError,
+    LockstepConnectionError,
+    LockstepError,
+    NotFoundError,
+    QuotaExceededError,
+)
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+
+__all__ = [
+    "AsyncCommandHandle",
+    "AsyncSandbox",
+    "CommandAbortedError",
+    "CommandHandle",
+    "CommandOutput",
+    "CommandResult",
+    "EntryInfo",
+    "InvalidArgumentError",
+    "InvalidStateError",
+    "LockstepConnectionError",
+    "LockstepError",
+    "NotFoundError",
+    "QuotaExceededError",
+    "Sandbox",
+    "SandboxInfo",
+    "list_images",
+    "list_images_async",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,188 @@
+"""The async SDK: the same names as the sync one, awaitable.
+
+The standard library has no async HTTP client, so each call runs the sync
+client's request on a worker thread (asyncio.to_thread): the event loop is
+never blocked, and no dependency beyond Debian's python3 is needed.
+Streamed command output is delivered to the callbacks from that thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
+
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+
+
+class AsyncCommandHandle:
+    def __init__(self, handle: CommandHandle):
+        self._h = handle
+        self.pid = handle.pid
+
+    async def wait(self, timeout_ms: Optional[int] = None) -> Optional[int]:
+        return await asyncio.to_thread(self._h.wait, timeout_ms)
+
+    async def kill(self, signal: str = "SIGKILL") -> bool:
+        return await asyncio.to_thread(self._h.kill, signal)
+
+    async def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
+        return await asyncio.to_thread(self._h.output, stdout_offset, stderr_offset)
+
+
+class AsyncCommands:
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+
+    async def connect(self, pid: int) -> AsyncCommandHandle:
+        return AsyncCommandHandle(await asyncio.to_thread(self._sbx.commands.connect, pid))
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.commands.list)
+
+    async def run(self, cmd: Union[str, List[str]], **kw: Any) -> Union[CommandResult, AsyncCommandHandle]:
+        r = await asyncio.to_thread(functools.partial(self._sbx.commands.run, cmd, **kw))
+        return AsyncCommandHandle(r) if isinstance(r, CommandHandle) else r
+
+
+class AsyncFiles:
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+
+    async def read(self, path: str, **kw: Any) -> bytes:
+        return await asyncio.to_thread(functools.partial(self._sbx.files.read, path, **kw))
+
+    async def read_text(self, path: str, **kw: Any) -> str:
+        return (await self.read(path, **kw)).decode("utf-8")
+
+    async def write(self, path: str, data: Union[str, bytes], **kw: Any) -> Dict[str, Any]:
+        return await asyncio.to_thread(functools.partial(self._sbx.files.write, path, data, **kw))
+
+    async def write_stream(self, path: str, chunks: Iterable[bytes]) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._sbx.files.write_stream, path, chunks)
+
+    async def list(self, path: str = "/workspace") -> List[EntryInfo]:
+        return await asyncio.to_thread(self._sbx.files.list, path)
+
+    async def exists(self, path: str) -> bool:
+        return await asyncio.to_thread(self._sbx.files.exists, path)
+
+    async def remove(self, path: str) -> None:
+        await asyncio.to_thread(self._sbx.files.remove, path)
+
+
+class AsyncEffect:
+    """``async with`` an effect, or decorate an async function with it."""
+
+    def __init__(self, effects: "AsyncEffects", kind: str, input: Any, key: Optional[str], reversibility: str):
+        self._sync = effects._sbx.effects.effect(kind, input, key=key, reversibility=reversibility)
+
+    @property
+    def replayed(self) -> bool:
+        return self._sync.replayed
+
+    @property
+    def effect_id(self) -> Optional[str]:
+        return self._sync.effect_id
+
+    @property
+    def output(self) -> Any:
+        return self._sync.output
+
+    @output.setter
+    def output(self, value: Any) -> None:
+        self._sync.output = value
+
+    async def __aenter__(self) -> "AsyncEffect":
+        await asyncio.to_thread(self._sync.__enter__)
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        return await asyncio.to_thread(self._sync.__exit__, exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        e = self._sync
+
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            inp = e.input if e.input is not None else {"args": list(args), "kwargs": kwargs}
+            r = await asyncio.to_thread(e._effects.begin, e._spec(inp))
+            if r["replayed"]:
+                return r.get("output")
+            try:
+                out = await fn(*args, **kwargs)
+            except BaseException as err:
+                await asyncio.to_thread(functools.partial(e._effects.fail, r["effectId"], err, definite=getattr(err, "definite", False) is True))
+                raise
+            await asyncio.to_thread(e._effects.commit, r["effectId"], out)
+            return out
+
+        return wrapper
+
+
+class AsyncEffects:
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+
+    def effect(self, kind: str, input: Any = None, *, key: Optional[str] = None, reversibility: str = "irreversible") -> AsyncEffect:
+        return AsyncEffect(self, kind, input, key, reversibility)
+
+    async def begin(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._sbx.effects.begin, spec)
+
+    async def commit(self, effect_id: str, output: Any = None) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._sbx.effects.commit, effect_id, output)
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.effects.list)
+
+
+class AsyncSandbox:
+    """The async twin of Sandbox: ``await AsyncSandbox.create(...)``."""
+
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+        self.sandbox_id = sbx.sandbox_id
+        self.commands = AsyncCommands(sbx)
+        self.files = AsyncFiles(sbx)
+        self.effects = AsyncEffects(sbx)
+
+    @classmethod
+    async def create(cls, image: Optional[str] = None, **kw: Any) -> "AsyncSandbox":
+        return cls(await asyncio.to_thread(functools.partial(Sandbox.create, image, **kw)))
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, **kw: Any) -> "AsyncSandbox":
+        return cls(await asyncio.to_thread(functools.partial(Sandbox.connect, sandbox_id, **kw)))
+
+    @classmethod
+    async def list(cls, **kw: Any) -> List[SandboxInfo]:
+        return await asyncio.to_thread(functools.partial(Sandbox.list, **kw))
+
+    async def kill(self) -> bool:
+        return await asyncio.to_thread(self._sbx.kill)
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.kill()
+
+    async def get_info(self) -> SandboxInfo:
+        return await asyncio.to_thread(self._sbx.get_info)
+
+    async def checkpoint(self, **kw: Any) -> Dict[str, Any]:
+        return await asyncio.to_thread(functools.partial(self._sbx.checkpoint, **kw))
+
+    async def checkpoints(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.checkpoints)
+
+    async def rollback(self, checkpoint_id: str, **kw: Any) -> Dict[str, Any]:
+        return await asyncio.to_thread(functools.partial(self._sbx.rollback, checkpoint_id, **kw))
+
+    async def fork(self, checkpoint_id: str, count: int = 1) -> List["AsyncSandbox"]:
+        return [AsyncSandbox(s) for s in await asyncio.to_thread(self._sbx.fork, checkpoint_id, count)]
+
+
+async def list_images_async(**kw: Any) -> List[Dict[str, Any]]:
+    return await asyncio.to_thread(functools.partial(list_images, **kw))

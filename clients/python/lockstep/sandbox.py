@@ -1,0 +1,423 @@
+"""A Lockstep sandbox over the HTTP API, with E2B-like names:
+``Sandbox.create`` / ``connect`` / ``list`` / ``kill``, and ``sbx.commands``,
+``sbx.files``, ``sbx.effects``, ``sbx.checkpoint``, ``sbx.rollback``,
+``sbx.fork``."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
+
+from ._transport import Transport
+from .errors import InvalidArgumentError, LockstepConnectionError, NotFoundError, error_from_wire
+
+_SANDBOX_ID = re.compile(r"^sbx_[a-z0-9]+$")
+
+
+@dataclass
+class CommandResult:
+    """A finished command. A non-zero exit code is a result, not an error."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    signal: Optional[str] = None
+    truncated: bool = False
+    duration_ms: float = 0.0
+    observation_id: Optional[str] = None
+
+    @classmethod
+    def _from_wire(cls, d: Dict[str, Any], stdout: Optional[str] = None, stderr: Optional[str] = None) -> "CommandResult":
+        return cls(
+            exit_code=d["exitCode"],
+            stdout=d.get("stdout", "") if stdout is None else stdout,
+            stderr=d.get("stderr", "") if stderr is None else stderr,
+            signal=d.get("signal"),
+            truncated=bool(d.get("truncated", False)),
+            duration_ms=float(d.get("durationMs", 0.0)),
+            observation_id=d.get("observationId"),
+        )
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the API shows it."""
+
+    sandbox_id: str
+    image: str
+    state: str
+    metadata: Dict[str, str]
+    memory_mb: Optional[float]
+    head_checkpoint_id: Optional[str]
+    forked_from: Optional[str]
+    created_at: str
+    raw: Dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def _from_wire(cls, d: Dict[str, Any]) -> "SandboxInfo":
+        return cls(
+            sandbox_id=d["id"],
+            image=d["image"],
+            state=d["state"],
+            metadata=d.get("metadata") or {},
+            memory_mb=d.get("memoryMb"),
+            head_checkpoint_id=d.get("headCheckpointId"),
+            forked_from=d.get("forkedFrom"),
+            created_at=d["createdAt"],
+            raw=d,
+        )
+
+
+def _sandbox_path(sandbox_id: str) -> str:
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
+        raise InvalidArgumentError("INVALID_ARGUMENT", f"Invalid sandbox_id: expected a sandbox id (sbx_...), received {sandbox_id!r}", field="sandbox_id")
+    return f"/sandboxes/{sandbox_id}"
+
+
+def _drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class _class_or_instance:
+    """``Sandbox.kill(id)`` on the class and ``sbx.kill()`` on an instance, as E2B has them."""
+
+    def __init__(self, on_class: Callable[..., Any], on_instance: Callable[..., Any]):
+        self._on_class = on_class
+        self._on_instance = on_instance
+
+    def __get__(self, obj: Any, owner: type) -> Callable[..., Any]:
+        if obj is None:
+            return functools.partial(self._on_class, owner)
+        return functools.partial(self._on_instance, obj)
+
+
+def _kill(transport: Transport, sandbox_id: str) -> bool:
+    try:
+        transport.request("DELETE", _sandbox_path(sandbox_id)).read()
+        return True
+    except NotFoundError:
+        return False
+
+
+@dataclass
+class CommandOutput:
+    """New output of a background command. ``rewound``: a rollback took the output back, and this starts at 0."""
+
+    stdout: str
+    stderr: str
+    stdout_offset: int
+    stderr_offset: int
+    rewound: bool
+    running: bool
+
+
+class CommandHandle:
+    """A background command: wait for it or signal it."""
+
+    def __init__(self, sandbox: "Sandbox", pid: int):
+        self._sandbox = sandbox
+        self.pid = pid
+
+    def wait(self, timeout_ms: Optional[int] = None) -> Optional[int]:
+        """The exit code once it has exited (None if it was killed before reporting one)."""
+        r = self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/wait"), json_body=_drop_none({"timeoutMs": timeout_ms}))
+        return r["exitCode"]
+
+    def kill(self, signal: str = "SIGKILL") -> bool:
+        """Sends a signal; False if it had already exited."""
+        return bool(self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/kill"), json_body={"signal": signal})["killed"])
+
+    def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
+        """What it wrote since the byte offsets (default the start); continue from the returned offsets."""
+        r = self._sandbox._t.json(
+            "GET", self._sandbox._path(f"/commands/{self.pid}/output"), query={"stdoutOffset": str(stdout_offset), "stderrOffset": str(stderr_offset)}
+        )
+        return CommandOutput(r["stdout"], r["stderr"], r["offsets"]["stdout"], r["offsets"]["stderr"], bool(r["rewound"]), bool(r["running"]))
+
+
+class Commands:
+    """Commands of a sandbox."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._sandbox = sandbox
+
+    def connect(self, pid: int) -> CommandHandle:
+        """Reattaches to a background command by pid (InvalidArgumentError unless the sandbox started one)."""
+        h = CommandHandle(self._sandbox, pid)
+        h.output()
+        return h
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Background commands: [{pid, running, exitCode}]."""
+        return self._sandbox._t.json("GET", self._sandbox._path("/commands"))
+
+    def run(
+        self,
+        cmd: Union[str, List[str]],
+        *,
+        cwd: Optional[str] = None,
+        envs: Optional[Dict[str, str]] = None,
+        timeout_ms: Optional[int] = None,
+        tool_call_id: Optional[str] = None,
+        background: bool = False,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+    ) -> Union[CommandResult, CommandHandle]:
+        """Runs a command (a string through /bin/sh -c, a list as argv). With
+        on_stdout/on_stderr the output is streamed as it is produced;
+        background=True returns a CommandHandle at once."""
+        body = _drop_none({"cmd": cmd, "cwd": cwd, "envs": envs, "timeoutMs": timeout_ms, "toolCallId": tool_call_id, "background": True if background else None})
+        t = self._sandbox._t
+        path = self._sandbox._path("/commands")
+        if background:
+            return CommandHandle(self._sandbox, t.json("POST", path, json_body=body)["pid"])
+        if on_stdout is None and on_stderr is None:
+            return CommandResult._from_wire(t.json("POST", path, json_body=body))
+        resp = t.request("POST", path, json_body=body, accept="application/x-ndjson")
+        out: List[str] = []
+        err: List[str] = []
+        result: Optional[Dict[str, Any]] = None
+        for line in resp.iter_lines():
+            if not line.strip():
+                continue
+            ev = json.loads(line)
+            kind = ev.get("type")
+            if kind == "stdout":
+                out.append(ev["data"])
+                if on_stdout:
+                    on_stdout(ev["data"])
+            elif kind == "stderr":
+                err.append(ev["data"])
+                if on_stderr:
+                    on_stderr(ev["data"])
+            elif kind == "result":
+                result = ev
+            elif kind == "error":
+                raise error_from_wire(500, ev.get("error") or {})
+        if result is None:
+            raise LockstepConnectionError("The command stream ended before its result: the connection was cut")
+        return CommandResult._from_wire(result, "".join(out), "".join(err))
+
+
+@dataclass
+class EntryInfo:
+    """One directory entry."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+
+
+class Files:
+    """Files of a sandbox; the agent's reads and writes are recorded as observations."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._sandbox = sandbox
+
+    def read(self, path: str, *, tool_call_id: Optional[str] = None) -> bytes:
+        resp = self._sandbox._t.request("GET", self._sandbox._path("/files"), query={"path": path, "toolCallId": tool_call_id}, accept="application/octet-stream")
+        sent = resp.headers.get("x-lockstep-sha256")
+        data = resp.read()
+        if sent and hashlib.sha256(data).hexdigest() != sent:
+            raise LockstepConnectionError(f"The bytes of {path} arrived damaged")
+        return data
+
+    def read_text(self, path: str, **kw: Any) -> str:
+        return self.read(path, **kw).decode("utf-8")
+
+    def read_stream(self, path: str, *, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """The file's bytes in chunks, for files of any size."""
+        resp = self._sandbox._t.request("GET", self._sandbox._path("/files"), query={"path": path}, accept="application/octet-stream")
+        return resp.iter_chunks(chunk_size)
+
+    def write(self, path: str, data: Union[str, bytes], *, tool_call_id: Optional[str] = None) -> Dict[str, Any]:
+        """Writes a file (parents are created); returns {path, sha256, bytes, observationId}."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        return self._sandbox._t.json("PUT", self._sandbox._path("/files"), query={"path": path, "toolCallId": tool_call_id}, body=raw)
+
+    def write_stream(self, path: str, chunks: Iterable[bytes]) -> Dict[str, Any]:
+        """Writes a file from an iterable of chunks, sent as they come (not retried)."""
+        return self._sandbox._t.json("PUT", self._sandbox._path("/files"), query={"path": path}, body=iter(chunks))
+
+    def list(self, path: str = "/workspace") -> List[EntryInfo]:
+        r = self._sandbox._t.json("GET", self._sandbox._path("/files/list"), query={"path": path})
+        return [EntryInfo(e["name"], e["path"], e["type"], e["size"]) for e in r["entries"]]
+
+    def exists(self, path: str) -> bool:
+        return bool(self._sandbox._t.json("GET", self._sandbox._path("/files/exists"), query={"path": path})["exists"])
+
+    def remove(self, path: str) -> None:
+        self._sandbox._t.request("DELETE", self._sandbox._path("/files"), query={"path": path}).read()
+
+
+class Effect:
+    """One effect, as a context manager or a decorator (see Effects.effect)."""
+
+    def __init__(self, effects: "Effects", kind: str, input: Any, key: Optional[str], reversibility: str):
+        self._effects = effects
+        self.kind = kind
+        self.input = input
+        self.key = key
+        self.reversibility = reversibility
+        self.effect_id: Optional[str] = None
+        self.replayed = False
+        self.output: Any = None
+
+    def _spec(self, input: Any) -> Dict[str, Any]:
+        return _drop_none({"kind": self.kind, "input": input, "key": self.key, "reversibility": self.reversibility})
+
+    # Context manager: the body runs only when `not e.replayed`; set e.output.
+    def __enter__(self) -> "Effect":
+        r = self._effects.begin(self._spec(self.input))
+        self.effect_id = r["effectId"]
+        self.replayed = bool(r["replayed"])
+        if self.replayed:
+            self.output = r.get("output")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if self.replayed:
+            return False
+        if exc is None:
+            self._effects.commit(self.effect_id, self.output)
+        else:
+            self._effects.fail(self.effect_id, exc, definite=getattr(exc, "definite", False) is True)
+        return False
+
+    # Decorator: the call's arguments are the input (unless one was given); a replay returns the recorded output.
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            inp = self.input if self.input is not None else {"args": list(args), "kwargs": kwargs}
+            r = self._effects.begin(self._spec(inp))
+            if r["replayed"]:
+                return r.get("output")
+            try:
+                out = fn(*args, **kwargs)
+            except BaseException as e:
+                self._effects.fail(r["effectId"], e, definite=getattr(e, "definite", False) is True)
+                raise
+            self._effects.commit(r["effectId"], out)
+            return out
+
+        return wrapper
+
+
+class Effects:
+    """The effect ledger of a sandbox: intents recorded before side effects run, so
+    that after a rollback or in a fork a committed effect is not run again."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._sandbox = sandbox
+
+    def effect(self, kind: str, input: Any = None, *, key: Optional[str] = None, reversibility: str = "irreversible") -> Effect:
+        """``with sbx.effects.effect("email.send", {...}, key="k") as e:`` (run the effect when
+        ``not e.replayed`` and set ``e.output``), or ``@sbx.effects.effect("email.send")`` on a function."""
+        return Effect(self, kind, input, key, reversibility)
+
+    def begin(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        return self._sandbox._t.json("POST", self._sandbox._path("/effects"), json_body=spec)
+
+    def commit(self, effect_id: Optional[str], output: Any = None) -> Dict[str, Any]:
+        return self._sandbox._t.json("POST", self._sandbox._path(f"/effects/{effect_id}/commit"), json_body={} if output is None else {"output": output})
+
+    def fail(self, effect_id: Optional[str], error: BaseException, *, definite: bool) -> Dict[str, Any]:
+        body = {"error": {"name": type(error).__name__[:200], "message": str(error)[:4000]}, "definite": definite}
+        return self._sandbox._t.json("POST", self._sandbox._path(f"/effects/{effect_id}/fail"), json_body=body)
+
+    def list(self) -> List[Dict[str, Any]]:
+        return self._sandbox._t.json("GET", self._sandbox._path("/effects"))
+
+
+class Sandbox:
+    """A sandbox of the calling tenant. Get one with Sandbox.create or Sandbox.connect."""
+
+    def __init__(self, sandbox_id: str, transport: Transport):
+        self.sandbox_id = sandbox_id
+        self._t = transport
+        self.commands = Commands(self)
+        self.files = Files(self)
+        self.effects = Effects(self)
+
+    @classmethod
+    def create(
+        cls,
+        image: Optional[str] = None,
+        *,
+        api_url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        memory_mb: Optional[int] = None,
+        envs: Optional[Dict[str, str]] = None,
+        metadata: Optional[Dict[str, str]] = None,
+        timeout_ms: Optional[int] = None,
+        **transport_options: Any,
+    ) -> "Sandbox":
+        t = Transport(api_url, api_key, **transport_options)
+        body = _drop_none({"image": image, "memoryMb": memory_mb, "envs": envs, "metadata": metadata, "timeoutMs": timeout_ms})
+        info = t.json("POST", "/sandboxes", json_body=body)
+        return cls(info["id"], t)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> "Sandbox":
+        t = Transport(api_url, api_key, **transport_options)
+        info = t.json("GET", _sandbox_path(sandbox_id))
+        return cls(info["id"], t)
+
+    @classmethod
+    def list(cls, *, metadata: Optional[Dict[str, str]] = None, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[SandboxInfo]:
+        """The tenant's sandboxes, oldest first; with metadata, those whose labels include every pair."""
+        t = Transport(api_url, api_key, **transport_options)
+        want = (metadata or {}).items()
+        return [SandboxInfo._from_wire(d) for d in t.json("GET", "/sandboxes") if all((d.get("metadata") or {}).get(k) == v for k, v in want)]
+
+    def _kill_class(cls, sandbox_id: str, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> bool:
+        return _kill(Transport(api_url, api_key, **transport_options), sandbox_id)
+
+    def _kill_instance(self) -> bool:
+        return _kill(self._t, self.sandbox_id)
+
+    kill = _class_or_instance(_kill_class, _kill_instance)
+    """``Sandbox.kill(id, api_key=...)`` or ``sbx.kill()``: removes the sandbox; False if it was already gone."""
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+
+    def _path(self, rest: str) -> str:
+        return _sandbox_path(self.sandbox_id) + rest
+
+    def get_info(self) -> SandboxInfo:
+        return SandboxInfo._from_wire(self._t.json("GET", self._path("")))
+
+    def checkpoint(self, *, label: Optional[str] = None, context: Any = None, context_format: Optional[str] = None) -> Dict[str, Any]:
+        """Checkpoints files, processes, the agent's context and the ledger cursor together."""
+        return self._t.json("POST", self._path("/checkpoints"), json_body=_drop_none({"label": label, "context": context, "contextFormat": context_format}))
+
+    def checkpoints(self) -> List[Dict[str, Any]]:
+        return self._t.json("GET", self._path("/checkpoints"))
+
+    def rollback(self, checkpoint_id: str, *, policy: Optional[str] = None, failure: Optional[str] = None, lessons: Optional[List[str]] = None) -> Dict[str, Any]:
+        """Rolls back to a checkpoint; the report has the context, stale observations, effects after it and warnings."""
+        return self._t.json("POST", self._path("/rollback"), json_body=_drop_none({"checkpointId": checkpoint_id, "policy": policy, "failure": failure, "lessons": lessons}))
+
+    def fork(self, checkpoint_id: str, count: int = 1) -> List["Sandbox"]:
+        """Starts sandboxes from a checkpoint. Raises the first fork's error if none started."""
+        r = self._t.json("POST", self._path("/fork"), json_body={"checkpointId": checkpoint_id, "count": count})
+        if not r["ids"] and r["errors"]:
+            raise error_from_wire(500, r["errors"][0])
+        return [Sandbox(i, self._t) for i in r["ids"]]
+
+    def observations(self, *, include_stale: bool = False) -> List[Dict[str, Any]]:
+        return self._t.json("GET", self._path("/observations"), query={"includeStale": "true" if include_stale else None})
+
+
+def list_images(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[Dict[str, Any]]:
+    """Images to create sandboxes from (ready: False for recipes the operator has not built)."""
+    return Transport(api_url, api_key, **transport_options).json("GET", "/images")

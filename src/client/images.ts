@@ -1,0 +1,18 @@
+/** The images a tenant can create sandboxes from, over HTTP. */
+import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
+
+/** An image as the API lists it; ready: false is a shipped recipe the operator has not built yet. */
+export interface ImageInfo {
+  name: string;
+  ready: boolean;
+  source: string;
+  sizeBytes: number | null;
+  createdAt: string | null;
+}
+
+/** Image listing (building images is the operator's: `lockstep image build NAME` on the host). */
+export class Images {
+  static async list(opts: ConnectionOptions & CallOptions = {}): Promise<ImageInfo[]> {
+    return new Transport(opts).json<ImageInfo[]>({ method: 'GET', path: '/images', signal: opts.signal });
+  }
+}

@@ -1,0 +1,37 @@
+/**
+ * Route: the images a sandbox can be created from. Installed images are
+ * ready; shipped recipes not built into this state directory are listed too
+ * (ready: false), since creating from one fails until the operator builds it.
+ * Host paths (the rootfs) stay on the server.
+ */
+import type { FastifyInstance } from 'fastify';
+import { listRecipes } from '../../images/image-store.js';
+import type { ApiContext } from '../context.js';
+import * as S from '../schemas.js';
+
+/** An image as the API lists it. */
+export interface ImageListing {
+  name: string;
+  ready: boolean;
+  /** recipe:NAME@HASH, docker:REF, or "recipe" for a recipe not built yet. */
+  source: string;
+  sizeBytes: number | null;
+  createdAt: string | null;
+}
+
+const imageSchema = S.anyObject('An image: {name, ready, source, sizeBytes, createdAt}');
+
+export function imageRoutes(app: FastifyInstance, ctx: ApiContext): void {
+  app.get(
+    '/images',
+    { schema: { tags: ['images'], summary: 'Images to create sandboxes from (ready: false for shipped recipes the operator has not built yet)', response: { 200: S.arrayOf(imageSchema, 'Images by name'), ...S.errors() } } },
+    async (): Promise<ImageListing[]> => {
+      const installed: ImageListing[] = ctx.lockstep.images.list().map((r) => ({ name: r.name, ready: true, source: r.source, sizeBytes: r.size_bytes, createdAt: new Date(r.created_at).toISOString() }));
+      const names = new Set(installed.map((i) => i.name));
+      const pending: ImageListing[] = listRecipes()
+        .filter((n) => !names.has(n))
+        .map((name) => ({ name, ready: false, source: 'recipe', sizeBytes: null, createdAt: null }));
+      return [...installed, ...pending].sort((a, b) => a.name.localeCompare(b.name));
+    },
+  );
+}
