@@ -13,6 +13,7 @@ import { dumpOptions, processImageBytes } from './process-image.js';
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
 import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
+import { keepChangedPagesOnly } from './page-store.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
@@ -26,6 +27,8 @@ export interface CheckpointTimings {
   snapshotMs: number;
   dumpMs: number;
   frozenMs: number;
+  /** Comparing the dump with the parent's image and keeping only the pages that changed. */
+  deltaMs: number;
   persistMs: number;
   commitMs: number;
   totalMs: number;
@@ -108,6 +111,10 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       cgroups.thaw(cg);
       t.frozenMs = performance.now() - frozenAt;
     }
+    const td = performance.now();
+    await keepChangedPagesOnly(engine, row, imagesDir, log);
+    t.deltaMs = performance.now() - td;
+    engine.fault('checkpoint:delta');
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).
     const tp = performance.now();
