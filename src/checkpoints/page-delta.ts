@@ -372,7 +372,9 @@ export async function storeChangedPages(dir: string, parentDir: string, onParent
         pagesStored += pm.entries.reduce((t, e) => t + (e.flags & PE_PRESENT ? e.nrPages : 0), 0);
         continue;
       }
-      const out = await PagemapWriter.create(`${src}.delta`);
+      // A new pages file, switched to by the pagemap's rename: the image reads whole or delta, never a mix.
+      const id = unusedPagesId(dir);
+      const out = await PagemapWriter.create(pagesFile(dir, id));
       try {
         let offset = 0;
         for (const e of pm.entries) {
@@ -406,8 +408,8 @@ export async function storeChangedPages(dir: string, parentDir: string, onParent
         // Durability comes from the checkpoint's one filesystem commit.
         await out.finish(false);
       }
-      fs.renameSync(out.file, src);
-      writeAtomically(path.join(dir, name), encodePagemap({ ...pm, entries: out.entries }), false);
+      writeAtomically(path.join(dir, name), encodePagemap({ ...pm, pagesId: id, entries: out.entries }), false);
+      fs.rmSync(src);
       pagesStored += out.pagesWritten;
     }
   } finally {

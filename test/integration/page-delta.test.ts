@@ -71,8 +71,16 @@ integration(test, () => {
   async function memory(sb: Sandbox): Promise<string> {
     const file = hostPath(ls, sb.id, '/tmp/report');
     fs.rmSync(file, { force: true });
-    process.kill(pythonPid(sb), 'SIGUSR2');
-    return eventually(() => fs.existsSync(file) && fs.readFileSync(file, 'utf8'), 10_000, 5) as Promise<string>;
+    // Asked again every 2 s: a report request sent just as a restored tree starts was seen to go unanswered
+    // once in a few dozen runs on a loaded machine. Asking twice changes nothing in memory.
+    let asked = 0;
+    return eventually(() => {
+      if (Date.now() - asked > 2000) {
+        process.kill(pythonPid(sb), 'SIGUSR2');
+        asked = Date.now();
+      }
+      return fs.existsSync(file) && fs.readFileSync(file, 'utf8');
+    }, 60_000, 5) as Promise<string>;
   }
 
   /** Changes 64 KiB of the blob and a dict entry, and returns the new memory report. */
@@ -82,7 +90,7 @@ integration(test, () => {
     return eventually(async () => {
       const now = fs.readFileSync(hostPath(ls, sb.id, '/tmp/report'), 'utf8');
       return now !== before && now.split(' ')[0] !== before.split(' ')[0] && now;
-    }, 10_000, 5) as Promise<string>;
+    }, 60_000, 5) as Promise<string>;
   }
 
   async function pythonSandbox(t: ExecutionContext): Promise<Sandbox> {
@@ -90,7 +98,7 @@ integration(test, () => {
     t.teardown(() => ls.remove(sb.id).catch(() => undefined));
     await sb.files.write('/workspace/memory.py', PY_MEMORY);
     await sb.commands.spawn(['python3', '/workspace/memory.py'], { stderrPath: '/tmp/memory.err' });
-    await eventually(() => fs.existsSync(hostPath(ls, sb.id, '/tmp/report')), 20_000, 10);
+    await eventually(() => fs.existsSync(hostPath(ls, sb.id, '/tmp/report')), 60_000, 10);
     return sb;
   }
 
@@ -122,6 +130,7 @@ integration(test, () => {
   }
 
   test.serial('a 3-deep chain stores what changed and restores each checkpoint exactly', async (t) => {
+    t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
     const sb = await pythonSandbox(t);
     const [c1, c2, c3] = await chainOfThree(sb);
     t.is(parentOf(imageDir(c1!.ckpt)), null, 'the first checkpoint is whole');
@@ -139,6 +148,7 @@ integration(test, () => {
   });
 
   test.serial('deleting the middle of a chain keeps its child restorable; deleting the root makes the child whole', async (t) => {
+    t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
     const sb = await pythonSandbox(t);
     const [c1, c2, c3] = await chainOfThree(sb);
     await sb.deleteCheckpoint(c2!.ckpt.id);
@@ -158,6 +168,7 @@ integration(test, () => {
   });
 
   test.serial('kill -9 after the child absorbed its parent: the checkpoint stays, and both restore', async (t) => {
+    t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
     const sb = await pythonSandbox(t);
     const [c1, c2, c3] = await chainOfThree(sb);
     const child = spawn(process.execPath, [CRASH_RUNNER, 'delete-checkpoint', ls.home, sb.id, c2!.ckpt.id], { env: { ...process.env, LOCKSTEP_FAULT: 'deleteCheckpoint:flattened' }, stdio: 'ignore' });
@@ -172,6 +183,7 @@ integration(test, () => {
   });
 
   test.serial('a chain is cut at the depth bound, so a restore reads a bounded number of images', async (t) => {
+    t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
     const sb = await pythonSandbox(t);
     await sb.files.write('/workspace/file', 'same\n');
     const made: { ckpt: CheckpointInfo; mem: string; file: string }[] = [];
