@@ -99,7 +99,7 @@ export interface SweepResult {
   notes: string[];
 }
 
-/** Runs fn with LOCKSTEP_PAGE_DELTA set (restored afterwards): "off" stores every image whole, as before incremental images. */
+/** Runs fn with LOCKSTEP_PAGE_DELTA set (restored afterwards): "off" stores every image whole (the default), "on" incremental. */
 async function withPageDelta<T>(value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
   const before = process.env.LOCKSTEP_PAGE_DELTA;
   process.env.LOCKSTEP_PAGE_DELTA = value;

@@ -15,9 +15,14 @@ import type { SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js';
 
-/** LOCKSTEP_PAGE_DELTA=off stores every checkpoint's memory whole (for comparison); on by default. */
+/**
+ * LOCKSTEP_PAGE_DELTA=on turns incremental images on. Off by default for
+ * now: with it on, checkpoint-rollback's "rollback reaches any checkpoint"
+ * test saw a restored counter stop advancing in 2 of 3 runs (0 of 2 off),
+ * on a heavily loaded machine; the cause is not found yet.
+ */
 export function pageDeltaEnabled(): boolean {
-  return process.env.LOCKSTEP_PAGE_DELTA !== 'off';
+  return process.env.LOCKSTEP_PAGE_DELTA === 'on';
 }
 
 /** Rewrites a fresh dump to keep only the pages that differ from the head checkpoint's image. */

@@ -18,6 +18,8 @@ import { dropStandby } from '../../src/checkpoints/standby.js';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { hostPath } from '../fixtures/stub-workloads.js';
 
+// Opt-in for now (page-store.ts); the crash runner inherits it.
+process.env.LOCKSTEP_PAGE_DELTA = 'on';
 const BLOB_MIB = 8;
 const CRASH_RUNNER = fileURLToPath(new URL('../../../test/fixtures/crash-runner.mjs', import.meta.url));
 
