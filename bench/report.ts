@@ -272,13 +272,15 @@ export function resultsTable(r: BenchResults): string {
   const byKey = new Map(r.measurements.map((m) => [m.key, m]));
   const targetOf = new Map(r.targets.map((t) => [t.key, t]));
   const lockstepOf = (m: { key: string }) => {
-    const [wl, , ...op] = m.key.split('.');
-    const opName = op.join('.').split(':')[0];
-    return byKey.get(`${wl}.lockstep.${opName}`);
+    // "a.criu-cli.checkpoint:dump"; the sweep's keys carry the size too: "e.64m.criu-cli.checkpoint:dump".
+    const parts = m.key.split('.');
+    const at = parts[0] === 'e' ? 2 : 1;
+    const opName = parts.slice(at + 1).join('.').split(':')[0];
+    return byKey.get(`${parts.slice(0, at).join('.')}.lockstep.${opName}`);
   };
   const verdict = (t: TargetResult | undefined) => (t ? (t.pass === null ? 'n/a' : t.pass ? 'PASS' : 'MISS') : '');
   const rows: string[][] = [];
-  for (const wl of ['a', 'b', 'c', 'd']) {
+  for (const wl of ['a', 'b', 'c', 'd', 'e']) {
     for (const m of r.measurements.filter((x) => x.key.startsWith(`${wl}.`))) {
       const t = targetOf.get(m.key);
       const ref = m.system === 'Lockstep' ? undefined : lockstepOf(m);

@@ -33,11 +33,13 @@ import {
   type ForkFanOut,
 } from './workloads.js';
 import { DOCKER_WORKLOADS, DockerPeer, killChildren, measureCopyPeers, measureCriuCliPeer, measureDocker } from './peers.js';
+import { CHANGED_BYTES, measureMemorySweep, SWEEP_SIZES_MIB } from './memory-sweep.js';
 
 const USAGE = `usage: node dist/bench/run.js [--iterations N] [--quick] [--only a,b,c,d] [--no-docker]
   --iterations N  measured iterations per operation (default 30)
   --quick         5 iterations (a smoke run)
-  --only LIST     run only these workloads (a: idle shell, b: 64 MiB python, c: workspace size, d: fork fan-out)
+  --only LIST     run only these workloads (a: idle shell, b: 64 MiB python, c: workspace size, d: fork fan-out,
+                  e: memory sweep, python3 holding 16-1024 MiB with 1 MiB changed per checkpoint)
   --no-docker     skip the docker checkpoint peer`;
 
 interface Options {
@@ -69,8 +71,8 @@ function parseOptions(argv: string[]): Options {
     iterations = Number(values.iterations);
     if (!Number.isInteger(iterations) || iterations < 1 || iterations > 10_000) throw new Error(`--iterations: expected an integer from 1 to 10000, got ${JSON.stringify(values.iterations)}`);
   }
-  const only = new Set((values.only ?? 'a,b,c,d').split(',').map((s) => s.trim()).filter(Boolean));
-  for (const w of only) if (!['a', 'b', 'c', 'd'].includes(w)) throw new Error(`--only: expected letters from a, b, c, d, got ${JSON.stringify(w)}`);
+  const only = new Set((values.only ?? 'a,b,c,d,e').split(',').map((s) => s.trim()).filter(Boolean));
+  for (const w of only) if (!['a', 'b', 'c', 'd', 'e'].includes(w)) throw new Error(`--only: expected letters from a, b, c, d, e, got ${JSON.stringify(w)}`);
   return { iterations, warmup: values.quick ? 1 : 2, quick: values.quick, only, docker: !values['no-docker'] };
 }
 
@@ -203,7 +205,7 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
   let forks: ForkFanOut | undefined;
 
   await ls.images.ensure('base', (m) => progress.note(m));
-  if (opts.only.has('b')) await ls.images.ensure('dev', (m) => progress.note(m));
+  if (opts.only.has('b') || opts.only.has('e')) await ls.images.ensure('dev', (m) => progress.note(m));
 
   let docker: DockerPeer | { unavailable: string } | undefined;
   if (opts.docker && (opts.only.has('a') || opts.only.has('b'))) {
@@ -293,6 +295,14 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
     await ls.remove(ws.small.sb.id);
   }
 
+  /* (e) memory sweep ---------------------------------------------- */
+  if (opts.only.has('e')) {
+    const sweep = await measureMemorySweep(ctx, SWEEP_SIZES_MIB, path.join(projectRoot, 'bench', 'results', 'sweep-partial.json'));
+    measurements.push(...sweep.measurements);
+    Object.assign(diagnostics, sweep.bytes);
+    notes.push(...sweep.notes);
+  }
+
   const finishedAt = new Date();
   const results: BenchResults = {
     startedAt: startedAt.toISOString(),
@@ -356,6 +366,25 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
   for (const k of ['d.lockstep.fork16', 'd.lockstep.fork16-exec']) {
     const v = p50(k);
     if (v !== undefined) t(k, '16 forks ready < 1 s (p50)', `${fmtMs(v)} ms`, v < 1000);
+  }
+
+  for (const mib of SWEEP_SIZES_MIB) {
+    const k = `e.${mib}m`;
+    const ck = p50(`${k}.lockstep.checkpoint`);
+    const budget = 15 + 0.05 * mib;
+    if (ck !== undefined) t(`${k}.lockstep.checkpoint`, `≤ ${fmtMs(budget)} ms (15 + 0.05/MiB)`, `${fmtMs(ck)} ms`, ck <= budget);
+    const stored = r.diagnostics[`${k}.storedBytes`];
+    if (stored?.n) {
+      const label = `e: python3 holding ${mib} MiB, 1 MiB changed`;
+      const key = `${k}.lockstep.stored-ratio`;
+      r.ratios.push({ key, workload: label, system: 'Lockstep', operation: `bytes stored / bytes changed (p50 ${(stored.p50 / 2 ** 20).toFixed(2)} MiB, mean ${(stored.mean / 2 ** 20).toFixed(2)} MiB)`, value: stored.p50 / CHANGED_BYTES, of: [`${k}.storedBytes`, `${k}.changedBytes`] });
+      t(key, '≤ 1.1× (within 10%)', fmtRatio(stored.p50 / CHANGED_BYTES), stored.p50 <= 1.1 * CHANGED_BYTES);
+      const sby = r.diagnostics[`${k}.standbyRssBytes`];
+      const rss = r.diagnostics[`${k}.sandboxRssBytes`];
+      if (sby?.n && rss?.n) r.ratios.push({ key: `${k}.lockstep.standby-memory`, workload: label, system: 'Lockstep', operation: `standby RSS / sandbox RSS (${(sby.p50 / 2 ** 20).toFixed(1)} MiB / ${(rss.p50 / 2 ** 20).toFixed(1)} MiB)`, value: sby.p50 / rss.p50, of: [`${k}.standbyRssBytes`, `${k}.sandboxRssBytes`] });
+    }
+    const rb = p50(`${k}.lockstep.rollback`);
+    if (rb !== undefined) t(`${k}.lockstep.rollback`, '≤ 5 ms via the standby', `${fmtMs(rb)} ms`, rb <= 5);
   }
 
   // Common observations, measured in this run.

@@ -45,6 +45,10 @@ export interface LockstepConfig {
   readonly fault: string | undefined;
   /** The Docker engine's socket, for image import and export. */
   readonly dockerSocket: string;
+  /** New sandboxes get a user namespace (root inside = an unprivileged host id range). */
+  readonly userNamespaces: boolean;
+  /** Store only the pages that changed since the head checkpoint (incremental process images; opt-in). */
+  readonly pageDelta: boolean;
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -67,6 +71,10 @@ export const ENVIRONMENT = {
   LOCKSTEP_KEEP_CRIU_LOGS: { reader: 'manager', key: 'keepCriuLogs' },
   LOCKSTEP_FAULT: { reader: 'manager', key: 'fault' },
   DOCKER_SOCKET: { reader: 'manager', key: 'dockerSocket' },
+  LOCKSTEP_USERNS: { reader: 'manager', key: 'userNamespaces' },
+  LOCKSTEP_PAGE_DELTA: { reader: 'manager', key: 'pageDelta' },
+  LOCKSTEP_API_URL: { reader: 'client' },
+  LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
   LOCKSTEP_HOST: { reader: 'serve' },
   LOCKSTEP_PORT: { reader: 'serve' },
@@ -78,7 +86,7 @@ export const ENVIRONMENT = {
   CI: { reader: 'cli' },
   LOCKSTEP_CRIU_SUITE: { reader: 'provisioning' },
   LOCKSTEP_KEEP_CONNTRACK_HASHSIZE: { reader: 'provisioning' },
-} as const satisfies Record<string, { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'provisioning' }>;
+} as const satisfies Record<string, { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'client' | 'provisioning' }>;
 
 /** A variable Lockstep reads. */
 export type EnvironmentVariable = keyof typeof ENVIRONMENT;
@@ -117,5 +125,7 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     keepCriuLogs: options.keepCriuLogs ?? e('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined,
     fault: options.fault ?? e('LOCKSTEP_FAULT'),
     dockerSocket: options.dockerSocket ?? e('DOCKER_SOCKET') ?? DEFAULTS.dockerSocket,
+    userNamespaces: options.userNamespaces ?? e('LOCKSTEP_USERNS') !== 'off',
+    pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
   };
 }

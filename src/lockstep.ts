@@ -27,7 +27,7 @@ import { migrateTenants } from './tenants/tenants.js';
 import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
-import { openHomeForUserNamespaces, userNamespacesWanted } from './sandboxes/id-ranges.js';
+import { openHomeForUserNamespaces } from './sandboxes/id-ranges.js';
 import { resolveConfig, type ConfigOptions, type LockstepConfig } from './config.js';
 import { procfs, systemClock, type Clock, type CriuClient, type HelperClient, type LayerPort, type NativeBinding, type ProcessTable } from './ports.js';
 
@@ -132,7 +132,7 @@ export class Lockstep {
     fault('open:catalog');
     const layers = opts.layers ?? LayerStore.open(paths, config);
     ensureSharedRunFolder(native, proc, paths.sandboxesRun);
-    const userNamespaces = userNamespacesWanted(opts.userNamespaces);
+    const userNamespaces = opts.userNamespaces ?? config.userNamespaces;
     if (userNamespaces) openHomeForUserNamespaces(paths);
     const supervisor = opts.helper ?? new Supervisor(paths, config.criuBinary);
     await supervisor.ensureRunning();

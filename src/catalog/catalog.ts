@@ -413,6 +413,9 @@ export class Catalog {
       )
       .run({ checksums: null, ...row });
   }
+  setCheckpointChecksums(id: string, checksums: string): void {
+    this.db.prepare('UPDATE checkpoints SET checksums = ? WHERE id = ?').run(checksums, id);
+  }
   deleteCheckpointRow(id: string): void {
     this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
   }

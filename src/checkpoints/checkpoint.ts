@@ -15,6 +15,7 @@ import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
 import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
+import { keepChangedPagesOnly } from './page-store.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
@@ -28,6 +29,8 @@ export interface CheckpointTimings {
   snapshotMs: number;
   dumpMs: number;
   frozenMs: number;
+  /** Comparing the dump with the parent's image and keeping only the pages that changed. */
+  deltaMs: number;
   persistMs: number;
   commitMs: number;
   totalMs: number;
@@ -111,6 +114,11 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
       cgroups.thaw(cg);
       t.frozenMs = performance.now() - frozenAt;
     }
+    const td = performance.now();
+    await keepChangedPagesOnly(engine, row, imagesDir, log);
+    t.deltaMs = performance.now() - td;
+    engine.fault('checkpoint:delta');
+    // After the delta: the pages files it wrote must belong to the sandbox's root too.
     shareProcessImageWith(imagesDir, row.id_base);
     // Durable before the record: one btrfs commit covers the snapshot and
     // every file of the process image (they live on the same filesystem).

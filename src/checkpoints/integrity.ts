@@ -46,6 +46,11 @@ const CHUNK = 1 << 20;
 /** SHA-256 and size of one file, read in 1 MiB chunks so the event loop keeps turning between them. */
 async function hashFile(file: string): Promise<{ size: number; sha256: string }> {
   const h = createHash('sha256');
+  // An incremental image's `parent` link (page-delta.ts): what it names is what counts.
+  if (fs.lstatSync(file).isSymbolicLink()) {
+    const target = Buffer.from(fs.readlinkSync(file));
+    return { size: target.length, sha256: h.update(target).digest('hex') };
+  }
   let size = 0;
   for await (const chunk of fs.createReadStream(file, { highWaterMark: CHUNK })) {
     h.update(chunk as Buffer);
@@ -54,7 +59,7 @@ async function hashFile(file: string): Promise<{ size: number; sha256: string }>
   return { size, sha256: h.digest('hex') };
 }
 
-/** Digests of every file of a process image folder. CRIU writes only regular files there. */
+/** Digests of every file of a process image folder: CRIU's regular files, and the `parent` link of an incremental image. */
 export async function hashProcessImage(dir: string): Promise<CheckpointChecksums['images']> {
   const out: CheckpointChecksums['images'] = {};
   for (const name of fs.readdirSync(dir).sort()) out[name] = await hashFile(path.join(dir, name));

@@ -51,10 +51,10 @@ export function restoreOptions(engine: Engine, instance: string, imagesDir: stri
   };
 }
 
-/** Total bytes of a process image folder (CRIU writes a few dozen files). */
+/** Total bytes of a process image folder (CRIU writes a few dozen files); the parent link counts as itself, not as the parent. */
 export function processImageBytes(dir: string): number {
   let total = 0;
-  for (const f of fs.readdirSync(dir)) total += fs.statSync(path.join(dir, f)).size;
+  for (const f of fs.readdirSync(dir)) total += fs.lstatSync(path.join(dir, f)).size;
   return total;
 }
 

@@ -7,6 +7,7 @@ import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import { NotFoundError } from '../errors.js';
 import { dropStandby } from './standby.js';
+import { detachImagesFrom } from './page-store.js';
 
 /** Deletes a checkpoint of this sandbox. Its children move up to its parent; its layer, process image and warm standby are freed. */
 export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): Promise<void> {
@@ -14,6 +15,9 @@ export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpoi
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', checkpointId);
   if (row.standby_checkpoint === ckpt.id) await dropStandby(engine, row.id);
   const { catalog } = engine;
+  // Before the record goes: once it has, the reaper may remove the files.
+  await detachImagesFrom(engine, row.id, ckpt.id);
+  engine.fault('deleteCheckpoint:flattened');
   catalog.tx(() => {
     catalog.reparentCheckpoints(ckpt.id, ckpt.parent_id);
     if (row.head_checkpoint_id === ckpt.id) catalog.updateSandbox(row.id, { head_checkpoint_id: ckpt.parent_id });

@@ -19,12 +19,6 @@ export const FIRST_ID_BASE = 0x40000000;
 /** Ranges up to just below 2^32 - 1 ((uid_t)-1 is reserved). */
 export const MAX_ID_RANGES = (0xffff0000 - FIRST_ID_BASE) / ID_RANGE_SIZE;
 
-/** Whether new sandboxes get a user namespace: OpenOptions.userNamespaces, else on unless LOCKSTEP_USERNS=off. */
-export function userNamespacesWanted(option: boolean | undefined): boolean {
-  if (option !== undefined) return option;
-  return process.env.LOCKSTEP_USERNS !== 'off';
-}
-
 /**
  * A restored tree resolves its root, /dev and process image paths from
  * inside its user namespace, as an unprivileged host id: the folders on the

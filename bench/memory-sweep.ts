@@ -1,0 +1,214 @@
+/**
+ * Workload (e), the memory sweep: a python3 process holding 16, 64, 256 or
+ * 1024 MiB, of which 1 MiB (256 pages at a rotating offset) changes between
+ * two checkpoints, on a SIGUSR1 from the host. Measured per size: checkpoint
+ * wall clock, bytes the checkpoint stored on disk against the bytes that
+ * changed, rollback through the warm standby and through a CRIU restore,
+ * the standby's resident memory, and the CRIU CLI peer on a twin sandbox.
+ *
+ * The chain of checkpoints is kept while a size is measured (deleted at the
+ * end), as an agent keeps its history: deleting each predecessor would make
+ * every checkpoint absorb its parent's pages and measure the wrong thing.
+ */
+import fs from 'node:fs';
+import type { Sandbox } from '../src/index.js';
+import { measurement, type Measurement } from './report.js';
+import { numericFields, summarize, type Summary } from './stats.js';
+import { hostPidOf, instanceOf, MIB, rssKiB, settle, waitFor, withStandby, type BenchContext } from './workloads.js';
+import { measureCriuCliPeer } from './peers.js';
+
+export const SWEEP_SIZES_MIB = [16, 64, 256, 1024];
+export const CHANGED_BYTES = MIB;
+
+/** Holds MIB MiB touched; each SIGUSR1 rewrites one byte in each of 256 pages (1 MiB) and records the generation in /tmp/gen. */
+const PYTHON_SWEEP = [
+  'import os, signal, time',
+  'n = int(os.environ["MIB"]) << 20',
+  'b = bytearray(n)',
+  '[b.__setitem__(i, 1) for i in range(0, n, 4096)]',
+  'gen = 0',
+  'def bump(*_):',
+  '    global gen',
+  '    gen += 1',
+  '    off = (gen << 20) % n',
+  '    v = gen % 255 + 1',
+  '    for i in range(off, off + (1 << 20), 4096): b[i] = v',
+  '    with open("/tmp/gen", "w") as f: f.write(str(gen))',
+  'signal.signal(signal.SIGUSR1, bump)',
+  'bump()',
+  'while True: time.sleep(3600)',
+].join('\n');
+
+const PY_NEEDLE = 'PYTHON_SWEEP';
+
+async function generation(sb: Sandbox): Promise<number> {
+  try {
+    return Number((await sb.files.read('/tmp/gen')).content.toString('utf8')) || 0;
+  } catch {
+    return 0;
+  }
+}
+
+/** A dev sandbox whose python3 holds `mib` MiB resident; resolves once it has. */
+export async function startSweepPython(ctx: BenchContext, mib: number): Promise<Sandbox> {
+  // Room for the process, the interpreter and the page cache of the run.
+  const sb = await ctx.ls.create({ image: 'dev', memoryMb: mib + 512 });
+  await sb.commands.spawn(['python3', '-c', `# ${PY_NEEDLE}\n${PYTHON_SWEEP}`], { env: { MIB: String(mib) } });
+  await waitFor(`python3 to hold ${mib} MiB`, () => {
+    const pid = hostPidOf(ctx.ls, sb.id, PY_NEEDLE);
+    return pid && rssKiB(pid) >= mib * 1024 ? pid : undefined;
+  }, 120_000);
+  await untilGenerationAbove(sb, 0);
+  return sb;
+}
+
+/** Changes 1 MiB of the python's memory (and the few bytes of /tmp/gen), and waits until it has. */
+export async function change1MiBOfMemory(ctx: BenchContext, sb: Sandbox): Promise<void> {
+  const before = await generation(sb);
+  const pid = hostPidOf(ctx.ls, sb.id, PY_NEEDLE);
+  if (!pid) throw new Error(`the sweep's python3 is not running in ${sb.id}`);
+  process.kill(pid, 'SIGUSR1');
+  await untilGenerationAbove(sb, before);
+}
+
+async function untilGenerationAbove(sb: Sandbox, before: number): Promise<void> {
+  const deadline = Date.now() + 20_000;
+  while ((await generation(sb)) <= before) {
+    if (Date.now() > deadline) throw new Error(`python3 in ${sb.id} did not change its memory within 20 s`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** Resident memory of the sandbox's warm standby (all its processes), in bytes; 0 without one. */
+function standbyRssBytes(ctx: BenchContext, sandboxId: string): number {
+  const e = ctx.ls.engine;
+  const row = e.catalog.requireSandbox(sandboxId);
+  if (!row.standby_instance) return 0;
+  return e.cgroups.pids(e.runtime.cgroupName(row.standby_instance)).reduce((s, p) => s + rssKiB(p) * 1024, 0);
+}
+
+function sandboxRssBytes(ctx: BenchContext, sandboxId: string): number {
+  const e = ctx.ls.engine;
+  return e.cgroups.pids(e.runtime.cgroupName(instanceOf(ctx.ls, sandboxId))).reduce((s, p) => s + rssKiB(p) * 1024, 0);
+}
+
+export interface SweepResult {
+  measurements: Measurement[];
+  /** Byte figures (the Summary's fields are bytes here): stored per checkpoint, standby RSS, sandbox RSS. */
+  bytes: Record<string, Summary>;
+  notes: string[];
+}
+
+/** Runs fn with LOCKSTEP_PAGE_DELTA set (restored afterwards): "off" stores every image whole (the default), "on" incremental. */
+async function withPageDelta<T>(value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
+  const before = process.env.LOCKSTEP_PAGE_DELTA;
+  process.env.LOCKSTEP_PAGE_DELTA = value;
+  try {
+    return await fn();
+  } finally {
+    if (before === undefined) delete process.env.LOCKSTEP_PAGE_DELTA;
+    else process.env.LOCKSTEP_PAGE_DELTA = before;
+  }
+}
+
+/**
+ * One size of the sweep, on one sandbox: first with whole images
+ * (LOCKSTEP_PAGE_DELTA=off, the baseline), then with incremental ones, each
+ * checkpoint followed by a rollback to it through the warm standby; then,
+ * incremental, with the standby off (rollback through a CRIU restore of the
+ * chain); then the CRIU CLI peer on a twin sandbox.
+ */
+export async function measureSweepSize(ctx: BenchContext, mib: number, iterations: number): Promise<SweepResult> {
+  const key = `e.${mib}m`;
+  const label = `e: python3 holding ${mib} MiB, 1 MiB changed`;
+  const sb = await startSweepPython(ctx, mib);
+  const paths: Record<string, number> = {};
+  const ids: string[] = [];
+  const total = ctx.warmup + iterations;
+  const pass = async (delta: 'on' | 'off', standby: 'on' | 'off') => {
+    const r = { ck: [] as number[], phases: [] as Record<string, number>[], stored: [] as number[], standbyMs: [] as number[], standbyRss: [] as number[], rb: [] as number[] };
+    await withPageDelta(delta, () =>
+      withStandby(standby, async () => {
+        for (let i = 0; i < total; i++) {
+          ctx.checkAborted();
+          ctx.progress.step(`(e) ${mib} MiB: change 1 MiB, checkpoint, rollback (incremental images ${delta}, standby ${standby})`, i + 1, total);
+          await change1MiBOfMemory(ctx, sb);
+          await settle(ctx.ls, sb.id);
+          const t0 = performance.now();
+          const info = await sb.checkpoint();
+          const t1 = performance.now();
+          await settle(ctx.ls, sb.id);
+          const t2 = performance.now();
+          ids.push(info.id);
+          const rssStandby = standbyRssBytes(ctx, sb.id);
+          const back = await sb.rollback(info.id);
+          const t3 = performance.now();
+          await settle(ctx.ls, sb.id);
+          if (i < ctx.warmup) continue;
+          const p = `delta ${delta}, standby ${standby}: ${back.path}`;
+          paths[p] = (paths[p] ?? 0) + 1;
+          r.ck.push(t1 - t0);
+          r.phases.push(numericFields(info.timings));
+          r.stored.push(info.sizes.processImageBytes);
+          r.standbyMs.push(t2 - t1);
+          r.standbyRss.push(rssStandby);
+          r.rb.push(t3 - t2);
+        }
+      }),
+    );
+    return r;
+  };
+  try {
+    const whole = await pass('off', 'on');
+    const inc = await pass('on', 'on');
+    const cold = await pass('on', 'off');
+    const rss = sandboxRssBytes(ctx, sb.id);
+    const out: SweepResult = {
+      measurements: [
+        measurement(`${key}.lockstep.checkpoint`, label, 'Lockstep', 'checkpoint (incremental images)', inc.ck, { phaseSamples: inc.phases }),
+        measurement(`${key}.lockstep.checkpoint:whole`, label, 'Lockstep', 'checkpoint, whole images (LOCKSTEP_PAGE_DELTA=off, before)', whole.ck, { phaseSamples: whole.phases }),
+        measurement(`${key}.lockstep.checkpoint:standby-off`, label, 'Lockstep', 'checkpoint, standby off', cold.ck, { phaseSamples: cold.phases }),
+        measurement(`${key}.lockstep.standby`, label, 'Lockstep', 'background after checkpoint (standby restore of the chain)', inc.standbyMs),
+        measurement(`${key}.lockstep.standby:whole`, label, 'Lockstep', 'background after checkpoint (standby restore, whole images)', whole.standbyMs),
+        measurement(`${key}.lockstep.rollback`, label, 'Lockstep', 'rollback (default: warm standby)', inc.rb),
+        measurement(`${key}.lockstep.rollback:cold`, label, 'Lockstep', 'rollback via CRIU restore of the chain (standby off)', cold.rb),
+      ],
+      bytes: {
+        [`${key}.storedBytes`]: summarize([...inc.stored, ...cold.stored]),
+        [`${key}.storedBytesWhole`]: summarize(whole.stored),
+        [`${key}.changedBytes`]: summarize([CHANGED_BYTES]),
+        [`${key}.standbyRssBytes`]: summarize(inc.standbyRss),
+        [`${key}.sandboxRssBytes`]: summarize([rss]),
+      },
+      notes: [`(e) ${mib} MiB: rollback paths ${JSON.stringify(paths)}; sandbox RSS at the end ${(rss / MIB).toFixed(1)} MiB.`],
+    };
+    // Newest first: no image has to absorb a parent's pages on the way.
+    for (const id of ids.reverse()) await sb.deleteCheckpoint(id);
+    await ctx.ls.remove(sb.id);
+
+    const peer = await startSweepPython(ctx, mib);
+    const cli = await measureCriuCliPeer({ ...ctx, iterations: Math.min(iterations, 3) }, peer, { key, label });
+    out.measurements.push(...cli.measurements);
+    await ctx.ls.remove(peer.id);
+    return out;
+  } catch (e) {
+    await ctx.ls.remove(sb.id).catch(() => undefined);
+    throw e;
+  }
+}
+
+/** The whole sweep; large sizes get fewer iterations (a 1 GiB dump takes seconds). */
+export async function measureMemorySweep(ctx: BenchContext, sizes = SWEEP_SIZES_MIB, partialFile?: string): Promise<SweepResult> {
+  const all: SweepResult = { measurements: [], bytes: {}, notes: [] };
+  for (const mib of sizes) {
+    const iterations = Math.max(3, Math.min(ctx.iterations, Math.round((ctx.iterations * 64) / Math.max(64, mib))));
+    ctx.progress.note(`(e) memory sweep: ${mib} MiB, ${iterations} iterations`);
+    const r = await measureSweepSize(ctx, mib, iterations);
+    all.measurements.push(...r.measurements);
+    Object.assign(all.bytes, r.bytes);
+    all.notes.push(...r.notes);
+    // A 1 GiB size takes many minutes on a busy machine: what is done so far survives an interrupted run.
+    if (partialFile) fs.writeFileSync(partialFile, JSON.stringify(all, null, 1));
+  }
+  return all;
+}
