@@ -19,6 +19,7 @@
  * leftover check are written as usual; a second signal exits at once.
  */
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -101,7 +102,16 @@ class Recorder {
 
   async time<T>(op: string, fn: () => Promise<{ status: number; body: T; text: string }>, want: number): Promise<T> {
     const t0 = performance.now();
-    const r = await fn();
+    let r: { status: number; body: T; text: string };
+    try {
+      r = await fn();
+    } catch (e) {
+      // No answer at all (connection reset): an error too, or a sandbox the server made would go unnoticed.
+      const err = e as { code?: string; cause?: { code?: string }; message?: string };
+      this.errors.push({ op, status: 0, code: err.cause?.code ?? err.code ?? 'NO_ANSWER', message: String(err.message).slice(0, 300) });
+      if (this.errors.length <= 20) console.error(`  error: ${op} -> no answer: ${err.message}`);
+      throw new OpFailed(op);
+    }
     const ms = performance.now() - t0;
     if (r.status >= 500) this.status5xx++;
     if (r.status !== want) {
@@ -130,13 +140,25 @@ class Api {
     readonly base: string,
     readonly token: string,
   ) {}
+  /**
+   * node:http rather than fetch: fetch gives up on an answer after 300 s
+   * (undici's headersTimeout), and at full size a create or fork can take
+   * longer; the sandbox the server then made was never removed.
+   */
   async req(method: string, p: string, body?: unknown, headers: Record<string, string> = {}) {
-    const res = await fetch(this.base + p, {
-      method,
-      headers: { authorization: `Bearer ${this.token}`, ...(body !== undefined ? { 'content-type': 'application/json' } : {}), ...headers },
-      body: body === undefined ? undefined : JSON.stringify(body),
+    const data = body === undefined ? undefined : JSON.stringify(body);
+    const res = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+      const r = http.request(this.base + p, { method, headers: { authorization: `Bearer ${this.token}`, ...(data !== undefined ? { 'content-type': 'application/json' } : {}), ...headers } }, (answer) => {
+        let text = '';
+        answer.setEncoding('utf8');
+        answer.on('data', (d: string) => (text += d));
+        answer.on('end', () => resolve({ status: answer.statusCode ?? 0, text }));
+        answer.on('error', reject);
+      });
+      r.on('error', reject);
+      r.end(data);
     });
-    const text = await res.text();
+    const text = res.text;
     let parsed: any = text;
     try {
       parsed = JSON.parse(text);
