@@ -408,6 +408,33 @@ const GENERATORS: Record<string, Generator> = {
 
   'POST /v1/sandboxes/:id/checkpoints': underSandbox('/checkpoints', () => envelope(jsonFields({ label, context: contextValue, contextFormat: fc.constantFrom('openai-chat', 'anthropic', 'bytes', 'yaml') })).map((body) => ({ body }))),
   'GET /v1/sandboxes/:id/checkpoints': underSandbox('/checkpoints', noBody),
+  'GET /v1/images': () => fixed('/v1/images'),
+  'GET /v1/sandboxes/:id/commands': underSandbox('/commands', noBody),
+  'GET /v1/sandboxes/:id/commands/:pid/output': (_w, own, other) =>
+    sandboxPath(own, other, (id) =>
+      fc
+        .tuple(
+          fc.oneof(fc.integer({ min: -5, max: 5_000_000 }).map(String), fc.constantFrom('abc', '1e9', '0x10', '1.5', '%2e%2e')),
+          queryString({ stdoutOffset: fc.oneof(fc.string(), fc.constantFrom('-1', '1e30', '9007199254740993')), stderrOffset: fc.string() }),
+        )
+        .map(([pid, query]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/output`, query, cross: id.cross })),
+    ),
+  // MCP over streamable HTTP: JSON-RPC of every shape, with no session (a
+  // tool call is refused) or opening one (initialize answers, and changes no row).
+  'POST /mcp': () =>
+    envelope(
+      jsonFields(
+        {
+          jsonrpc: fc.constantFrom('2.0', '1.0', 2),
+          id: fc.oneof(fc.integer(), fc.string({ maxLength: 8 }), fc.constant(null)),
+          method: fc.constantFrom('initialize', 'tools/list', 'tools/call', 'resources/list', 'nope', ''),
+          params: fc.oneof(hostileJson, fc.constant({ name: 'kill_sandbox', arguments: { sandboxId: 'sbx_000000000000' } })),
+        },
+        ['jsonrpc', 'method'],
+      ),
+    ).map((body) => ({ path: '/mcp', body })),
+  'GET /mcp': () => fixed('/mcp'),
+  'DELETE /mcp': () => fixed('/mcp'),
   'GET /v1/sandboxes/:id/checkpoints/:ckpt/context': (_w, own, other) =>
     sandboxPath(own, other, (id) => idSegment(own.checkpoint, other.checkpoint, 'ckpt_').map((c) => ({ path: `/v1/sandboxes/${id.text}/checkpoints/${c.text}/context`, cross: id.cross || c.cross }))),
   // Never the caller's own fixture checkpoint (rollbacks use it).
