@@ -24,7 +24,14 @@ async function measure(label: string, quota: boolean): Promise<void> {
   try {
     await ls.images.ensure('base');
     const sb = await ls.create(quota ? { diskMb: 4096 } : {});
-    await sb.commands.run(['sh', '-c', 'for d in $(seq 20); do mkdir -p /workspace/d$d; for f in $(seq 100); do head -c 102400 /dev/urandom > /workspace/d$d/f$f; done; done'], { timeoutMs: 600_000 });
+    await sb.commands.run(
+      [
+        'sh',
+        '-c',
+        'for d in $(seq 20); do mkdir -p /workspace/d$d; for f in $(seq 100); do head -c 102400 /dev/urandom > /workspace/d$d/f$f; done; done',
+      ],
+      { timeoutMs: 600_000 },
+    );
     const snapshot: number[] = [];
     const frozen: number[] = [];
     const layer: number[] = [];
@@ -41,7 +48,11 @@ async function measure(label: string, quota: boolean): Promise<void> {
       const r = await sb.rollback(ids[i]!);
       layer.push(r.timings.layerMs);
     }
-    const q = (xs: number[], p: number) => percentile([...xs].sort((a, b) => a - b), p).toFixed(2);
+    const q = (xs: number[], p: number) =>
+      percentile(
+        [...xs].sort((a, b) => a - b),
+        p,
+      ).toFixed(2);
     process.stdout.write(
       `${label.padEnd(10)} snapshot p50 ${q(snapshot, 50)} ms p90 ${q(snapshot, 90)} | frozen p50 ${q(frozen, 50)} ms p90 ${q(frozen, 90)} | rollback layer reset p50 ${q(layer, 50)} ms p90 ${q(layer, 90)}\n`,
     );

@@ -55,7 +55,10 @@ function childrenOf(ppid: number): string[] {
 
 export function footprint(ls: Lockstep): Footprint {
   const { paths, catalog, cgroups, runtime } = ls.engine;
-  const cgroupBases = cgroups.version === 2 ? [['unified', path.join('/sys/fs/cgroup', runtime.cgroupGroup)]] : ['pids', 'memory', 'freezer'].map((c) => [c, path.join('/sys/fs/cgroup', c, runtime.cgroupGroup)]);
+  const cgroupBases =
+    cgroups.version === 2
+      ? [['unified', path.join('/sys/fs/cgroup', runtime.cgroupGroup)]]
+      : ['pids', 'memory', 'freezer'].map((c) => [c, path.join('/sys/fs/cgroup', c, runtime.cgroupGroup)]);
   let supervisor = 0;
   try {
     supervisor = Number(fs.readFileSync(paths.supervisorPidfile, 'utf8').trim());

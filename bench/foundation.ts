@@ -43,7 +43,10 @@ async function main(): Promise<void> {
 
     // Layer-store snapshots of a writable layer holding 1 MiB and 1 GiB.
     const rows: string[] = [];
-    for (const [label, mib] of [['1 MiB', 1], ['1 GiB', 1024]] as const) {
+    for (const [label, mib] of [
+      ['1 MiB', 1],
+      ['1 GiB', 1024],
+    ] as const) {
       const upper = ls.engine.layers.upperDir(sb.info().id).upper;
       const dir = path.join(upper, 'workspace');
       fs.mkdirSync(dir, { recursive: true });
@@ -73,7 +76,9 @@ async function main(): Promise<void> {
         cp.push(performance.now() - t);
         fs.rmSync(dst, { recursive: true, force: true });
       }
-      rows.push(`| layer snapshot, ${label} upper | ${fmt(median(snap))} | cp -a --reflink=never + sync: ${fmt(median(cp))} |`);
+      rows.push(
+        `| layer snapshot, ${label} upper | ${fmt(median(snap))} | cp -a --reflink=never + sync: ${fmt(median(cp))} |`,
+      );
     }
     process.stdout.write(
       [

@@ -89,7 +89,10 @@ interface Manager {
   rssMiB: number;
   fds: number;
 }
-const managerNow = (): Manager => ({ rssMiB: Math.round((process.memoryUsage().rss / 2 ** 20) * 10) / 10, fds: fs.readdirSync('/proc/self/fd').length });
+const managerNow = (): Manager => ({
+  rssMiB: Math.round((process.memoryUsage().rss / 2 ** 20) * 10) / 10,
+  fds: fs.readdirSync('/proc/self/fd').length,
+});
 
 class Recorder {
   readonly samples = new Map<string, number[]>();
@@ -108,7 +111,12 @@ class Recorder {
     } catch (e) {
       // No answer at all (connection reset): an error too, or a sandbox the server made would go unnoticed.
       const err = e as { code?: string; cause?: { code?: string }; message?: string };
-      this.errors.push({ op, status: 0, code: err.cause?.code ?? err.code ?? 'NO_ANSWER', message: String(err.message).slice(0, 300) });
+      this.errors.push({
+        op,
+        status: 0,
+        code: err.cause?.code ?? err.code ?? 'NO_ANSWER',
+        message: String(err.message).slice(0, 300),
+      });
       if (this.errors.length <= 20) console.error(`  error: ${op} -> no answer: ${err.message}`);
       throw new OpFailed(op);
     }
@@ -116,7 +124,12 @@ class Recorder {
     if (r.status >= 500) this.status5xx++;
     if (r.status !== want) {
       const body = r.body as { code?: string; message?: string } | undefined;
-      const e = { op, status: r.status, code: body?.code ?? 'HTTP_' + r.status, message: (body?.message ?? r.text).slice(0, 300) };
+      const e = {
+        op,
+        status: r.status,
+        code: body?.code ?? 'HTTP_' + r.status,
+        message: (body?.message ?? r.text).slice(0, 300),
+      };
       this.errors.push(e);
       // As they happen: a long run's errors are worth reading before it ends.
       if (this.errors.length <= 20) console.error(`  error: ${op} -> ${e.status} ${e.code}: ${e.message}`);
@@ -148,13 +161,24 @@ class Api {
   async req(method: string, p: string, body?: unknown, headers: Record<string, string> = {}) {
     const data = body === undefined ? undefined : JSON.stringify(body);
     const res = await new Promise<{ status: number; text: string }>((resolve, reject) => {
-      const r = http.request(this.base + p, { method, headers: { authorization: `Bearer ${this.token}`, ...(data !== undefined ? { 'content-type': 'application/json' } : {}), ...headers } }, (answer) => {
-        let text = '';
-        answer.setEncoding('utf8');
-        answer.on('data', (d: string) => (text += d));
-        answer.on('end', () => resolve({ status: answer.statusCode ?? 0, text }));
-        answer.on('error', reject);
-      });
+      const r = http.request(
+        this.base + p,
+        {
+          method,
+          headers: {
+            authorization: `Bearer ${this.token}`,
+            ...(data !== undefined ? { 'content-type': 'application/json' } : {}),
+            ...headers,
+          },
+        },
+        (answer) => {
+          let text = '';
+          answer.setEncoding('utf8');
+          answer.on('data', (d: string) => (text += d));
+          answer.on('end', () => resolve({ status: answer.statusCode ?? 0, text }));
+          answer.on('error', reject);
+        },
+      );
       r.on('error', reject);
       r.end(data);
     });
@@ -180,8 +204,15 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
   const kept: { id: string; content: string; context: unknown }[] = [];
   let rollbacks = 0;
   const check = async (sandboxId: string, want: string, what: string) => {
-    const r = await rec.time<{ stdout: string; exitCode: number }>('exec', () => api.req('POST', `/v1/sandboxes/${sandboxId}/commands`, { cmd: 'cat /workspace/step' }), 200);
-    if (r.exitCode !== 0 || r.stdout !== want) rec.mismatches.push(`sandbox ${i} ${what}: got ${JSON.stringify(r.stdout).slice(0, 120)}, want ${JSON.stringify(want).slice(0, 120)}`);
+    const r = await rec.time<{ stdout: string; exitCode: number }>(
+      'exec',
+      () => api.req('POST', `/v1/sandboxes/${sandboxId}/commands`, { cmd: 'cat /workspace/step' }),
+      200,
+    );
+    if (r.exitCode !== 0 || r.stdout !== want)
+      rec.mismatches.push(
+        `sandbox ${i} ${what}: got ${JSON.stringify(r.stdout).slice(0, 120)}, want ${JSON.stringify(want).slice(0, 120)}`,
+      );
   };
   try {
     for (let k = 1; k <= o.checkpoints && !rec.stopReason; k++) {
@@ -190,7 +221,11 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
       await check(id, content, `after write ${k}`);
       // With the agent's context, so that context snapshots are made, restored and freed under load too.
       const context = { format: 'openai-chat', messages: [{ role: 'user', content: `sandbox ${i} step ${k}` }] };
-      const ck = await rec.time<{ id: string }>('checkpoint', () => api.req('POST', `/v1/sandboxes/${id}/checkpoints`, { label: `step ${k}`, context }), 201);
+      const ck = await rec.time<{ id: string }>(
+        'checkpoint',
+        () => api.req('POST', `/v1/sandboxes/${id}/checkpoints`, { label: `step ${k}`, context }),
+        201,
+      );
       kept.push({ id: ck.id, content, context });
       rec.checkpointsDone++;
       if (kept.length > o.keep) {
@@ -200,14 +235,29 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
       if (k % o.rollbackEvery === 0) {
         // Alternately the latest checkpoint (its warm standby is swapped in) and an older one (CRIU restore).
         const target = rollbacks++ % 2 === 0 || kept.length < 2 ? kept.at(-1)! : kept[0]!;
-        await rec.time('write', () => api.req('PUT', `/v1/sandboxes/${id}/files?path=/workspace/step`, { content: 'not checkpointed\n' }), 200);
-        const r = await rec.time<{ path: string; context: unknown }>('rollback', () => api.req('POST', `/v1/sandboxes/${id}/rollback`, { checkpointId: target.id }), 200);
+        await rec.time(
+          'write',
+          () => api.req('PUT', `/v1/sandboxes/${id}/files?path=/workspace/step`, { content: 'not checkpointed\n' }),
+          200,
+        );
+        const r = await rec.time<{ path: string; context: unknown }>(
+          'rollback',
+          () => api.req('POST', `/v1/sandboxes/${id}/rollback`, { checkpointId: target.id }),
+          200,
+        );
         rec.add(`rollback (${r.path})`, rec.samples.get('rollback')!.at(-1)!);
-        if (JSON.stringify(r.context) !== JSON.stringify(target.context)) rec.mismatches.push(`sandbox ${i} context after rollback to step ${k}: got ${JSON.stringify(r.context).slice(0, 120)}`);
+        if (JSON.stringify(r.context) !== JSON.stringify(target.context))
+          rec.mismatches.push(
+            `sandbox ${i} context after rollback to step ${k}: got ${JSON.stringify(r.context).slice(0, 120)}`,
+          );
         await check(id, target.content, `after rollback to step ${k}`);
       }
       if (k % o.forkEvery === 0) {
-        const f = await rec.time<{ ids: string[] }>('fork', () => api.req('POST', `/v1/sandboxes/${id}/fork`, { checkpointId: ck.id }), 200);
+        const f = await rec.time<{ ids: string[] }>(
+          'fork',
+          () => api.req('POST', `/v1/sandboxes/${id}/fork`, { checkpointId: ck.id }),
+          200,
+        );
         for (const fid of f.ids) {
           await check(fid, content, `fork of step ${k}`);
           await rec.time('remove', () => api.req('DELETE', `/v1/sandboxes/${fid}`), 200);
@@ -216,7 +266,13 @@ async function sandboxLoop(api: Api, rec: Recorder, o: Options, i: number): Prom
     }
   } catch (e) {
     // An operation failed (recorded by time()): this sandbox stops, the others go on.
-    if (!(e instanceof OpFailed)) rec.errors.push({ op: 'loop', status: 0, code: (e as { code?: string }).code ?? 'EXCEPTION', message: String(e).slice(0, 300) });
+    if (!(e instanceof OpFailed))
+      rec.errors.push({
+        op: 'loop',
+        status: 0,
+        code: (e as { code?: string }).code ?? 'EXCEPTION',
+        message: String(e).slice(0, 300),
+      });
   } finally {
     await rec.time('remove', () => api.req('DELETE', `/v1/sandboxes/${id}`), 200).catch(() => undefined);
   }
@@ -238,7 +294,9 @@ async function main(): Promise<void> {
       stopping = true;
       if (rec && !rec.stopReason) {
         rec.stopReason = sig;
-        console.error(`\n${sig}: stopping early; each sandbox finishes its step and is removed (again to exit at once)`);
+        console.error(
+          `\n${sig}: stopping early; each sandbox finishes its step and is removed (again to exit at once)`,
+        );
         return;
       }
       console.error(`\n${sig}: cleaning up (again to exit at once)`);
@@ -265,14 +323,21 @@ async function main(): Promise<void> {
     const before = managerNow();
     const hostBefore = footprint(ls);
 
-    console.error(`bench:load: ${o.sandboxes} sandboxes × ${o.checkpoints} checkpoints, rollback every ${o.rollbackEvery}, fork every ${o.forkEvery}, load ${os.loadavg()[0]!.toFixed(1)}`);
+    console.error(
+      `bench:load: ${o.sandboxes} sandboxes × ${o.checkpoints} checkpoints, rollback every ${o.rollbackEvery}, fork every ${o.forkEvery}, load ${os.loadavg()[0]!.toFixed(1)}`,
+    );
     const run = new Recorder();
     rec = run;
     const t0 = performance.now();
-    const limit = o.maxSeconds === undefined ? undefined : setTimeout(() => (run.stopReason ??= `--max-seconds ${o.maxSeconds}`), o.maxSeconds * 1000);
+    const limit =
+      o.maxSeconds === undefined
+        ? undefined
+        : setTimeout(() => (run.stopReason ??= `--max-seconds ${o.maxSeconds}`), o.maxSeconds * 1000);
     const progress = setInterval(() => {
       const n = [...run.samples.values()].reduce((a, s) => a + s.length, 0);
-      console.error(`  ${((performance.now() - t0) / 1000).toFixed(0)} s: ${n} operations, ${run.checkpointsDone} checkpoints, ${run.errors.length} errors`);
+      console.error(
+        `  ${((performance.now() - t0) / 1000).toFixed(0)} s: ${n} operations, ${run.checkpointsDone} checkpoints, ${run.errors.length} errors`,
+      );
     }, 30_000);
     await Promise.all(Array.from({ length: o.sandboxes }, (_, i) => sandboxLoop(api, run, o, i)));
     clearInterval(progress);
@@ -293,7 +358,12 @@ async function main(): Promise<void> {
     for (const [op, s] of [...run.samples].sort()) {
       const sorted = [...s].sort((a, b) => a - b);
       const r1 = (x: number) => Math.round(x * 10) / 10;
-      perOp[op] = { n: s.length, p50: r1(percentile(sorted, 50)), p99: r1(percentile(sorted, 99)), max: r1(sorted.at(-1)!) };
+      perOp[op] = {
+        n: s.length,
+        p50: r1(percentile(sorted, 50)),
+        p99: r1(percentile(sorted, 99)),
+        max: r1(sorted.at(-1)!),
+      };
     }
     // "rollback (standby)" and "rollback (restore)" split the rollbacks already counted.
     const total = [...run.samples].filter(([op]) => !op.startsWith('rollback (')).reduce((a, [, s]) => a + s.length, 0);
@@ -301,8 +371,20 @@ async function main(): Promise<void> {
     for (const e of run.errors) byCode[`${e.op}:${e.code}`] = (byCode[`${e.op}:${e.code}`] ?? 0) + 1;
     const results = {
       date: new Date().toISOString(),
-      host: { cpus: os.cpus().length, memGiB: Math.round(os.totalmem() / 2 ** 30), kernel: os.release(), loadavgEnd: os.loadavg().map((x) => Math.round(x * 10) / 10) },
-      config: { sandboxes: o.sandboxes, checkpoints: o.checkpoints, rollbackEvery: o.rollbackEvery, forkEvery: o.forkEvery, keep: o.keep, channel: 'http (in-process server on loopback)' },
+      host: {
+        cpus: os.cpus().length,
+        memGiB: Math.round(os.totalmem() / 2 ** 30),
+        kernel: os.release(),
+        loadavgEnd: os.loadavg().map((x) => Math.round(x * 10) / 10),
+      },
+      config: {
+        sandboxes: o.sandboxes,
+        checkpoints: o.checkpoints,
+        rollbackEvery: o.rollbackEvery,
+        forkEvery: o.forkEvery,
+        keep: o.keep,
+        channel: 'http (in-process server on loopback)',
+      },
       seconds: Math.round(seconds * 10) / 10,
       // Set when the run stopped before every sandbox took all its checkpoints (a signal, --max-seconds).
       stoppedEarly: run.stopReason ?? null,

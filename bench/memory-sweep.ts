@@ -54,10 +54,14 @@ export async function startSweepPython(ctx: BenchContext, mib: number): Promise<
   // Room for the process, the interpreter and the page cache of the run.
   const sb = await ctx.ls.create({ image: 'dev', memoryMb: mib + 512 });
   await sb.commands.spawn(['python3', '-c', `# ${PY_NEEDLE}\n${PYTHON_SWEEP}`], { env: { MIB: String(mib) } });
-  await waitFor(`python3 to hold ${mib} MiB`, () => {
-    const pid = hostPidOf(ctx.ls, sb.id, PY_NEEDLE);
-    return pid && rssKiB(pid) >= mib * 1024 ? pid : undefined;
-  }, 120_000);
+  await waitFor(
+    `python3 to hold ${mib} MiB`,
+    () => {
+      const pid = hostPidOf(ctx.ls, sb.id, PY_NEEDLE);
+      return pid && rssKiB(pid) >= mib * 1024 ? pid : undefined;
+    },
+    120_000,
+  );
   await untilGenerationAbove(sb, 0);
   return sb;
 }
@@ -126,12 +130,23 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
   const ids: string[] = [];
   const total = ctx.warmup + iterations;
   const pass = async (delta: 'on' | 'off', standby: 'on' | 'off') => {
-    const r = { ck: [] as number[], phases: [] as Record<string, number>[], stored: [] as number[], standbyMs: [] as number[], standbyRss: [] as number[], rb: [] as number[] };
+    const r = {
+      ck: [] as number[],
+      phases: [] as Record<string, number>[],
+      stored: [] as number[],
+      standbyMs: [] as number[],
+      standbyRss: [] as number[],
+      rb: [] as number[],
+    };
     await withPageDelta(delta, () =>
       withStandby(standby, async () => {
         for (let i = 0; i < total; i++) {
           ctx.checkAborted();
-          ctx.progress.step(`(e) ${mib} MiB: change 1 MiB, checkpoint, rollback (incremental images ${delta}, standby ${standby})`, i + 1, total);
+          ctx.progress.step(
+            `(e) ${mib} MiB: change 1 MiB, checkpoint, rollback (incremental images ${delta}, standby ${standby})`,
+            i + 1,
+            total,
+          );
           await change1MiBOfMemory(ctx, sb);
           await settle(ctx.ls, sb.id);
           const t0 = performance.now();
@@ -165,13 +180,42 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
     const rss = sandboxRssBytes(ctx, sb.id);
     const out: SweepResult = {
       measurements: [
-        measurement(`${key}.lockstep.checkpoint`, label, 'Lockstep', 'checkpoint (incremental images)', inc.ck, { phaseSamples: inc.phases }),
-        measurement(`${key}.lockstep.checkpoint:whole`, label, 'Lockstep', 'checkpoint, whole images (LOCKSTEP_PAGE_DELTA=off, before)', whole.ck, { phaseSamples: whole.phases }),
-        measurement(`${key}.lockstep.checkpoint:standby-off`, label, 'Lockstep', 'checkpoint, standby off', cold.ck, { phaseSamples: cold.phases }),
-        measurement(`${key}.lockstep.standby`, label, 'Lockstep', 'background after checkpoint (standby restore of the chain)', inc.standbyMs),
-        measurement(`${key}.lockstep.standby:whole`, label, 'Lockstep', 'background after checkpoint (standby restore, whole images)', whole.standbyMs),
+        measurement(`${key}.lockstep.checkpoint`, label, 'Lockstep', 'checkpoint (incremental images)', inc.ck, {
+          phaseSamples: inc.phases,
+        }),
+        measurement(
+          `${key}.lockstep.checkpoint:whole`,
+          label,
+          'Lockstep',
+          'checkpoint, whole images (LOCKSTEP_PAGE_DELTA=off, before)',
+          whole.ck,
+          { phaseSamples: whole.phases },
+        ),
+        measurement(`${key}.lockstep.checkpoint:standby-off`, label, 'Lockstep', 'checkpoint, standby off', cold.ck, {
+          phaseSamples: cold.phases,
+        }),
+        measurement(
+          `${key}.lockstep.standby`,
+          label,
+          'Lockstep',
+          'background after checkpoint (standby restore of the chain)',
+          inc.standbyMs,
+        ),
+        measurement(
+          `${key}.lockstep.standby:whole`,
+          label,
+          'Lockstep',
+          'background after checkpoint (standby restore, whole images)',
+          whole.standbyMs,
+        ),
         measurement(`${key}.lockstep.rollback`, label, 'Lockstep', 'rollback (default: warm standby)', inc.rb),
-        measurement(`${key}.lockstep.rollback:cold`, label, 'Lockstep', 'rollback via CRIU restore of the chain (standby off)', cold.rb),
+        measurement(
+          `${key}.lockstep.rollback:cold`,
+          label,
+          'Lockstep',
+          'rollback via CRIU restore of the chain (standby off)',
+          cold.rb,
+        ),
       ],
       bytes: {
         [`${key}.storedBytes`]: summarize([...inc.stored, ...cold.stored]),
@@ -180,7 +224,9 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
         [`${key}.standbyRssBytes`]: summarize(inc.standbyRss),
         [`${key}.sandboxRssBytes`]: summarize([rss]),
       },
-      notes: [`(e) ${mib} MiB: rollback paths ${JSON.stringify(paths)}; sandbox RSS at the end ${(rss / MIB).toFixed(1)} MiB.`],
+      notes: [
+        `(e) ${mib} MiB: rollback paths ${JSON.stringify(paths)}; sandbox RSS at the end ${(rss / MIB).toFixed(1)} MiB.`,
+      ],
     };
     // Newest first: no image has to absorb a parent's pages on the way.
     for (const id of ids.reverse()) await sb.deleteCheckpoint(id);
@@ -198,7 +244,11 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
 }
 
 /** The whole sweep; large sizes get fewer iterations (a 1 GiB dump takes seconds). */
-export async function measureMemorySweep(ctx: BenchContext, sizes = SWEEP_SIZES_MIB, partialFile?: string): Promise<SweepResult> {
+export async function measureMemorySweep(
+  ctx: BenchContext,
+  sizes = SWEEP_SIZES_MIB,
+  partialFile?: string,
+): Promise<SweepResult> {
   const all: SweepResult = { measurements: [], bytes: {}, notes: [] };
   for (const mib of sizes) {
     const iterations = Math.max(3, Math.min(ctx.iterations, Math.round((ctx.iterations * 64) / Math.max(64, mib))));

@@ -21,8 +21,25 @@ import { hostOf } from '../src/engine.js';
 import { criuBinary } from '../src/host/criu-service.js';
 import { startTime } from '../src/host/proc.js';
 import { projectRoot } from '../src/native/binding.js';
-import { attributeCriuDumpLog, measurement, medianAttribution, unavailable, type CriuLogAttribution, type Measurement } from './report.js';
-import { change1MiB, IDLE_LOOP, instanceOf, PYTHON_64M, rssKiB, RSS_MIN_KIB, waitFor, type BenchContext, type Workspace } from './workloads.js';
+import {
+  attributeCriuDumpLog,
+  measurement,
+  medianAttribution,
+  unavailable,
+  type CriuLogAttribution,
+  type Measurement,
+} from './report.js';
+import {
+  change1MiB,
+  IDLE_LOOP,
+  instanceOf,
+  PYTHON_64M,
+  rssKiB,
+  RSS_MIN_KIB,
+  waitFor,
+  type BenchContext,
+  type Workspace,
+} from './workloads.js';
 
 /* ------------------------------------------------------------------ */
 /* Child processes                                                     */
@@ -79,7 +96,10 @@ export function execTimed(cmd: string, args: string[], opts: { timeoutMs?: numbe
 
 async function mustExec(cmd: string, args: string[], what: string, opts: { timeoutMs?: number } = {}): Promise<number> {
   const r = await execTimed(cmd, args, opts);
-  if (r.code !== 0) throw new Error(`${what} failed (exit ${r.code}): ${(r.stderr || r.stdout).trim().split('\n').slice(-5).join(' | ')}`);
+  if (r.code !== 0)
+    throw new Error(
+      `${what} failed (exit ${r.code}): ${(r.stderr || r.stdout).trim().split('\n').slice(-5).join(' | ')}`,
+    );
   return r.ms;
 }
 
@@ -154,7 +174,11 @@ export class CriuCli {
 
   async dump(instance: string, pid: number, dir: string, logLevel = 2, freezeCgroup = false): Promise<number> {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    return mustExec(this.bin, this.dumpArgs(instance, pid, dir, logLevel, freezeCgroup), `criu dump of ${instance} (log: ${dir}/dump.log)`);
+    return mustExec(
+      this.bin,
+      this.dumpArgs(instance, pid, dir, logLevel, freezeCgroup),
+      `criu dump of ${instance} (log: ${dir}/dump.log)`,
+    );
   }
 
   /**
@@ -169,7 +193,11 @@ export class CriuCli {
     fs.rmSync(pidFile, { force: true });
     const procs = e.cgroups.procsFiles(e.runtime.cgroupName(instance));
     const script = `for f in "$@"; do echo $$ > "$f" || exit 1; done; exec ${[this.bin, ...this.restoreArgs(instance, dir, pidFile)].map(sq).join(' ')}`;
-    const ms = await mustExec('/bin/sh', ['-c', script, 'sh', ...procs], `criu restore of ${instance} (log: ${dir}/restore.log)`);
+    const ms = await mustExec(
+      '/bin/sh',
+      ['-c', script, 'sh', ...procs],
+      `criu restore of ${instance} (log: ${dir}/restore.log)`,
+    );
     return { ms, pid: Number(fs.readFileSync(pidFile, 'utf8').trim()) };
   }
 }
@@ -276,7 +304,13 @@ export async function measureCriuCliPeer(
       fz.push(await cli.dump(inst, pid, dir, 2, true));
       fs.rmSync(dir, { recursive: true, force: true });
     }
-    freezeCgroupDump = measurement(`${wl.key}.criu-cli.checkpoint:freeze-cgroup`, wl.label, sys, 'variant: criu dump --freeze-cgroup', fz);
+    freezeCgroupDump = measurement(
+      `${wl.key}.criu-cli.checkpoint:freeze-cgroup`,
+      wl.label,
+      sys,
+      'variant: criu dump --freeze-cgroup',
+      fz,
+    );
   }
   fs.rmSync(root, { recursive: true, force: true });
 
@@ -284,9 +318,19 @@ export async function measureCriuCliPeer(
     ...(freezeCgroupDump ? { freezeCgroupDump } : {}),
     attribution,
     measurements: [
-      measurement(`${wl.key}.criu-cli.checkpoint:dump`, wl.label, sys, 'checkpoint: criu dump --leave-running only', dumpMs),
-      measurement(`${wl.key}.criu-cli.checkpoint`, wl.label, sys, 'checkpoint: criu dump + cp -a', ckMs, { phaseSamples: dumpMs.map((v, i) => ({ dumpMs: v, cpMs: cpMs[i]!, totalMs: v + cpMs[i]! })) }),
-      measurement(`${wl.key}.criu-cli.rollback`, wl.label, sys, 'rollback: kill, cp -a, mount, criu restore -d', rbMs, { phaseSamples: rbPhases }),
+      measurement(
+        `${wl.key}.criu-cli.checkpoint:dump`,
+        wl.label,
+        sys,
+        'checkpoint: criu dump --leave-running only',
+        dumpMs,
+      ),
+      measurement(`${wl.key}.criu-cli.checkpoint`, wl.label, sys, 'checkpoint: criu dump + cp -a', ckMs, {
+        phaseSamples: dumpMs.map((v, i) => ({ dumpMs: v, cpMs: cpMs[i]!, totalMs: v + cpMs[i]! })),
+      }),
+      measurement(`${wl.key}.criu-cli.rollback`, wl.label, sys, 'rollback: kill, cp -a, mount, criu restore -d', rbMs, {
+        phaseSamples: rbPhases,
+      }),
     ],
   };
 }
@@ -297,7 +341,10 @@ export async function measureCriuCliPeer(
  * store (coreutils 9 clones extents there by default, --reflink=auto) and
  * ext4 under /var/tmp (a real copy, what most hosts do).
  */
-export async function measureCopyPeers(ctx: BenchContext, ws: { big: Workspace; small: Workspace }): Promise<Measurement[]> {
+export async function measureCopyPeers(
+  ctx: BenchContext,
+  ws: { big: Workspace; small: Workspace },
+): Promise<Measurement[]> {
   const e = ctx.ls.engine;
   const dests = [
     { key: 'cp-btrfs', system: 'cp -a, same btrfs (reflink)', dir: path.join(e.paths.store, 'bench-copies') },
@@ -324,7 +371,15 @@ export async function measureCopyPeers(ctx: BenchContext, ws: { big: Workspace; 
         fs.rmSync(target, { recursive: true, force: true });
       }
       const label = which === 'big' ? '1 GiB workspace' : '1 MiB workspace';
-      out.push(measurement(`c.${dest.key}.checkpoint-${which === 'big' ? '1g' : '1m'}`, 'c: 1 MiB changed', dest.system, `copy, ${label}`, samples));
+      out.push(
+        measurement(
+          `c.${dest.key}.checkpoint-${which === 'big' ? '1g' : '1m'}`,
+          'c: 1 MiB changed',
+          dest.system,
+          `copy, ${label}`,
+          samples,
+        ),
+      );
     }
     fs.rmSync(dest.dir, { recursive: true, force: true });
   }
@@ -369,11 +424,13 @@ export class DockerPeer {
     if (!(await ping())) {
       ctx.progress.note('Docker does not answer: starting dockerd with scripts/start-dockerd.sh');
       const r = await execTimed('bash', [path.join(projectRoot, 'scripts', 'start-dockerd.sh')], { timeoutMs: 60_000 });
-      if (r.code !== 0 || !(await ping())) return { unavailable: `Docker engine unavailable: ${r.stderr.trim().split('\n').slice(-2).join(' ')}` };
+      if (r.code !== 0 || !(await ping()))
+        return { unavailable: `Docker engine unavailable: ${r.stderr.trim().split('\n').slice(-2).join(' ')}` };
     }
     const v = await docker.version();
     const info = (await docker.info()) as { ExperimentalBuild?: boolean };
-    if (!info.ExperimentalBuild) return { unavailable: `dockerd ${v.Version} runs without --experimental, so it has no checkpoint API` };
+    if (!info.ExperimentalBuild)
+      return { unavailable: `dockerd ${v.Version} runs without --experimental, so it has no checkpoint API` };
     return new DockerPeer(docker, v.Version);
   }
 
@@ -384,7 +441,12 @@ export class DockerPeer {
   }
 
   async run(ref: string, cmd: string[]): Promise<Docker.Container> {
-    const c = await this.docker.createContainer({ Image: ref, Cmd: cmd, Labels: { [DOCKER_LABEL]: String(process.pid) }, HostConfig: { NetworkMode: 'none' } });
+    const c = await this.docker.createContainer({
+      Image: ref,
+      Cmd: cmd,
+      Labels: { [DOCKER_LABEL]: String(process.pid) },
+      HostConfig: { NetworkMode: 'none' },
+    });
     this.containers.add(c.id);
     await c.start();
     return c;
@@ -401,7 +463,11 @@ export class DockerPeer {
    * digest is already there). Returns the time of the attempt that worked
    * and how many failed before it; throws the engine's error after 3.
    */
-  private async createCheckpoint(c: Docker.Container, body: { CheckpointID: string; Exit: boolean }, ready?: () => Promise<void>): Promise<{ ms: number; retries: string[] }> {
+  private async createCheckpoint(
+    c: Docker.Container,
+    body: { CheckpointID: string; Exit: boolean },
+    ready?: () => Promise<void>,
+  ): Promise<{ ms: number; retries: string[] }> {
     const api = c as unknown as ContainerCheckpoints;
     const retries: string[] = [];
     for (;;) {
@@ -425,7 +491,11 @@ export class DockerPeer {
   }
 
   /** Times `docker checkpoint create --leave-running`; each checkpoint is deleted afterwards (untimed). */
-  async measureCheckpoint(ctx: BenchContext, c: Docker.Container, wl: { key: string; label: string }): Promise<Measurement> {
+  async measureCheckpoint(
+    ctx: BenchContext,
+    c: Docker.Container,
+    wl: { key: string; label: string },
+  ): Promise<Measurement> {
     const api = c as unknown as ContainerCheckpoints;
     const samples: number[] = [];
     const failed: string[] = [];
@@ -441,13 +511,21 @@ export class DockerPeer {
         r = await this.createCheckpoint(c, { CheckpointID: id, Exit: false });
       } catch (e) {
         const retries = (e as { retries?: string[] }).retries ?? [];
-        return unavailable(`${wl.key}.docker.checkpoint`, wl.label, sys, op, `n/a (fails on Docker ${this.version} here after ${retries.length + 1} attempts and ${samples.length} successes: ${(e as Error).message})`);
+        return unavailable(
+          `${wl.key}.docker.checkpoint`,
+          wl.label,
+          sys,
+          op,
+          `n/a (fails on Docker ${this.version} here after ${retries.length + 1} attempts and ${samples.length} successes: ${(e as Error).message})`,
+        );
       }
       failed.push(...r.retries);
       if (i >= ctx.warmup) samples.push(r.ms);
       await api.deleteCheckpoint(id);
     }
-    const note = failed.length ? `${failed.length} attempt(s) failed first with "${failed[0]}" (moby/moby#42900) and were retried; only the attempts that worked are timed` : undefined;
+    const note = failed.length
+      ? `${failed.length} attempt(s) failed first with "${failed[0]}" (moby/moby#42900) and were retried; only the attempts that worked are timed`
+      : undefined;
     return measurement(`${wl.key}.docker.checkpoint`, wl.label, sys, op, samples, note ? { note } : {});
   }
 
@@ -489,7 +567,8 @@ export class DockerPeer {
       }
       const ms = performance.now() - t0;
       if (i >= total - iterations) samples.push(ms);
-      if (!(await c.inspect()).State.Running) return { samples, failure: 'the container was not running after start --checkpoint', retried };
+      if (!(await c.inspect()).State.Running)
+        return { samples, failure: 'the container was not running after start --checkpoint', retried };
       await check?.();
       await api.deleteCheckpoint(id).catch(() => undefined);
     }
@@ -503,9 +582,17 @@ export class DockerPeer {
 
   /** Removes every container and image this run made (idempotent). */
   async cleanup(): Promise<void> {
-    for (const id of this.containers) await this.docker.getContainer(id).remove({ force: true }).catch(() => undefined);
+    for (const id of this.containers)
+      await this.docker
+        .getContainer(id)
+        .remove({ force: true })
+        .catch(() => undefined);
     this.containers.clear();
-    for (const ref of this.images) await this.docker.getImage(ref).remove({ force: true }).catch(() => undefined);
+    for (const ref of this.images)
+      await this.docker
+        .getImage(ref)
+        .remove({ force: true })
+        .catch(() => undefined);
     this.images.clear();
   }
 }
@@ -536,12 +623,31 @@ export async function measureDocker(
     const n = Math.min(ctx.iterations, 10);
     const { samples, failure, retried } = await peer.measureRestore(ctx, c, wl, n, rssCheck);
     const op = 'rollback: start --checkpoint (after checkpoint --exit)';
-    if (failure && samples.length === 0) return [m, unavailable(`${wl.key}.docker.rollback`, wl.label, sys, op, `n/a (fails on Docker ${peer.version} here: ${failure})`)];
+    if (failure && samples.length === 0)
+      return [
+        m,
+        unavailable(
+          `${wl.key}.docker.rollback`,
+          wl.label,
+          sys,
+          op,
+          `n/a (fails on Docker ${peer.version} here: ${failure})`,
+        ),
+      ];
     const notes = [
       ...(failure ? [`failed after ${samples.length} restores: ${failure}`] : []),
-      ...(retried ? [`${retried} checkpoint --exit attempt(s) failed with "content … already exists" and were retried`] : []),
+      ...(retried
+        ? [`${retried} checkpoint --exit attempt(s) failed with "content … already exists" and were retried`]
+        : []),
     ];
-    const rb = measurement(`${wl.key}.docker.rollback`, wl.label, sys, op, samples, notes.length ? { note: notes.join('; ') } : {});
+    const rb = measurement(
+      `${wl.key}.docker.rollback`,
+      wl.label,
+      sys,
+      op,
+      samples,
+      notes.length ? { note: notes.join('; ') } : {},
+    );
     return [m, rb];
   } finally {
     await peer.remove(c);

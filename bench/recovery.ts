@@ -18,7 +18,14 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import fc from 'fast-check';
 import { Lockstep } from '../src/index.js';
-import { MISTAKE_KINDS, REPORT_MISTAKES, describeOp, runAgainstModel, trajectoryArb, type Mismatch } from '../test/fixtures/recovery-model.js';
+import {
+  MISTAKE_KINDS,
+  REPORT_MISTAKES,
+  describeOp,
+  runAgainstModel,
+  trajectoryArb,
+  type Mismatch,
+} from '../test/fixtures/recovery-model.js';
 
 const { values } = parseArgs({
   options: {
@@ -91,9 +98,19 @@ async function main(): Promise<void> {
         const steps = ops.filter((o) => o.t !== 'checkpoint' && o.t !== 'rollback').length;
         const ok = !r.mismatches.some((m) => REPORT_MISTAKES.includes(m.kind));
         const clean = r.mismatches.length === 0;
-        results.push({ trial: i, steps, ok, allOperationsRight: clean, ms: performance.now() - t0, mismatches: r.mismatches, ...(clean ? {} : { ops: ops.map(describeOp) }) });
+        results.push({
+          trial: i,
+          steps,
+          ok,
+          allOperationsRight: clean,
+          ms: performance.now() - t0,
+          mismatches: r.mismatches,
+          ...(clean ? {} : { ops: ops.map(describeOp) }),
+        });
         const right = results.filter((x) => x.ok).length;
-        process.stderr.write(`\rtrial ${results.length}/${samples.length}: ${right} right, ${results.length - right} wrong, ${((Date.now() - started) / 1000).toFixed(0)} s   `);
+        process.stderr.write(
+          `\rtrial ${results.length}/${samples.length}: ${right} right, ${results.length - right} wrong, ${((Date.now() - started) / 1000).toFixed(0)} s   `,
+        );
       }
     };
     await Promise.all(Array.from({ length: Math.min(concurrency, samples.length) }, worker));
@@ -104,7 +121,9 @@ async function main(): Promise<void> {
   }
 
   const right = results.filter((r) => r.ok).length;
-  const byKind = Object.fromEntries(MISTAKE_KINDS.map((k) => [k, results.filter((r) => r.mismatches.some((m) => m.kind === k)).length]));
+  const byKind = Object.fromEntries(
+    MISTAKE_KINDS.map((k) => [k, results.filter((r) => r.mismatches.some((m) => m.kind === k)).length]),
+  );
   const report = {
     date: new Date().toISOString(),
     host: { cpus: os.cpus().length, loadavg: os.loadavg(), kernel: os.release(), node: process.version },

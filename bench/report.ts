@@ -36,13 +36,21 @@ export function measurement(
   if (extra.phaseSamples?.length) {
     m.phaseSamples = extra.phaseSamples;
     const keys = new Set(extra.phaseSamples.flatMap((r) => Object.keys(r)));
-    m.phases = Object.fromEntries([...keys].map((k) => [k, summarize(extra.phaseSamples!.map((r) => r[k]!).filter((v) => typeof v === 'number'))]));
+    m.phases = Object.fromEntries(
+      [...keys].map((k) => [k, summarize(extra.phaseSamples!.map((r) => r[k]!).filter((v) => typeof v === 'number'))]),
+    );
   }
   if (extra.note) m.note = extra.note;
   return m;
 }
 
-export function unavailable(key: string, workload: string, system: string, operation: string, reason: string): Measurement {
+export function unavailable(
+  key: string,
+  workload: string,
+  system: string,
+  operation: string,
+  reason: string,
+): Measurement {
   return { key, workload, system, operation, samples: [], summary: summarize([]), unavailable: reason };
 }
 
@@ -60,7 +68,8 @@ export interface TargetResult {
 /* ------------------------------------------------------------------ */
 
 /** The brief's four buckets, plus set-up and what is outside CRIU's log. */
-export type CriuGroup = 'setup' | 'seizing/freezing' | 'parasite/memory dump' | 'mount/namespace dump' | 'writing images' | 'outside the log';
+export type CriuGroup =
+  'setup' | 'seizing/freezing' | 'parasite/memory dump' | 'mount/namespace dump' | 'writing images' | 'outside the log';
 
 interface Rule {
   re: RegExp;
@@ -76,21 +85,45 @@ interface Rule {
  */
 const RULES: Rule[] = [
   { re: /Dumping processes \(pid/, name: 'pre-dump set-up (options, irmap, cgroup props)', group: 'setup' },
-  { re: /freezing cgroup|freezer\.state|SEIZE |Seized task|Collected \(|Collected \d+ in/, name: 'freeze cgroup + seize tasks', group: 'seizing/freezing' },
+  {
+    re: /freezing cgroup|freezer\.state|SEIZE |Seized task|Collected \(|Collected \d+ in/,
+    name: 'freeze cgroup + seize tasks',
+    group: 'seizing/freezing',
+  },
   { re: /Will take .* namespace|Add \w+ ns \d+ pid/, name: 'collect namespaces', group: 'mount/namespace dump' },
   { re: /net: Lock network|network-lock/, name: 'network lock (skip)', group: 'seizing/freezing' },
   { re: /mnt: Dumping mountpoints/, name: 'mountpoints image', group: 'mount/namespace dump' },
   { re: /^\ttype |mnt: /, name: 'collect mount tree', group: 'mount/namespace dump' },
-  { re: /net: Collecting netns|Switching to .* net for collecting sockets|sockets: |unix: |netlink: |Collecting pidns/, name: 'collect sockets (netns)', group: 'mount/namespace dump' },
-  { re: /Dumping task \(pid|Collecting mappings|Collecting fds|Obtaining task stat|Dump (private|shared) signals|Dump rseq/, name: 'task info: vmas, fds, signals', group: 'parasite/memory dump' },
-  { re: /Parasite syscall_ip|parasite blob|Putting tsock|Wait for parasite|switched to daemon mode|general registers|GP\/FPU|vdso: /, name: 'parasite infection', group: 'parasite/memory dump' },
+  {
+    re: /net: Collecting netns|Switching to .* net for collecting sockets|sockets: |unix: |netlink: |Collecting pidns/,
+    name: 'collect sockets (netns)',
+    group: 'mount/namespace dump',
+  },
+  {
+    re: /Dumping task \(pid|Collecting mappings|Collecting fds|Obtaining task stat|Dump (private|shared) signals|Dump rseq/,
+    name: 'task info: vmas, fds, signals',
+    group: 'parasite/memory dump',
+  },
+  {
+    re: /Parasite syscall_ip|parasite blob|Putting tsock|Wait for parasite|switched to daemon mode|general registers|GP\/FPU|vdso: /,
+    name: 'parasite infection',
+    group: 'parasite/memory dump',
+  },
   { re: /Dumping opened files/, name: 'open files', group: 'parasite/memory dump' },
   { re: /Transferring pages/, name: 'memory: pages written', group: 'parasite/memory dump' },
   { re: /Dumping pages \(type|Private vmas/, name: 'memory: pagemap scan', group: 'parasite/memory dump' },
-  { re: /Dumping core \(pid|Obtaining personality|Dumping mm \(pid|Obtaining task auvx|Dumping task cwd|Waiting for \d+ to trap|was trapped|was stopped/, name: 'core, mm, parasite cure', group: 'parasite/memory dump' },
+  {
+    re: /Dumping core \(pid|Obtaining personality|Dumping mm \(pid|Obtaining task auvx|Dumping task cwd|Waiting for \d+ to trap|was trapped|was stopped/,
+    name: 'core, mm, parasite cure',
+    group: 'parasite/memory dump',
+  },
   { re: /Dumping file-locks|Dumping pstree|Process: \d/, name: 'pstree, file locks images', group: 'writing images' },
   { re: /cg: Dumping \d+ sets|cg: Writing CG image|cg:\s+`- Dumping /, name: 'cgroup image', group: 'writing images' },
-  { re: /Writing image inventory|Running post-dump|net: Unlock network|Writing stats|Dumping finished/, name: 'inventory, stats images', group: 'writing images' },
+  {
+    re: /Writing image inventory|Running post-dump|net: Unlock network|Writing stats|Dumping finished/,
+    name: 'inventory, stats images',
+    group: 'writing images',
+  },
   { re: /Unfreezing tasks|Unseizing/, name: 'unseize + thaw', group: 'seizing/freezing' },
 ];
 
@@ -160,13 +193,22 @@ export function attributeCriuDumpLog(text: string, wallMs?: number): CriuLogAttr
     if (pr) pages += Number((BigInt(`0x${pr[2]}`) - BigInt(`0x${pr[1]}`)) / 4096n);
     if (NS_START.test(msg)) {
       inNs = true;
-      current = { re: NS_START, name: 'namespaces: ipc, uts, time, pid (forked helpers)', group: 'mount/namespace dump' };
+      current = {
+        re: NS_START,
+        name: 'namespaces: ipc, uts, time, pid (forked helpers)',
+        group: 'mount/namespace dump',
+      };
       continue;
     }
     if (inNs) {
       if (NS_END.test(msg)) inNs = false;
       else {
-        if (CONNTRACK.test(msg)) current = { re: CONNTRACK, name: 'namespaces: net, 2 netfilter conntrack dumps', group: 'mount/namespace dump' };
+        if (CONNTRACK.test(msg))
+          current = {
+            re: CONNTRACK,
+            name: 'namespaces: net, 2 netfilter conntrack dumps',
+            group: 'mount/namespace dump',
+          };
         continue;
       }
     }
@@ -177,7 +219,12 @@ export function attributeCriuDumpLog(text: string, wallMs?: number): CriuLogAttr
   }
   const list = [...steps.values()].sort((a, b) => b.ms - a.ms);
   const logMs = last ?? 0;
-  if (wallMs !== undefined && wallMs > logMs) list.push({ name: 'outside CRIU\'s log (RPC/exec, process start and exit)', group: 'outside the log', ms: wallMs - logMs });
+  if (wallMs !== undefined && wallMs > logMs)
+    list.push({
+      name: "outside CRIU's log (RPC/exec, process start and exit)",
+      group: 'outside the log',
+      ms: wallMs - logMs,
+    });
   list.sort((a, b) => b.ms - a.ms);
   const groups: Record<string, number> = {};
   for (const s of list) groups[s.group] = (groups[s.group] ?? 0) + s.ms;
@@ -204,7 +251,9 @@ export function medianAttribution(list: CriuLogAttribution[]): CriuLogAttributio
   if (list.length === 1) return list[0]!;
   const names = new Map<string, CriuStep>();
   for (const a of list) for (const s of a.steps) names.set(s.name, { name: s.name, group: s.group, ms: 0 });
-  const steps = [...names.values()].map((s) => ({ ...s, ms: median(list.map((a) => a.steps.find((x) => x.name === s.name)?.ms ?? 0)) })).sort((a, b) => b.ms - a.ms);
+  const steps = [...names.values()]
+    .map((s) => ({ ...s, ms: median(list.map((a) => a.steps.find((x) => x.name === s.name)?.ms ?? 0)) }))
+    .sort((a, b) => b.ms - a.ms);
   const groups: Record<string, number> = {};
   for (const s of steps) groups[s.group] = (groups[s.group] ?? 0) + s.ms;
   const walls = list.map((a) => a.wallMs).filter((w): w is number => w !== undefined);
@@ -275,7 +324,10 @@ export function resultsTable(r: BenchResults): string {
     // "a.criu-cli.checkpoint:dump"; the sweep's keys carry the size too: "e.64m.criu-cli.checkpoint:dump".
     const parts = m.key.split('.');
     const at = parts[0] === 'e' ? 2 : 1;
-    const opName = parts.slice(at + 1).join('.').split(':')[0];
+    const opName = parts
+      .slice(at + 1)
+      .join('.')
+      .split(':')[0];
     return byKey.get(`${parts.slice(0, at).join('.')}.lockstep.${opName}`);
   };
   const verdict = (t: TargetResult | undefined) => (t ? (t.pass === null ? 'n/a' : t.pass ? 'PASS' : 'MISS') : '');
@@ -322,14 +374,25 @@ export function phasesTable(r: BenchResults): string {
     const total = m.phases.totalMs ? fmtMs(m.phases.totalMs.p50) : '';
     rows.push([m.workload, m.system, m.operation, fmtMs(m.summary.p50), total, parts.join(' · ')]);
   }
-  return markdownTable(['Workload', 'System', 'Operation', 'wall p50', 'lib total p50', 'phase p50s (ms)'], rows, ['l', 'l', 'l', 'r', 'r', 'l']);
+  return markdownTable(['Workload', 'System', 'Operation', 'wall p50', 'lib total p50', 'phase p50s (ms)'], rows, [
+    'l',
+    'l',
+    'l',
+    'r',
+    'r',
+    'l',
+  ]);
 }
 
 /** Top contributors of one CRIU dump, from its log. */
 export function criuTable(title: string, a: CriuLogAttribution, top = 5): string {
   const base = a.wallMs ?? a.logMs;
-  const rows = a.steps.slice(0, top).map((s, i) => [String(i + 1), s.name, s.group, fmtMs(s.ms), `${((100 * s.ms) / base).toFixed(0)}%`]);
-  const pages = a.pagesWritten ? `; ${a.pagesWritten} pages (${((a.pagesWritten * 4096) / 2 ** 20).toFixed(1)} MiB) written${a.pageWriteMBps ? ` at ${a.pageWriteMBps.toFixed(0)} MB/s` : ''}` : '';
+  const rows = a.steps
+    .slice(0, top)
+    .map((s, i) => [String(i + 1), s.name, s.group, fmtMs(s.ms), `${((100 * s.ms) / base).toFixed(0)}%`]);
+  const pages = a.pagesWritten
+    ? `; ${a.pagesWritten} pages (${((a.pagesWritten * 4096) / 2 ** 20).toFixed(1)} MiB) written${a.pageWriteMBps ? ` at ${a.pageWriteMBps.toFixed(0)} MB/s` : ''}`
+    : '';
   const runs = a.runs > 1 ? ` (medians of ${a.runs} dumps)` : '';
   const head = `${title}${runs} — log ${fmtMs(a.logMs)} ms${a.wallMs !== undefined ? `, call ${fmtMs(a.wallMs)} ms` : ''}${pages}`;
   return `${head}\n${markdownTable(['#', 'step (from dump.log timestamps)', 'bucket', 'ms', 'share'], rows, ['r', 'l', 'l', 'r', 'r'])}`;

@@ -18,7 +18,18 @@ import { Lockstep } from '../src/index.js';
 import { criuBinary } from '../src/host/criu-service.js';
 import { projectRoot } from '../src/native/binding.js';
 import { summarize } from './stats.js';
-import { fmtMs, fmtRatio, measurement, Progress, renderReport, writeResults, type BenchResults, type CriuLogAttribution, type Measurement, type TargetResult } from './report.js';
+import {
+  fmtMs,
+  fmtRatio,
+  measurement,
+  Progress,
+  renderReport,
+  writeResults,
+  type BenchResults,
+  type CriuLogAttribution,
+  type Measurement,
+  type TargetResult,
+} from './report.js';
 import {
   criuDumpAttribution,
   measureCheckpointRollback,
@@ -32,7 +43,14 @@ import {
   type BenchContext,
   type ForkFanOut,
 } from './workloads.js';
-import { DOCKER_WORKLOADS, DockerPeer, killChildren, measureCopyPeers, measureCriuCliPeer, measureDocker } from './peers.js';
+import {
+  DOCKER_WORKLOADS,
+  DockerPeer,
+  killChildren,
+  measureCopyPeers,
+  measureCriuCliPeer,
+  measureDocker,
+} from './peers.js';
 import { CHANGED_BYTES, measureMemorySweep, SWEEP_SIZES_MIB } from './memory-sweep.js';
 
 const USAGE = `usage: node dist/bench/run.js [--iterations N] [--quick] [--only a,b,c,d] [--no-docker]
@@ -69,10 +87,18 @@ function parseOptions(argv: string[]): Options {
   let iterations = values.quick ? 5 : 30;
   if (values.iterations !== undefined) {
     iterations = Number(values.iterations);
-    if (!Number.isInteger(iterations) || iterations < 1 || iterations > 10_000) throw new Error(`--iterations: expected an integer from 1 to 10000, got ${JSON.stringify(values.iterations)}`);
+    if (!Number.isInteger(iterations) || iterations < 1 || iterations > 10_000)
+      throw new Error(`--iterations: expected an integer from 1 to 10000, got ${JSON.stringify(values.iterations)}`);
   }
-  const only = new Set((values.only ?? 'a,b,c,d,e').split(',').map((s) => s.trim()).filter(Boolean));
-  for (const w of only) if (!['a', 'b', 'c', 'd', 'e'].includes(w)) throw new Error(`--only: expected letters from a, b, c, d, e, got ${JSON.stringify(w)}`);
+  const only = new Set(
+    (values.only ?? 'a,b,c,d,e')
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean),
+  );
+  for (const w of only)
+    if (!['a', 'b', 'c', 'd', 'e'].includes(w))
+      throw new Error(`--only: expected letters from a, b, c, d, e, got ${JSON.stringify(w)}`);
   return { iterations, warmup: values.quick ? 1 : 2, quick: values.quick, only, docker: !values['no-docker'] };
 }
 
@@ -87,7 +113,10 @@ function read(file: string): string | undefined {
 /** "CRIU 4.2.1": the binary Lockstep's service and the CLI peer both run (provisioning may replace it). */
 function criuVersion(): string {
   try {
-    return `CRIU ${execFileSync(criuBinary(), ['--version'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).split('\n')[0]!.replace(/^Version:\s*/, '').trim()}`;
+    return `CRIU ${execFileSync(criuBinary(), ['--version'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] })
+      .split('\n')[0]!
+      .replace(/^Version:\s*/, '')
+      .trim()}`;
   } catch {
     return 'CRIU unknown';
   }
@@ -176,13 +205,24 @@ async function main(): Promise<number> {
   }
 }
 
-async function runBench(opts: Options, home: string, progress: Progress, cleanup: Cleanup, isAborted: () => boolean): Promise<number> {
+async function runBench(
+  opts: Options,
+  home: string,
+  progress: Progress,
+  cleanup: Cleanup,
+  isAborted: () => boolean,
+): Promise<number> {
   const startedAt = new Date();
   const t0 = performance.now();
   const loadAtStart = os.loadavg();
   const criuAtStart = criuVersion();
-  progress.note(`state directory ${home}; ${opts.iterations} iterations (+${opts.warmup} warm-up) per operation; workloads ${[...opts.only].join(',')}`);
-  if (loadAtStart[0]! > 1) progress.note(`1-min load average is ${loadAtStart[0]!.toFixed(1)}: other work shares the CPUs, so numbers will be slower and noisier than on an idle machine`);
+  progress.note(
+    `state directory ${home}; ${opts.iterations} iterations (+${opts.warmup} warm-up) per operation; workloads ${[...opts.only].join(',')}`,
+  );
+  if (loadAtStart[0]! > 1)
+    progress.note(
+      `1-min load average is ${loadAtStart[0]!.toFixed(1)}: other work shares the CPUs, so numbers will be slower and noisier than on an idle machine`,
+    );
   const ls = await Lockstep.open({ home });
   cleanup.add('Lockstep destroyAll', async () => {
     killChildren(); // a cp or criu still running would keep the store busy
@@ -218,7 +258,10 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
   const dockerRows = async (key: 'a' | 'b', label: string) => {
     if (!docker) return;
     if (!(docker instanceof DockerPeer)) {
-      measurements.push({ ...measurement(`${key}.docker.checkpoint`, label, 'Docker', 'checkpoint create', []), unavailable: docker.unavailable });
+      measurements.push({
+        ...measurement(`${key}.docker.checkpoint`, label, 'Docker', 'checkpoint create', []),
+        unavailable: docker.unavailable,
+      });
       return;
     }
     measurements.push(...(await measureDocker(ctx, docker, { key, label, ...DOCKER_WORKLOADS[key] })));
@@ -259,7 +302,8 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
     forks = await measureForks(ctx, idle);
     measurements.push(...forks.measurements);
     const used = forks.iterationsUsed[16];
-    if (used !== undefined && used < opts.iterations) notes.push(`(d) N=16 used ${used} iterations (a first iteration took over 3 s).`);
+    if (used !== undefined && used < opts.iterations)
+      notes.push(`(d) N=16 used ${used} iterations (a first iteration took over 3 s).`);
   }
   if (idle) await ls.remove(idle.id);
 
@@ -278,7 +322,9 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
 
     const peer = await startPython64(ls);
     notes.push(`(b) python3 RSS before measuring: ${(peer.rssKiB / 1024).toFixed(1)} MiB (CLI peer sandbox).`);
-    const cli = await measureCriuCliPeer(ctx, peer.sb, wl, { verify: (when) => void requirePythonRss(ls, peer.sb.id, when) });
+    const cli = await measureCriuCliPeer(ctx, peer.sb, wl, {
+      verify: (when) => void requirePythonRss(ls, peer.sb.id, when),
+    });
     measurements.push(...cli.measurements);
     criu['(b) criu dump CLI, dump.log at level 4'] = cli.attribution;
     await ls.remove(peer.sb.id);
@@ -288,7 +334,9 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
   /* (c) workspace size --------------------------------------------- */
   if (opts.only.has('c')) {
     const ws = await prepareWorkspaces(ctx);
-    notes.push(`(c) writable layers: ${(upperBytes(ls, ws.big.sb.id) / 2 ** 30).toFixed(2)} GiB and ${(upperBytes(ls, ws.small.sb.id) / 2 ** 20).toFixed(2)} MiB of file data.`);
+    notes.push(
+      `(c) writable layers: ${(upperBytes(ls, ws.big.sb.id) / 2 ** 30).toFixed(2)} GiB and ${(upperBytes(ls, ws.small.sb.id) / 2 ** 20).toFixed(2)} MiB of file data.`,
+    );
     measurements.push(...(await measureWorkspaceCheckpoints(ctx, ws)));
     measurements.push(...(await measureCopyPeers(ctx, ws)));
     await ls.remove(ws.big.sb.id);
@@ -297,7 +345,11 @@ async function runBench(opts: Options, home: string, progress: Progress, cleanup
 
   /* (e) memory sweep ---------------------------------------------- */
   if (opts.only.has('e')) {
-    const sweep = await measureMemorySweep(ctx, SWEEP_SIZES_MIB, path.join(projectRoot, 'bench', 'results', 'sweep-partial.json'));
+    const sweep = await measureMemorySweep(
+      ctx,
+      SWEEP_SIZES_MIB,
+      path.join(projectRoot, 'bench', 'results', 'sweep-partial.json'),
+    );
     measurements.push(...sweep.measurements);
     Object.assign(diagnostics, sweep.bytes);
     notes.push(...sweep.notes);
@@ -341,7 +393,8 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
     const x = m.get(k);
     return x && !x.unavailable && x.summary.n ? x.summary.p50 : undefined;
   };
-  const t = (key: string, target: string, measured: string, pass: boolean | null) => r.targets.push({ key, target, measured, pass });
+  const t = (key: string, target: string, measured: string, pass: boolean | null) =>
+    r.targets.push({ key, target, measured, pass });
 
   for (const op of ['checkpoint', 'rollback'] as const) {
     const v = p50(`a.lockstep.${op}`);
@@ -349,7 +402,13 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
   }
   const bL = p50('b.lockstep.checkpoint');
   const bC = p50('b.criu-cli.checkpoint:dump');
-  if (bL !== undefined) t('b.lockstep.checkpoint', '≥ 2× faster than criu dump CLI', bC !== undefined ? `${fmtRatio(bC / bL)} faster` : 'no CLI number', bC !== undefined ? bC / bL >= 2 : null);
+  if (bL !== undefined)
+    t(
+      'b.lockstep.checkpoint',
+      '≥ 2× faster than criu dump CLI',
+      bC !== undefined ? `${fmtRatio(bC / bL)} faster` : 'no CLI number',
+      bC !== undefined ? bC / bL >= 2 : null,
+    );
 
   for (const sys of [
     { key: 'lockstep', system: 'Lockstep' },
@@ -360,7 +419,14 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
     const small = p50(`c.${sys.key}.checkpoint-1m`);
     if (big === undefined || small === undefined) continue;
     const key = `c.${sys.key}.ratio`;
-    r.ratios.push({ key, workload: 'c: 1 MiB changed', system: sys.system, operation: 'ratio 1 GiB / 1 MiB (p50)', value: big / small, of: [`c.${sys.key}.checkpoint-1g`, `c.${sys.key}.checkpoint-1m`] });
+    r.ratios.push({
+      key,
+      workload: 'c: 1 MiB changed',
+      system: sys.system,
+      operation: 'ratio 1 GiB / 1 MiB (p50)',
+      value: big / small,
+      of: [`c.${sys.key}.checkpoint-1g`, `c.${sys.key}.checkpoint-1m`],
+    });
     if (sys.key === 'lockstep') t(key, '1 GiB within 1.5× of 1 MiB', fmtRatio(big / small), big / small <= 1.5);
   }
   for (const k of ['d.lockstep.fork16', 'd.lockstep.fork16-exec']) {
@@ -372,27 +438,46 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
     const k = `e.${mib}m`;
     const ck = p50(`${k}.lockstep.checkpoint`);
     const budget = 15 + 0.05 * mib;
-    if (ck !== undefined) t(`${k}.lockstep.checkpoint`, `≤ ${fmtMs(budget)} ms (15 + 0.05/MiB)`, `${fmtMs(ck)} ms`, ck <= budget);
+    if (ck !== undefined)
+      t(`${k}.lockstep.checkpoint`, `≤ ${fmtMs(budget)} ms (15 + 0.05/MiB)`, `${fmtMs(ck)} ms`, ck <= budget);
     const stored = r.diagnostics[`${k}.storedBytes`];
     if (stored?.n) {
       const label = `e: python3 holding ${mib} MiB, 1 MiB changed`;
       const key = `${k}.lockstep.stored-ratio`;
-      r.ratios.push({ key, workload: label, system: 'Lockstep', operation: `bytes stored / bytes changed (p50 ${(stored.p50 / 2 ** 20).toFixed(2)} MiB, mean ${(stored.mean / 2 ** 20).toFixed(2)} MiB)`, value: stored.p50 / CHANGED_BYTES, of: [`${k}.storedBytes`, `${k}.changedBytes`] });
+      r.ratios.push({
+        key,
+        workload: label,
+        system: 'Lockstep',
+        operation: `bytes stored / bytes changed (p50 ${(stored.p50 / 2 ** 20).toFixed(2)} MiB, mean ${(stored.mean / 2 ** 20).toFixed(2)} MiB)`,
+        value: stored.p50 / CHANGED_BYTES,
+        of: [`${k}.storedBytes`, `${k}.changedBytes`],
+      });
       t(key, '≤ 1.1× (within 10%)', fmtRatio(stored.p50 / CHANGED_BYTES), stored.p50 <= 1.1 * CHANGED_BYTES);
       const sby = r.diagnostics[`${k}.standbyRssBytes`];
       const rss = r.diagnostics[`${k}.sandboxRssBytes`];
-      if (sby?.n && rss?.n) r.ratios.push({ key: `${k}.lockstep.standby-memory`, workload: label, system: 'Lockstep', operation: `standby RSS / sandbox RSS (${(sby.p50 / 2 ** 20).toFixed(1)} MiB / ${(rss.p50 / 2 ** 20).toFixed(1)} MiB)`, value: sby.p50 / rss.p50, of: [`${k}.standbyRssBytes`, `${k}.sandboxRssBytes`] });
+      if (sby?.n && rss?.n)
+        r.ratios.push({
+          key: `${k}.lockstep.standby-memory`,
+          workload: label,
+          system: 'Lockstep',
+          operation: `standby RSS / sandbox RSS (${(sby.p50 / 2 ** 20).toFixed(1)} MiB / ${(rss.p50 / 2 ** 20).toFixed(1)} MiB)`,
+          value: sby.p50 / rss.p50,
+          of: [`${k}.standbyRssBytes`, `${k}.sandboxRssBytes`],
+        });
     }
     const rb = p50(`${k}.lockstep.rollback`);
     if (rb !== undefined) t(`${k}.lockstep.rollback`, '≤ 5 ms via the standby', `${fmtMs(rb)} ms`, rb <= 5);
   }
 
   // Common observations, measured in this run.
-  const dump = r.criu['(a) Lockstep checkpoint, CRIU dump.log at level 4'] ?? r.criu['(b) Lockstep checkpoint, CRIU dump.log at level 4'];
+  const dump =
+    r.criu['(a) Lockstep checkpoint, CRIU dump.log at level 4'] ??
+    r.criu['(b) Lockstep checkpoint, CRIU dump.log at level 4'];
   const ct = dump?.steps.find((s) => s.name.includes('conntrack'));
   const buckets = r.host.nfConntrackBuckets;
 
-  for (const target of r.targets.filter((x) => x.pass === false)) r.analysis.push(explainMiss(target, m, r, { ct, buckets, ...extra }));
+  for (const target of r.targets.filter((x) => x.pass === false))
+    r.analysis.push(explainMiss(target, m, r, { ct, buckets, ...extra }));
 
   r.notes.push(
     `Latencies are wall-clock times of the public calls (sb.checkpoint(), sb.rollback(), sb.fork()); "lib total" is the totalMs the library returns. The gap is the per-sandbox lock and the CRIU service's version check before each call.`,
@@ -416,7 +501,10 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
   }
   if (extra.forks) {
     const per = summarize(extra.forks.perForkMs[16] ?? []);
-    if (per.n) r.notes.push(`(d) one fork (as the library reports it, fork() runs 4 at a time): p50 ${fmtMs(per.p50)} ms, p95 ${fmtMs(per.p95)} ms.`);
+    if (per.n)
+      r.notes.push(
+        `(d) one fork (as the library reports it, fork() runs 4 at a time): p50 ${fmtMs(per.p50)} ms, p95 ${fmtMs(per.p95)} ms.`,
+      );
   }
 }
 
@@ -438,13 +526,20 @@ function explainMiss(
   const x = m.get(target.key);
   const overhead = x?.phases?.totalMs ? x.summary.p50 - x.phases.totalMs.p50 : undefined;
   const svc = r.diagnostics['criu.ensureRunning'];
-  const over = overhead !== undefined ? `; outside the library's totalMs (sandbox lock, catalog reads, CRIU service version RPC${svc ? ` = ${fmtMs(svc.p50)} ms p50 on its own` : ''}): ${fmtMs(overhead)} ms` : '';
+  const over =
+    overhead !== undefined
+      ? `; outside the library's totalMs (sandbox lock, catalog reads, CRIU service version RPC${svc ? ` = ${fmtMs(svc.p50)} ms p50 on its own` : ''}): ${fmtMs(overhead)} ms`
+      : '';
   // What the call would take without the synchronous btrfs commit, per iteration.
-  const withoutPersist = x?.phaseSamples ? summarize(x.samples.map((w, i) => w - (x.phaseSamples![i]!.persistMs ?? 0))) : undefined;
+  const withoutPersist = x?.phaseSamples
+    ? summarize(x.samples.map((w, i) => w - (x.phaseSamples![i]!.persistMs ?? 0)))
+    : undefined;
   const top = (title: string) => {
     const a = r.criu[title];
     if (!a) return '';
-    const steps = a.steps.slice(0, 3).map((s) => `${s.name} ${fmtMs(s.ms)} ms (${((100 * s.ms) / (a.wallMs ?? a.logMs)).toFixed(0)}%)`);
+    const steps = a.steps
+      .slice(0, 3)
+      .map((s) => `${s.name} ${fmtMs(s.ms)} ms (${((100 * s.ms) / (a.wallMs ?? a.logMs)).toFixed(0)}%)`);
     return ` CRIU's dump.log (level 4): ${steps.join('; ')}.`;
   };
   const conntrack =
@@ -453,20 +548,31 @@ function explainMiss(
       : '';
   switch (target.key) {
     case 'a.lockstep.checkpoint': {
-      const est = withoutPersist ? ` Without the synchronous btrfs commit the p50 would be ${fmtMs(withoutPersist.p50)} ms.` : '';
+      const est = withoutPersist
+        ? ` Without the synchronous btrfs commit the p50 would be ${fmtMs(withoutPersist.p50)} ms.`
+        : '';
       return `(a) checkpoint p50 ${target.measured} > 20 ms. Phase p50s: ${phaseLine(x)}${over}. The CRIU dump dominates.${top('(a) Lockstep checkpoint, CRIU dump.log at level 4')}${conntrack}${est}`;
     }
     case 'a.lockstep.rollback':
       return `(a) rollback p50 ${target.measured} > 20 ms. Phase p50s (largest first): ${phaseLine(x)}${over}. (CRIU's restore.log goes to a scratch folder the library deletes, so there is no step breakdown of the restore.)`;
     case 'b.lockstep.checkpoint': {
       const cli = m.get('b.criu-cli.checkpoint:dump');
-      const est = withoutPersist && cli?.summary.n ? ` Without the synchronous btrfs commit (wall − persist, per iteration) the p50 would be ${fmtMs(withoutPersist.p50)} ms, ${fmtRatio(cli.summary.p50 / withoutPersist.p50)} faster than the CLI.` : '';
+      const est =
+        withoutPersist && cli?.summary.n
+          ? ` Without the synchronous btrfs commit (wall − persist, per iteration) the p50 would be ${fmtMs(withoutPersist.p50)} ms, ${fmtRatio(cli.summary.p50 / withoutPersist.p50)} faster than the CLI.`
+          : '';
       return `(b) Lockstep checkpoint p50 ${fmtMs(x?.summary.p50)} ms vs criu dump CLI ${fmtMs(cli?.summary.p50)} ms: CLI / Lockstep = ${target.measured.replace(' faster', '')}, target ≥ 2×. Phase p50s: ${phaseLine(x)}${over}.${top('(b) Lockstep checkpoint, CRIU dump.log at level 4')}${est}${top('(b) criu dump CLI, dump.log at level 4').replace("CRIU's dump.log", "The CLI's dump.log")}`;
     }
     case 'c.lockstep.ratio': {
       const big = m.get('c.lockstep.checkpoint-1g');
       const small = m.get('c.lockstep.checkpoint-1m');
-      const grow = big?.phases && small?.phases ? Object.keys(big.phases).filter((k) => k !== 'totalMs' && k !== 'frozenMs').map((k) => [k, big.phases![k]!.p50 - (small.phases![k]?.p50 ?? 0)] as const).sort((a, b) => b[1] - a[1]) : [];
+      const grow =
+        big?.phases && small?.phases
+          ? Object.keys(big.phases)
+              .filter((k) => k !== 'totalMs' && k !== 'frozenMs')
+              .map((k) => [k, big.phases![k]!.p50 - (small.phases![k]?.p50 ?? 0)] as const)
+              .sort((a, b) => b[1] - a[1])
+          : [];
       return `(c) 1 GiB / 1 MiB = ${target.measured} > 1.5×. Phase p50 growth from 1 MiB to 1 GiB: ${grow.map(([k, v]) => `${k.replace(/Ms$/, '')} ${v >= 0 ? '+' : ''}${fmtMs(v)}`).join(', ')}.`;
     }
     case 'd.lockstep.fork16':
@@ -474,7 +580,10 @@ function explainMiss(
       const per = summarize(info.forks?.perForkMs[16] ?? []);
       const resolved = m.get('d.lockstep.fork16');
       const exec = m.get('d.lockstep.fork16-exec');
-      const execPart = resolved?.summary.n && exec?.summary.n ? ` The exec check of all 16 (in parallel, one lockstep-helper each) adds ${fmtMs(exec.summary.p50 - resolved.summary.p50)} ms at p50.` : '';
+      const execPart =
+        resolved?.summary.n && exec?.summary.n
+          ? ` The exec check of all 16 (in parallel, one lockstep-helper each) adds ${fmtMs(exec.summary.p50 - resolved.summary.p50)} ms at p50.`
+          : '';
       return `(d) 16 forks: ${target.measured} misses "${target.target}". fork() restores 4 at a time (forkSandbox's default concurrency), so 16 forks are 4 waves; one fork takes p50 ${fmtMs(per.p50)} ms (p95 ${fmtMs(per.p95)}) by the library's own count (prepare cgroup and /dev, btrfs snapshot, mount, CRIU restore, commit), and 2 CPUs bound how much 4-way concurrency helps.${execPart}`;
     }
     default:

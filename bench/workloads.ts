@@ -10,7 +10,14 @@
 import fs from 'node:fs';
 import type { Lockstep, Sandbox } from '../src/index.js';
 import type { CheckpointInfo } from '../src/checkpoints/checkpoint.js';
-import { attributeCriuDumpLog, measurement, medianAttribution, type CriuLogAttribution, type Measurement, type Progress } from './report.js';
+import {
+  attributeCriuDumpLog,
+  measurement,
+  medianAttribution,
+  type CriuLogAttribution,
+  type Measurement,
+  type Progress,
+} from './report.js';
 import { numericFields } from './stats.js';
 
 /** What every workload gets from the runner. */
@@ -126,7 +133,8 @@ export function requirePythonRss(ls: Lockstep, sandboxId: string, when: string):
   const pid = hostPidOf(ls, sandboxId, 'python3');
   if (!pid) throw new Error(`python3 is not running in ${sandboxId} ${when}`);
   const rss = rssKiB(pid);
-  if (rss < RSS_MIN_KIB) throw new Error(`python3 in ${sandboxId} has ${rss} KiB resident ${when}, expected at least ${RSS_MIN_KIB}`);
+  if (rss < RSS_MIN_KIB)
+    throw new Error(`python3 in ${sandboxId} has ${rss} KiB resident ${when}, expected at least ${RSS_MIN_KIB}`);
   return rss;
 }
 
@@ -202,11 +210,40 @@ export async function measureCheckpointRollback(
   verify?.('after the last rollback');
   if (previous) await sb.deleteCheckpoint(previous);
   return {
-    checkpoint: measurement(`${wl.key}.lockstep.checkpoint`, wl.label, 'Lockstep', 'checkpoint', ck.on, { phaseSamples: ckPhases.on }),
-    checkpointNoStandby: measurement(`${wl.key}.lockstep.checkpoint:standby-off`, wl.label, 'Lockstep', 'checkpoint, standby off', ck.off, { phaseSamples: ckPhases.off }),
-    rollback: measurement(`${wl.key}.lockstep.rollback`, wl.label, 'Lockstep', 'rollback (default: warm standby)', rb.on, { phaseSamples: rbPhases.on }),
-    rollbackCold: measurement(`${wl.key}.lockstep.rollback:cold`, wl.label, 'Lockstep', 'rollback via CRIU restore (standby off)', rb.off, { phaseSamples: rbPhases.off }),
-    standby: measurement(`${wl.key}.lockstep.standby`, wl.label, 'Lockstep', 'background after checkpoint (standby restore)', standby),
+    checkpoint: measurement(`${wl.key}.lockstep.checkpoint`, wl.label, 'Lockstep', 'checkpoint', ck.on, {
+      phaseSamples: ckPhases.on,
+    }),
+    checkpointNoStandby: measurement(
+      `${wl.key}.lockstep.checkpoint:standby-off`,
+      wl.label,
+      'Lockstep',
+      'checkpoint, standby off',
+      ck.off,
+      { phaseSamples: ckPhases.off },
+    ),
+    rollback: measurement(
+      `${wl.key}.lockstep.rollback`,
+      wl.label,
+      'Lockstep',
+      'rollback (default: warm standby)',
+      rb.on,
+      { phaseSamples: rbPhases.on },
+    ),
+    rollbackCold: measurement(
+      `${wl.key}.lockstep.rollback:cold`,
+      wl.label,
+      'Lockstep',
+      'rollback via CRIU restore (standby off)',
+      rb.off,
+      { phaseSamples: rbPhases.off },
+    ),
+    standby: measurement(
+      `${wl.key}.lockstep.standby`,
+      wl.label,
+      'Lockstep',
+      'background after checkpoint (standby restore)',
+      standby,
+    ),
     paths,
   };
 }
@@ -255,7 +292,10 @@ export interface Workspace {
 /** Creates the files of a workspace inside the sandbox with dd (urandom, so nothing compresses or dedups). */
 export async function fillWorkspace(sb: Sandbox, files: number, fileMiB: number): Promise<void> {
   const names = Array.from({ length: files }, (_, i) => i).join(' ');
-  const r = await sb.commands.run(`mkdir -p /workspace/data && for i in ${names}; do dd if=/dev/urandom of=/workspace/data/f$i bs=1M count=${fileMiB} 2>/dev/null || exit 1; done; sync`, { timeoutMs: 600_000 });
+  const r = await sb.commands.run(
+    `mkdir -p /workspace/data && for i in ${names}; do dd if=/dev/urandom of=/workspace/data/f$i bs=1M count=${fileMiB} 2>/dev/null || exit 1; done; sync`,
+    { timeoutMs: 600_000 },
+  );
   if (r.exitCode !== 0) throw new Error(`filling the workspace of ${sb.id} failed (${r.exitCode}): ${r.stderr}`);
 }
 
@@ -263,7 +303,10 @@ export async function fillWorkspace(sb: Sandbox, files: number, fileMiB: number)
 export async function change1MiB(ws: Workspace, i: number): Promise<void> {
   const file = i % ws.files;
   const seek = (i * 7) % ws.fileMiB;
-  const r = await ws.sb.commands.run(`dd if=/dev/urandom of=/workspace/data/f${file} bs=1M count=1 seek=${seek} conv=notrunc 2>/dev/null`, { timeoutMs: 60_000 });
+  const r = await ws.sb.commands.run(
+    `dd if=/dev/urandom of=/workspace/data/f${file} bs=1M count=1 seek=${seek} conv=notrunc 2>/dev/null`,
+    { timeoutMs: 60_000 },
+  );
   if (r.exitCode !== 0) throw new Error(`changing 1 MiB in ${ws.sb.id} failed (${r.exitCode}): ${r.stderr}`);
 }
 
@@ -297,7 +340,10 @@ export function upperBytes(ls: Lockstep, sandboxId: string): number {
  * each (timed). A first, untimed checkpoint of each makes "since the last
  * checkpoint" true from the first measured iteration on.
  */
-export async function measureWorkspaceCheckpoints(ctx: BenchContext, ws: { big: Workspace; small: Workspace }): Promise<Measurement[]> {
+export async function measureWorkspaceCheckpoints(
+  ctx: BenchContext,
+  ws: { big: Workspace; small: Workspace },
+): Promise<Measurement[]> {
   const samples = { big: [] as number[], small: [] as number[] };
   const phases = { big: [] as Record<string, number>[], small: [] as Record<string, number>[] };
   const previous: Record<'big' | 'small', string | null> = { big: null, small: null };
@@ -327,11 +373,16 @@ export async function measureWorkspaceCheckpoints(ctx: BenchContext, ws: { big: 
       previous[which] = info.id;
     }
   }
-  for (const which of ['big', 'small'] as const) if (previous[which]) await ws[which].sb.deleteCheckpoint(previous[which]!);
+  for (const which of ['big', 'small'] as const)
+    if (previous[which]) await ws[which].sb.deleteCheckpoint(previous[which]!);
   const label = 'c: 1 MiB changed';
   return [
-    measurement('c.lockstep.checkpoint-1g', label, 'Lockstep', 'checkpoint, 1 GiB workspace', samples.big, { phaseSamples: phases.big }),
-    measurement('c.lockstep.checkpoint-1m', label, 'Lockstep', 'checkpoint, 1 MiB workspace', samples.small, { phaseSamples: phases.small }),
+    measurement('c.lockstep.checkpoint-1g', label, 'Lockstep', 'checkpoint, 1 GiB workspace', samples.big, {
+      phaseSamples: phases.big,
+    }),
+    measurement('c.lockstep.checkpoint-1m', label, 'Lockstep', 'checkpoint, 1 MiB workspace', samples.small, {
+      phaseSamples: phases.small,
+    }),
   ];
 }
 
@@ -351,7 +402,11 @@ export interface ForkFanOut {
  * parallel). The forks are removed between iterations (untimed). N=16 uses
  * fewer iterations when one iteration (fork + remove) takes over 3 s.
  */
-export async function measureForks(ctx: BenchContext, parent: Sandbox, counts: number[] = [1, 4, 16]): Promise<ForkFanOut> {
+export async function measureForks(
+  ctx: BenchContext,
+  parent: Sandbox,
+  counts: number[] = [1, 4, 16],
+): Promise<ForkFanOut> {
   const ckpt = await parent.checkpoint({ label: 'bench: fork source' });
   await settle(ctx.ls, parent.id);
   const out: ForkFanOut = { measurements: [], perForkMs: {}, iterationsUsed: {} };
@@ -369,7 +424,9 @@ export async function measureForks(ctx: BenchContext, parent: Sandbox, counts: n
         const results = await parent.fork(ckpt.id, { count: n });
         const t1 = performance.now();
         const failed = results.filter((r) => !r.ok);
-        await Promise.all(results.map(async (r) => (r.ok ? assertAnswers(ctx.ls.get(r.id), `fork ${r.id}`) : undefined)));
+        await Promise.all(
+          results.map(async (r) => (r.ok ? assertAnswers(ctx.ls.get(r.id), `fork ${r.id}`) : undefined)),
+        );
         const t2 = performance.now();
         for (const r of results) if (r.ok) await ctx.ls.remove(r.id);
         if (failed.length) throw new Error(`${failed.length} of ${n} forks failed: ${JSON.stringify(failed[0])}`);
@@ -383,8 +440,18 @@ export async function measureForks(ctx: BenchContext, parent: Sandbox, counts: n
       }
       out.iterationsUsed[n] = ready.length;
       out.perForkMs[n] = perFork;
-      out.measurements.push(measurement(`d.lockstep.fork${n}`, label, 'Lockstep', `fork N=${n}: resolved, all running`, ready));
-      out.measurements.push(measurement(`d.lockstep.fork${n}-exec`, label, 'Lockstep', `fork N=${n}: + every fork answered an exec`, answered));
+      out.measurements.push(
+        measurement(`d.lockstep.fork${n}`, label, 'Lockstep', `fork N=${n}: resolved, all running`, ready),
+      );
+      out.measurements.push(
+        measurement(
+          `d.lockstep.fork${n}-exec`,
+          label,
+          'Lockstep',
+          `fork N=${n}: + every fork answered an exec`,
+          answered,
+        ),
+      );
     }
   } finally {
     await parent.deleteCheckpoint(ckpt.id).catch(() => undefined);

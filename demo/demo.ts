@@ -53,7 +53,10 @@ function parse(argv: string[]): Args | 'help' {
   if (positionals.length) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[0])}`);
   if (values.home === '') throw new UsageError('--home needs a directory');
   if (values.html === '') throw new UsageError('--html needs a file name');
-  return { home: path.resolve(values.home ?? process.env.LOCKSTEP_HOME ?? DEFAULT_HOME), html: values.html === undefined ? undefined : path.resolve(values.html) };
+  return {
+    home: path.resolve(values.home ?? process.env.LOCKSTEP_HOME ?? DEFAULT_HOME),
+    html: values.html === undefined ? undefined : path.resolve(values.html),
+  };
 }
 
 class UsageError extends Error {}
@@ -82,7 +85,9 @@ async function main(): Promise<number> {
   const onSignal = (sig: NodeJS.Signals) => {
     interrupts++;
     if (interrupts > 1) {
-      process.stderr.write(`\nlockstep demo: ${sig} again; exiting without cleaning up (the next run removes what is left)\n`);
+      process.stderr.write(
+        `\nlockstep demo: ${sig} again; exiting without cleaning up (the next run removes what is left)\n`,
+      );
       process.exit(130);
     }
     process.stderr.write(`\nlockstep demo: ${sig}: stopping and removing the sandbox…\n`);
@@ -104,7 +109,9 @@ async function main(): Promise<number> {
     try {
       await ls.remove(id);
     } catch (e) {
-      process.stderr.write(`lockstep demo: could not remove sandbox ${id}: ${(e as Error).message}\n  remove it with: LOCKSTEP_HOME=${args.home} lockstep rm ${id}\n`);
+      process.stderr.write(
+        `lockstep demo: could not remove sandbox ${id}: ${(e as Error).message}\n  remove it with: LOCKSTEP_HOME=${args.home} lockstep rm ${id}\n`,
+      );
     }
   };
   try {
@@ -124,7 +131,8 @@ async function main(): Promise<number> {
     const sb = sandbox;
     const scenario = new Scenario(sb, email, abort.signal, {
       onStep: (s) => {
-        if (s.turn.attempt > 1 && s.turn.step === 7) term.stepHeader('Attempt 2: the agent retries from the context Lockstep handed back');
+        if (s.turn.attempt > 1 && s.turn.step === 7)
+          term.stepHeader('Attempt 2: the agent retries from the context Lockstep handed back');
         term.step(s);
       },
       onRollback: (partial) => term.rollback(partial, facts(partial)),
@@ -134,13 +142,18 @@ async function main(): Promise<number> {
     const tree = drawTree(sb.core.engine, sb.core.row(), { color: useColor() });
     let html: string | undefined;
     if (args.html) {
-      fs.writeFileSync(args.html, renderHtml(run, f, { tree: drawTree(sb.core.engine, sb.core.row()), home: args.home, format: 'anthropic' }));
+      fs.writeFileSync(
+        args.html,
+        renderHtml(run, f, { tree: drawTree(sb.core.engine, sb.core.row()), home: args.home, format: 'anthropic' }),
+      );
       html = args.html;
     }
     term.finish(run, f, tree);
     await removeSandbox();
     term.line();
-    term.line(`${term.green('✓')} Demo finished in ${((performance.now() - started) / 1000).toFixed(1)} s; sandbox ${sb.id} removed.${html ? ` HTML report: ${html}` : ''}`);
+    term.line(
+      `${term.green('✓')} Demo finished in ${((performance.now() - started) / 1000).toFixed(1)} s; sandbox ${sb.id} removed.${html ? ` HTML report: ${html}` : ''}`,
+    );
     return 0;
   } finally {
     progress.done();
@@ -173,8 +186,10 @@ class DemoError extends Error {
 
 function hint(e: unknown): string {
   if (!(e instanceof LockstepError)) return '';
-  if (e.code === 'NATIVE_NOT_BUILT' || e.code.startsWith('CRIU_') || e.code.startsWith('HOST')) return '\n  Run `npm run setup` (or `lockstep doctor`) to check the host.';
-  if (e.code === 'HOME_LOCKED') return '\n  Another Lockstep manager holds that state directory; pass --home DIR to use another.';
+  if (e.code === 'NATIVE_NOT_BUILT' || e.code.startsWith('CRIU_') || e.code.startsWith('HOST'))
+    return '\n  Run `npm run setup` (or `lockstep doctor`) to check the host.';
+  if (e.code === 'HOME_LOCKED')
+    return '\n  Another Lockstep manager holds that state directory; pass --home DIR to use another.';
   return '';
 }
 

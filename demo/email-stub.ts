@@ -43,7 +43,12 @@ export async function startEmailStub(): Promise<EmailStub> {
         return;
       }
       const n = deliveries.length + 1;
-      const d: Delivery = { delivery: n, messageId: `msg-${String(n).padStart(4, '0')}`, to: String(mail.to), subject: String(mail.subject) };
+      const d: Delivery = {
+        delivery: n,
+        messageId: `msg-${String(n).padStart(4, '0')}`,
+        to: String(mail.to),
+        subject: String(mail.subject),
+      };
       deliveries.push(d);
       res.writeHead(202, { 'content-type': 'application/json' }).end(JSON.stringify(d));
     });
@@ -61,11 +66,17 @@ export async function startEmailStub(): Promise<EmailStub> {
     async send(mail) {
       let res: Response;
       try {
-        res = await fetch(`${url}/v1/send`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(mail) });
+        res = await fetch(`${url}/v1/send`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify(mail),
+        });
       } catch (err) {
         // The connection was refused: the mail certainly did not go out, so the
         // ledger may record a definite failure rather than an unknown outcome.
-        throw Object.assign(new Error(`e-mail service unreachable: ${(err as Error).message}`, { cause: err }), { definite: true });
+        throw Object.assign(new Error(`e-mail service unreachable: ${(err as Error).message}`, { cause: err }), {
+          definite: true,
+        });
       }
       if (!res.ok) throw new Error(`e-mail service answered ${res.status}: ${await res.text()}`);
       return (await res.json()) as Delivery;

@@ -80,9 +80,13 @@ export function describeResult(s: StepRun): string {
   const lines = s.outcome.text.split('\n').filter(Boolean);
   if (s.outcome.isError) return lines.at(-1) ?? 'failed';
   const e = s.outcome.effect;
-  if (e) return e.replayed ? `replayed: delivery #${e.delivery.delivery}, not re-sent` : `delivered #${e.delivery.delivery} (${e.delivery.messageId})`;
+  if (e)
+    return e.replayed
+      ? `replayed: delivery #${e.delivery.delivery}, not re-sent`
+      : `delivered #${e.delivery.delivery} (${e.delivery.messageId})`;
   if (s.turn.call.name === 'write_file') return lines[0]?.replace(/ to .*$/, '') ?? '';
-  if (s.turn.call.name === 'list_files') return lines.length > 3 ? `${lines.length} entries: ${lines[0]} … ${lines.at(-1)}` : lines.join(' ');
+  if (s.turn.call.name === 'list_files')
+    return lines.length > 3 ? `${lines.length} entries: ${lines[0]} … ${lines.at(-1)}` : lines.join(' ');
   if (s.turn.call.name === 'read_file') return lines[0] ?? '(empty)';
   return lines.at(-1) ?? '';
 }
@@ -98,7 +102,8 @@ const PHASES: [string, string][] = [
 export function facts(run: Pick<DemoRun, 'rollback' | 'firstAttempt' | 'retry'>): Facts {
   const { report } = run.rollback;
   const staleByCall = new Map<string, Observation[]>();
-  for (const o of report.staleObservations) if (o.toolCallId) staleByCall.set(o.toolCallId, [...(staleByCall.get(o.toolCallId) ?? []), o]);
+  for (const o of report.staleObservations)
+    if (o.toolCallId) staleByCall.set(o.toolCallId, [...(staleByCall.get(o.toolCallId) ?? []), o]);
   const effectByCall = new Map(report.effectsAfter.filter((e) => e.toolCallId).map((e) => [e.toolCallId!, e]));
   const restored = new Set(toolUseIds(report.context));
 
@@ -106,8 +111,21 @@ export function facts(run: Pick<DemoRun, 'rollback' | 'firstAttempt' | 'retry'>)
     const id = s.turn.call.id;
     const effect = effectByCall.get(id);
     const observations = staleByCall.get(id) ?? [];
-    const fate: Fate = restored.has(id) ? 'kept' : effect?.reversibility === 'irreversible' ? 'irreversible' : observations.length ? 'stale' : 'undone';
-    return { toolCallId: id, step: s.turn.step, call: describeCall(s.turn.call), fate, observations, ...(effect ? { effect } : {}) };
+    const fate: Fate = restored.has(id)
+      ? 'kept'
+      : effect?.reversibility === 'irreversible'
+        ? 'irreversible'
+        : observations.length
+          ? 'stale'
+          : 'undone';
+    return {
+      toolCallId: id,
+      step: s.turn.step,
+      call: describeCall(s.turn.call),
+      fate,
+      observations,
+      ...(effect ? { effect } : {}),
+    };
   };
   const before = run.firstAttempt.map(line);
   const after = run.firstAttempt.filter((s) => restored.has(s.turn.call.id)).map(line);
@@ -142,7 +160,11 @@ function diff(a: World, b: World): string[] {
 
 function toolUseIds(ctx: unknown): string[] {
   const msgs = (ctx as { messages?: { content?: unknown }[] } | null)?.messages ?? [];
-  return msgs.flatMap((m) => (Array.isArray(m.content) ? (m.content as { type?: string; id?: string }[]).filter((b) => b.type === 'tool_use').map((b) => b.id!) : []));
+  return msgs.flatMap((m) =>
+    Array.isArray(m.content)
+      ? (m.content as { type?: string; id?: string }[]).filter((b) => b.type === 'tool_use').map((b) => b.id!)
+      : [],
+  );
 }
 
 /** The worker's state line, split: "worker pid 3, tick 31: no config loaded" → parts. */
@@ -162,7 +184,11 @@ export function fileRows(paths: string[], gone: Set<string>): { text: string; re
       let j = i;
       while (j + 1 < files.length && files[j + 1]!.startsWith(`${m[1]}batch-`)) j++;
       if (j > i) {
-        rows.push({ text: `${p} … ${files[j]!.slice(m[1]!.length)} (${j - i + 1} files)`, removed: gone.has(p), first: p });
+        rows.push({
+          text: `${p} … ${files[j]!.slice(m[1]!.length)} (${j - i + 1} files)`,
+          removed: gone.has(p),
+          first: p,
+        });
         i = j;
         continue;
       }

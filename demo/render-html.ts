@@ -143,7 +143,9 @@ function worldCard(title: string, w: World, f: Facts, side: 'before' | 'after'):
   const paths = [...new Set([...w.files.map((x) => x.path), ...(side === 'after' ? f.filesGone : [])])].sort();
   const rows = fileRows(paths, gone).map(({ text, removed, first }) => {
     if (!removed) return `<li><span>${esc(text)}</span></li>`;
-    return side === 'before' ? `<li class="hl"><span>${esc(text)}</span><em>${esc(origin(first))}</em></li>` : `<li class="gone"><span>${esc(text)}</span><em>gone</em></li>`;
+    return side === 'before'
+      ? `<li class="hl"><span>${esc(text)}</span><em>${esc(origin(first))}</em></li>`
+      : `<li class="gone"><span>${esc(text)}</span><em>gone</em></li>`;
   });
   const wk = parseWorker(w.worker);
   const loaded = wk && wk.holds.startsWith('config loaded');
@@ -191,7 +193,8 @@ function noteHtml(text: string): string {
     .map((l) => {
       if (/^<\/?lockstep-recovery>$/.test(l)) return `<span class="n-tag">${esc(l)}</span>`;
       if (l.startsWith('No longer true')) tone = 'n-stale';
-      else if (l.startsWith('Already happened') || l.startsWith('Happened outside') || l.startsWith('Compensations')) tone = 'n-effect';
+      else if (l.startsWith('Already happened') || l.startsWith('Happened outside') || l.startsWith('Compensations'))
+        tone = 'n-effect';
       else if (l.startsWith('Still valid')) tone = 'n-lesson';
       else if (l === '' || l.startsWith('Undone by')) tone = '';
       const head = !l.startsWith('- ') && tone !== '';
@@ -231,7 +234,12 @@ function emailCard(run: DemoRun, f: Facts): string {
 
 function checkpointRow(s: StepRun, run: DemoRun): string {
   const abandoned = s.turn.attempt === 1 && s.turn.step > run.rollback.decision.toStep;
-  const branch = s.turn.attempt > 1 ? '<span class="chip green">retry</span>' : abandoned ? '<span class="chip red">abandoned</span>' : '<span class="chip">shared</span>';
+  const branch =
+    s.turn.attempt > 1
+      ? '<span class="chip green">retry</span>'
+      : abandoned
+        ? '<span class="chip red">abandoned</span>'
+        : '<span class="chip">shared</span>';
   const head = s === run.retry.at(-1) ? ' <span class="chip dark">head</span>' : '';
   const target = s === run.rollback.to ? ' <span class="chip indigo">rollback target</span>' : '';
   return `<tr class="${abandoned ? 'abandoned' : ''}"><td>${stepName(s)}</td><td><code>${esc(s.checkpoint.id)}</code>${head}${target}</td><td>${esc((s.checkpoint.label ?? '').replace(/^step \d+'?: /, ''))}</td><td>${branch}</td><td class="num">${ms(s.checkpoint.timings.totalMs)}</td><td class="num">${ms(s.checkpoint.timings.frozenMs)}</td></tr>`;
@@ -252,11 +260,15 @@ function timeline(run: DemoRun, f: Facts): string {
 
   // Row captions
   parts.push(`<text class="row-cap red" x="${TL.x0 - 20}" y="${TL.top + 4}">ATTEMPT 1 · ABANDONED</text>`);
-  parts.push(`<text class="row-cap green" x="${TL.x0 - 20}" y="${TL.bot + 4}">ATTEMPT 2 · FROM THE RECOVERY NOTE</text>`);
+  parts.push(
+    `<text class="row-cap green" x="${TL.x0 - 20}" y="${TL.bot + 4}">ATTEMPT 2 · FROM THE RECOVERY NOTE</text>`,
+  );
 
   // Edges
   const edge = (x1: number, y1: number, x2: number, y2: number, cls: string) =>
-    y1 === y2 ? `<line class="edge ${cls}" x1="${x1}" y1="${y1}" x2="${x2}" y2="${y2}"/>` : `<path class="edge ${cls}" d="M${x1},${y1} C${x1 + 60},${y1} ${x2 - 60},${y2} ${x2},${y2}"/>`;
+    y1 === y2
+      ? `<line class="edge ${cls}" x1="${x1}" y1="${y1}" x2="${x2}" y2="${y2}"/>`
+      : `<path class="edge ${cls}" d="M${x1},${y1} C${x1 + 60},${y1} ${x2 - 60},${y2} ${x2},${y2}"/>`;
   for (let i = 1; i < shared.length; i++) parts.push(edge(x(i), TL.mid, x(i + 1), TL.mid, 'shared'));
   if (abandoned.length) parts.push(edge(x(to), TL.mid, x(to + 1), TL.top, 'abandoned'));
   for (let i = 1; i < abandoned.length; i++) parts.push(edge(x(to + i), TL.top, x(to + i + 1), TL.top, 'abandoned'));
@@ -271,7 +283,9 @@ function timeline(run: DemoRun, f: Facts): string {
   parts.push(
     `<path class="rollback" marker-end="url(#arrow)" d="M${x(last) + TL.r + 3},${TL.top} L${xR - 10},${TL.top} Q${xR},${TL.top} ${xR},${TL.top - 10} L${xR},${yA + 12} Q${xR},${yA} ${xR - 12},${yA} L${x(to) + 12},${yA} Q${x(to)},${yA} ${x(to)},${yA + 12} L${x(to)},${TL.mid - TL.r - 6}"/>`,
   );
-  parts.push(`<text class="rollback-label" x="${(xR + x(to)) / 2}" y="${yA - 10}">rollback to step ${to} · ${esc(ms(f.rollbackTotal))}</text>`);
+  parts.push(
+    `<text class="rollback-label" x="${(xR + x(to)) / 2}" y="${yA - 10}">rollback to step ${to} · ${esc(ms(f.rollbackTotal))}</text>`,
+  );
 
   // Nodes
   const node = (s: StepRun, y: number, cls: string, labelBelow = true) => {
@@ -296,22 +310,57 @@ function timeline(run: DemoRun, f: Facts): string {
     if (!s) return;
     const w = text.length * 6 + 16;
     const cx = x(s.turn.step);
-    parts.push(`<g class="tag ${cls}"><rect x="${cx - w / 2}" y="${y - 11}" width="${w}" height="18" rx="9"/><text x="${cx}" y="${y + 2}">${esc(text)}</text></g>`);
+    parts.push(
+      `<g class="tag ${cls}"><rect x="${cx - w / 2}" y="${y - 11}" width="${w}" height="18" rx="9"/><text x="${cx}" y="${y + 2}">${esc(text)}</text></g>`,
+    );
   };
   const at = (steps: StepRun[], pred: (s: StepRun) => boolean) => steps.find(pred);
   // Above the abandoned row's labels, below the retry row's: the branch curves come in from the other side.
   const tagTop = TL.top - TL.r - 46;
   const tagBot = TL.bot + TL.r + 56;
-  tag(at(abandoned, (s) => s.turn.call.name === 'write_file'), tagTop, '+ config.json', 'neutral');
-  tag(at(abandoned, (s) => !!s.outcome.effect), tagTop, '✉ e-mail', 'amber');
-  tag(at(abandoned, (s) => s.turn.call.name === 'read_file'), tagTop, 'reads it', 'neutral');
+  tag(
+    at(abandoned, (s) => s.turn.call.name === 'write_file'),
+    tagTop,
+    '+ config.json',
+    'neutral',
+  );
+  tag(
+    at(abandoned, (s) => !!s.outcome.effect),
+    tagTop,
+    '✉ e-mail',
+    'amber',
+  );
+  tag(
+    at(abandoned, (s) => s.turn.call.name === 'read_file'),
+    tagTop,
+    'reads it',
+    'neutral',
+  );
   const failed = at(abandoned, (s) => s.outcome.isError);
   tag(failed, tagTop, /HTTP \d{3}/.exec(failed?.outcome.text ?? '')?.[0] ?? 'failed', 'red');
   const rewrite = at(retry, (s) => s.turn.call.name === 'write_file');
   tag(rewrite, tagBot, `${rate(rewrite)} req/s`, 'green');
-  tag(at(retry, (s) => !!s.outcome.effect?.replayed), tagBot, '✉ replayed', 'indigo');
-  tag(at(retry, (s) => s.turn.call.name === 'run' && s.turn.call.input.command === 'sh bin/publish.sh' && !s.outcome.isError), tagBot, '✓ published', 'green');
-  tag(at(shared, (s) => s.turn.call.name === 'start_process'), TL.mid - TL.r - 14, 'worker up', 'neutral');
+  tag(
+    at(retry, (s) => !!s.outcome.effect?.replayed),
+    tagBot,
+    '✉ replayed',
+    'indigo',
+  );
+  tag(
+    at(
+      retry,
+      (s) => s.turn.call.name === 'run' && s.turn.call.input.command === 'sh bin/publish.sh' && !s.outcome.isError,
+    ),
+    tagBot,
+    '✓ published',
+    'green',
+  );
+  tag(
+    at(shared, (s) => s.turn.call.name === 'start_process'),
+    TL.mid - TL.r - 14,
+    'worker up',
+    'neutral',
+  );
 
   return `<svg class="timeline" viewBox="0 0 ${TL.w} ${TL.h}" role="img" aria-label="Checkpoint timeline">
   <defs><marker id="arrow" viewBox="0 0 10 10" refX="6" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" class="arrowhead"/></marker></defs>
@@ -349,7 +398,9 @@ function latencyChart(run: DemoRun, f: Facts): string {
   const parts: string[] = [];
 
   for (let v = 0; v <= scaleMax; v += tickStep) {
-    parts.push(`<line class="grid" x1="${left}" x2="${W - right}" y1="${y(v)}" y2="${y(v)}"/><text class="axis" x="${left - 8}" y="${y(v) + 4}" text-anchor="end">${v} ms</text>`);
+    parts.push(
+      `<line class="grid" x1="${left}" x2="${W - right}" y1="${y(v)}" y2="${y(v)}"/><text class="axis" x="${left - 8}" y="${y(v) + 4}" text-anchor="end">${v} ms</text>`,
+    );
   }
   const p50 = f.checkpointTotal.p50;
   parts.push(`<line class="p50" x1="${left}" x2="${W - right}" y1="${y(p50)}" y2="${y(p50)}"/>`);
@@ -380,7 +431,9 @@ function latencyChart(run: DemoRun, f: Facts): string {
   };
   parts.push(groupLabel(0, to, `steps 1–${to}`, 0));
   parts.push(groupLabel(to, run.firstAttempt.length - to, `${to + 1}–${run.firstAttempt.length}, abandoned`, gap));
-  parts.push(groupLabel(run.firstAttempt.length, run.retry.length, `${to + 1}′–${run.firstAttempt.length}′, retry`, gap * 2));
+  parts.push(
+    groupLabel(run.firstAttempt.length, run.retry.length, `${to + 1}′–${run.firstAttempt.length}′, retry`, gap * 2),
+  );
   return `<svg class="latency" viewBox="0 0 ${W} ${H}" role="img" aria-label="Checkpoint latencies">${parts.join('')}</svg>`;
 }
 
@@ -390,9 +443,13 @@ function rollbackBar(f: Facts): string {
   const phases = [...f.rollbackPhases, ...(total - known > 0.05 ? [{ name: 'other', ms: total - known }] : [])];
   const segs = phases
     .filter((p) => p.ms > 0)
-    .map((p, i) => `<div class="seg s${i}" style="flex:${p.ms.toFixed(3)}" title="${esc(`${p.name} ${ms(p.ms)}`)}"></div>`)
+    .map(
+      (p, i) => `<div class="seg s${i}" style="flex:${p.ms.toFixed(3)}" title="${esc(`${p.name} ${ms(p.ms)}`)}"></div>`,
+    )
     .join('');
-  const legend = phases.map((p, i) => `<li><span class="sw s${i}"></span>${esc(p.name)} <strong>${esc(ms(p.ms))}</strong></li>`).join('');
+  const legend = phases
+    .map((p, i) => `<li><span class="sw s${i}"></span>${esc(p.name)} <strong>${esc(ms(p.ms))}</strong></li>`)
+    .join('');
   return `<div class="rb-head"><h3>Rollback to step 6</h3><div class="rb-total">${esc(ms(total))}</div></div>
     <div class="phases">${segs}</div><ul class="legend">${legend}</ul>`;
 }

@@ -9,7 +9,6 @@ import type { DemoRun, StepRun, World } from './scenario.js';
 type Paint = (s: string) => string;
 type RollbackPart = Pick<DemoRun, 'rollback' | 'firstAttempt' | 'retry'>;
 
-
 /** Writes the demo to stdout as it runs. */
 export class TerminalReport {
   readonly bold: Paint;
@@ -53,7 +52,9 @@ export class TerminalReport {
 
   intro(o: { sandboxId: string; home: string; image: string; format: string; task: string }): void {
     this.line(this.bold('Lockstep demo: roll back the world, and what the agent believes about it'));
-    this.line(this.dim(`sandbox ${o.sandboxId} (image ${o.image}) · state directory ${o.home} · context format ${o.format}`));
+    this.line(
+      this.dim(`sandbox ${o.sandboxId} (image ${o.image}) · state directory ${o.home} · context format ${o.format}`),
+    );
     this.line();
     this.paragraph(
       'A scripted agent (no model) works in a real sandbox, with a checkpoint after every step: files, processes, ' +
@@ -67,22 +68,36 @@ export class TerminalReport {
 
   stepHeader(title: string): void {
     this.heading(title);
-    this.line(this.dim(`  ${'step'.padStart(4)}  ${'tool call'.padEnd(this.callW)} ${'result'.padEnd(this.resultW)} checkpoint after it`));
+    this.line(
+      this.dim(
+        `  ${'step'.padStart(4)}  ${'tool call'.padEnd(this.callW)} ${'result'.padEnd(this.resultW)} checkpoint after it`,
+      ),
+    );
   }
 
   step(s: StepRun): void {
     const n = `${s.turn.step}${s.turn.attempt > 1 ? "'" : ''}`.padStart(4);
     const call = clip(describeCall(s.turn.call), this.callW).padEnd(this.callW);
     const text = clip(describeResult(s), this.resultW).padEnd(this.resultW);
-    const result = s.outcome.isError ? this.red(text) : s.outcome.effect?.replayed ? this.cyan(text) : s.outcome.effect ? this.yellow(text) : text;
+    const result = s.outcome.isError
+      ? this.red(text)
+      : s.outcome.effect?.replayed
+        ? this.cyan(text)
+        : s.outcome.effect
+          ? this.yellow(text)
+          : text;
     const mark = s.outcome.isError ? this.red('✗') : ' ';
-    this.line(`${mark} ${this.bold(n)}  ${call} ${result} ${s.checkpoint.id} ${this.dim(ms(s.checkpoint.timings.totalMs).padStart(8))}`);
+    this.line(
+      `${mark} ${this.bold(n)}  ${call} ${result} ${s.checkpoint.id} ${this.dim(ms(s.checkpoint.timings.totalMs).padStart(8))}`,
+    );
     const e = s.outcome.effect;
     if (e) {
       this.line(
         e.replayed
           ? this.cyan(`        ↺ replayed from the effect ledger (${e.effectId}): the e-mail service was not called`)
-          : this.yellow(`        ✉ irreversible effect, recorded in the ledger as ${e.effectId} before the e-mail went out`),
+          : this.yellow(
+              `        ✉ irreversible effect, recorded in the ledger as ${e.effectId} before the e-mail went out`,
+            ),
       );
     }
   }
@@ -96,7 +111,9 @@ export class TerminalReport {
     for (const l of decision.lessons) this.hanging('lesson   ', l);
 
     const path = (report as { path?: string }).path;
-    this.heading(`Rolled back to step ${decision.toStep} (${to.checkpoint.id}) from step ${from.turn.step} (${from.checkpoint.id})`);
+    this.heading(
+      `Rolled back to step ${decision.toStep} (${to.checkpoint.id}) from step ${from.turn.step} (${from.checkpoint.id})`,
+    );
     this.paragraph(
       `${this.bold(ms(report.timings.totalMs))} for files, processes, context and ledger position, as one step${path === 'standby' ? ' (a warm standby of the checkpoint was swapped in)' : ''}: ` +
         f.rollbackPhases.map((p) => `${p.name} ${ms(p.ms)}`).join(' · '),
@@ -116,15 +133,22 @@ export class TerminalReport {
   private world(before: World, after: World, f: Facts, fromStep: number, toStep: number): void {
     const col = 46;
     const gone = new Set(f.filesGone);
-    const rows = fileRows([...new Set([...before.files.map((x) => x.path), ...after.files.map((x) => x.path)])].sort(), gone);
+    const rows = fileRows(
+      [...new Set([...before.files.map((x) => x.path), ...after.files.map((x) => x.path)])].sort(),
+      gone,
+    );
     this.line(`  ${this.dim('files in /workspace')}`);
-    this.line(`    ${this.bold(`before (step ${fromStep})`.padEnd(col))}${this.bold(`after (back at step ${toStep})`)}`);
+    this.line(
+      `    ${this.bold(`before (step ${fromStep})`.padEnd(col))}${this.bold(`after (back at step ${toStep})`)}`,
+    );
     for (const r of rows) {
       if (!r.removed) this.line(`    ${r.text.padEnd(col)}${r.text}`);
       else this.line(`    ${this.yellow(r.text.padEnd(col))}${this.red('gone')}`);
     }
     this.line();
-    this.line(`  ${this.dim('the background worker’s memory (it writes what it holds to /tmp/worker.state every 100 ms)')}`);
+    this.line(
+      `  ${this.dim('the background worker’s memory (it writes what it holds to /tmp/worker.state every 100 ms)')}`,
+    );
     this.line(`    before  ${this.yellow(before.worker)}`);
     this.line(`    after   ${this.green(after.worker)}`);
     const wb = parseWorker(before.worker);
@@ -141,10 +165,14 @@ export class TerminalReport {
   private context(run: RollbackPart, f: Facts): void {
     const { report, decision, contextBefore } = run.rollback;
     const msgs = (c: unknown) => ((c as { messages?: unknown[] } | null)?.messages ?? []).length;
-    this.line(`  ${this.bold(`Before: the agent’s context at step ${run.rollback.from.turn.step}`)} ${this.dim(`(${msgs(contextBefore)} messages)`)}`);
+    this.line(
+      `  ${this.bold(`Before: the agent’s context at step ${run.rollback.from.turn.step}`)} ${this.dim(`(${msgs(contextBefore)} messages)`)}`,
+    );
     for (const l of f.before) this.line(`    ${this.transcriptLine(l)}`);
     this.line();
-    this.line(`  ${this.bold(`After: the step-${decision.toStep} snapshot with a recovery note`)} ${this.dim(`(${msgs(report.contextWithRecovery)} messages, report.contextWithRecovery)`)}`);
+    this.line(
+      `  ${this.bold(`After: the step-${decision.toStep} snapshot with a recovery note`)} ${this.dim(`(${msgs(report.contextWithRecovery)} messages, report.contextWithRecovery)`)}`,
+    );
     for (const l of f.after) this.line(`    ${this.transcriptLine(l)}`);
     this.line(`    ${'user'.padEnd(10)} ${this.cyan('+ recovery note, appended to the last user turn:')}`);
     const bar = this.dim('│');
@@ -157,7 +185,9 @@ export class TerminalReport {
     this.line(`  ${this.bold('Stale observations')} ${this.dim(`(report.staleObservations: ${f.stale.length})`)}`);
     for (const o of f.stale) {
       const exit = o.exitCode !== null && o.exitCode !== 0 ? ` (exit ${o.exitCode})` : '';
-      this.line(`    ${this.red('✗ stale')}  ${(o.toolCallId ?? '-').padEnd(9)} ${o.kind.padEnd(11)} ${clip(o.subject + exit, 60)}`);
+      this.line(
+        `    ${this.red('✗ stale')}  ${(o.toolCallId ?? '-').padEnd(9)} ${o.kind.padEnd(11)} ${clip(o.subject + exit, 60)}`,
+      );
     }
   }
 
@@ -185,9 +215,15 @@ export class TerminalReport {
     const input = e.input as { to?: string; subject?: string };
     const out = e.output as { delivery?: number; messageId?: string } | undefined;
     this.line(`  ${this.yellow('⚠')} ${this.bold('email.send')} to ${input.to}: “${input.subject}”`);
-    this.line(`    ${e.id} · ${e.reversibility} · ${e.status} at step ${f.email.sentAt?.turn.step ?? '?'} (${e.toolCallId}) · delivery #${out?.delivery ?? '?'} ${out?.messageId ?? ''}`);
+    this.line(
+      `    ${e.id} · ${e.reversibility} · ${e.status} at step ${f.email.sentAt?.turn.step ?? '?'} (${e.toolCallId}) · delivery #${out?.delivery ?? '?'} ${out?.messageId ?? ''}`,
+    );
     for (const w of run.rollback.report.warnings) this.line(`    ${this.yellow(`warning: ${w.message}`)}`);
-    this.paragraph('The recovery note tells the agent not to repeat it. If the agent repeats it anyway, the ledger answers with the recorded delivery instead of sending again.', '    ', this.dim);
+    this.paragraph(
+      'The recovery note tells the agent not to repeat it. If the agent repeats it anyway, the ledger answers with the recorded delivery instead of sending again.',
+      '    ',
+      this.dim,
+    );
   }
 
   /** The end of the run: the outcome, the e-mail count, the tree and the timings. */
@@ -202,7 +238,11 @@ export class TerminalReport {
 
     this.heading('Checkpoint tree');
     for (const l of tree.split('\n')) this.line(`  ${l}`);
-    this.line(this.dim(`  * marks the head. Step ${run.rollback.decision.toStep} has two children: the abandoned attempt and the retry.`));
+    this.line(
+      this.dim(
+        `  * marks the head. Step ${run.rollback.decision.toStep} has two children: the abandoned attempt and the retry.`,
+      ),
+    );
 
     this.heading('Measured');
     const c = f.checkpointTotal;
@@ -213,14 +253,21 @@ export class TerminalReport {
     this.line(`${label('  of which processes frozen')}p50 ${ms(z.p50)} · max ${ms(z.max)}`);
     this.line(`${label(`checkpoint, all ${a.n}`)}p50 ${ms(a.p50)} · max ${ms(a.max)}`);
     const known = f.rollbackPhases.reduce((s, p) => s + p.ms, 0);
-    const phases = [...f.rollbackPhases.map((p) => `${p.name} ${ms(p.ms)}`), `other ${ms(Math.max(0, f.rollbackTotal - known))}`];
-    this.line(`${label(`rollback to step ${run.rollback.decision.toStep}`)}${this.bold(ms(f.rollbackTotal))} = ${phases.join(' + ')}`);
+    const phases = [
+      ...f.rollbackPhases.map((p) => `${p.name} ${ms(p.ms)}`),
+      `other ${ms(Math.max(0, f.rollbackTotal - known))}`,
+    ];
+    this.line(
+      `${label(`rollback to step ${run.rollback.decision.toStep}`)}${this.bold(ms(f.rollbackTotal))} = ${phases.join(' + ')}`,
+    );
   }
 
   /** "label  text", the text wrapped under itself. */
   private hanging(label: string, text: string): void {
     const pad = ' '.repeat(4 + label.length);
-    wrapLines(text, this.width - pad.length).forEach((l, i) => this.line(this.dim(`${i === 0 ? `    ${label}` : pad}${l}`)));
+    wrapLines(text, this.width - pad.length).forEach((l, i) =>
+      this.line(this.dim(`${i === 0 ? `    ${label}` : pad}${l}`)),
+    );
   }
 
   private paragraph(text: string, indent: string, paint: Paint = (s) => s): void {

@@ -109,7 +109,11 @@ done
 echo "published $total records in $batches batches"
 `;
 
-const RECORDS = Array.from({ length: 5000 }, (_, i) => `${i + 1},customer-${String((i * 7919) % 100_000).padStart(5, '0')},${((i * 37) % 9000) / 100 + 10}`).join('\n') + '\n';
+const RECORDS =
+  Array.from(
+    { length: 5000 },
+    (_, i) => `${i + 1},customer-${String((i * 7919) % 100_000).padStart(5, '0')},${((i * 37) % 9000) / 100 + 10}`,
+  ).join('\n') + '\n';
 
 /** Runs the scenario; the sandbox must be fresh. */
 export class Scenario {
@@ -128,7 +132,8 @@ export class Scenario {
   async run(): Promise<DemoRun> {
     await this.seed();
     const first = await this.attempt();
-    if (first.decision.kind !== 'rollback') throw new Error('the scripted agent was expected to fail at step 11 and ask for a rollback');
+    if (first.decision.kind !== 'rollback')
+      throw new Error('the scripted agent was expected to fail at step 11 and ask for a rollback');
     const decision = first.decision;
     const from = first.steps.at(-1)!;
     const to = first.steps.find((s) => s.turn.step === decision.toStep);
@@ -137,7 +142,10 @@ export class Scenario {
     const before = await this.world();
 
     this.signal.throwIfAborted();
-    const report = await this.sandbox.rollback(to.checkpoint.id, { failure: decision.failure, lessons: decision.lessons });
+    const report = await this.sandbox.rollback(to.checkpoint.id, {
+      failure: decision.failure,
+      lessons: decision.lessons,
+    });
     // /tmp/worker.state came back with the layer; wait for the restored worker to write its memory out afresh.
     const restored = await this.workerState();
     await this.until((w) => w !== restored);
@@ -148,7 +156,8 @@ export class Scenario {
 
     this.agent.resume(report.contextWithRecovery);
     const second = await this.attempt();
-    if (second.decision.kind !== 'done') throw new Error(`the retry did not finish: the agent asked for ${second.decision.kind}`);
+    if (second.decision.kind !== 'done')
+      throw new Error(`the retry did not finish: the agent asked for ${second.decision.kind}`);
     this.agent.finish(second.decision.thought);
     return {
       sandboxId: this.sandbox.id,
@@ -173,8 +182,13 @@ export class Scenario {
       this.agent.record(d.turn, outcome);
       // Let the world settle before the checkpoint freezes it: the worker up, or holding the new config.
       if (d.turn.call.name === 'start_process') await this.until((w) => w !== undefined);
-      if (d.turn.call.name === 'write_file' && d.turn.call.input.path === '/workspace/config.json') await this.until((w) => w?.includes('config loaded') === true);
-      const checkpoint = await this.sandbox.checkpoint({ label: d.turn.label, context: this.agent.context, signal: this.signal });
+      if (d.turn.call.name === 'write_file' && d.turn.call.input.path === '/workspace/config.json')
+        await this.until((w) => w?.includes('config loaded') === true);
+      const checkpoint = await this.sandbox.checkpoint({
+        label: d.turn.label,
+        context: this.agent.context,
+        signal: this.signal,
+      });
       const s = { turn: d.turn, outcome, checkpoint };
       steps.push(s);
       this.hooks.onStep?.(s);
@@ -215,7 +229,8 @@ export class Scenario {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       if (pred(await this.workerState())) return;
-      if (Date.now() > deadline) throw new Error(`the worker in the sandbox did not reach the expected state within ${timeoutMs} ms`);
+      if (Date.now() > deadline)
+        throw new Error(`the worker in the sandbox did not reach the expected state within ${timeoutMs} ms`);
       this.signal.throwIfAborted();
       await sleep(20);
     }

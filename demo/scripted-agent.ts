@@ -47,7 +47,8 @@ export const TASK =
   'Release billing v2.0 from /workspace: start the release worker, configure it, tell QA (qa@example.com) ' +
   'that the rollout is starting, publish every record, and check the result.';
 
-const SYSTEM = 'You are release-bot, working inside a Lockstep sandbox. Tools: list_files, read_file, write_file, run, start_process, send_email.';
+const SYSTEM =
+  'You are release-bot, working inside a Lockstep sandbox. Tools: list_files, read_file, write_file, run, start_process, send_email.';
 
 /** The e-mail to QA. The same input on every attempt: the ledger recognises a repeat by kind + input. */
 export const QA_EMAIL = {
@@ -75,15 +76,32 @@ export class ScriptedAgent {
 
   /** Continues from a context Lockstep handed back (after a rollback: the snapshot with the recovery note). */
   resume(ctx: AgentContext): void {
-    if (ctx.format !== 'anthropic') throw new Error(`the scripted agent speaks the anthropic format, got ${ctx.format}`);
+    if (ctx.format !== 'anthropic')
+      throw new Error(`the scripted agent speaks the anthropic format, got ${ctx.format}`);
     this.ctx = structuredClone(ctx) as AnthropicContext;
   }
 
   /** Appends the step's assistant turn and the tool's result, as the agent loop would. */
   record(turn: Turn, result: ToolResult): void {
     const call = turn.call;
-    this.ctx.messages.push({ role: 'assistant', content: [{ type: 'text', text: turn.thought }, { type: 'tool_use', id: call.id, name: call.name, input: call.input }] });
-    this.ctx.messages.push({ role: 'user', content: [{ type: 'tool_result', tool_use_id: call.id, content: result.text, ...(result.isError ? { is_error: true } : {}) }] });
+    this.ctx.messages.push({
+      role: 'assistant',
+      content: [
+        { type: 'text', text: turn.thought },
+        { type: 'tool_use', id: call.id, name: call.name, input: call.input },
+      ],
+    });
+    this.ctx.messages.push({
+      role: 'user',
+      content: [
+        {
+          type: 'tool_result',
+          tool_use_id: call.id,
+          content: result.text,
+          ...(result.isError ? { is_error: true } : {}),
+        },
+      ],
+    });
   }
 
   /** Closes the transcript with a final assistant message. */
@@ -99,7 +117,13 @@ export class ScriptedAgent {
     const id = `toolu_${String(step).padStart(2, '0')}${attempt > 1 ? String.fromCharCode(96 + attempt) : ''}`;
     const turn = (thought: string, name: ToolName, input: Record<string, string>, label: string): Decision => ({
       kind: 'call',
-      turn: { step, attempt, thought, call: { id, name, input }, label: `step ${step}${attempt > 1 ? "'" : ''}: ${label}` },
+      turn: {
+        step,
+        attempt,
+        thought,
+        call: { id, name, input },
+        label: `step ${step}${attempt > 1 ? "'" : ''}: ${label}`,
+      },
     });
     const lessonRps = this.lessonRps();
 
@@ -107,15 +131,35 @@ export class ScriptedAgent {
       case 1:
         return turn('Looking at the repository first.', 'list_files', { path: '/workspace' }, 'explored /workspace');
       case 2:
-        return turn('There is a README; reading the release procedure.', 'read_file', { path: '/workspace/README.md' }, 'read README.md');
+        return turn(
+          'There is a README; reading the release procedure.',
+          'read_file',
+          { path: '/workspace/README.md' },
+          'read README.md',
+        );
       case 3:
-        return turn('Counting the records to publish.', 'run', { command: 'wc -l data/records.csv' }, 'counted records');
+        return turn(
+          'Counting the records to publish.',
+          'run',
+          { command: 'wc -l data/records.csv' },
+          'counted records',
+        );
       case 4:
-        return turn('Starting the release worker in the background, as the README says.', 'start_process', { command: 'sh bin/worker.sh' }, 'worker started');
+        return turn(
+          'Starting the release worker in the background, as the README says.',
+          'start_process',
+          { command: 'sh bin/worker.sh' },
+          'worker started',
+        );
       case 5:
         return turn('Checking what the worker holds.', 'run', { command: 'cat /tmp/worker.state' }, 'worker idle');
       case 6:
-        return turn('Dry run of the publisher before configuring anything.', 'run', { command: 'sh bin/publish.sh --dry-run' }, 'dry run passed');
+        return turn(
+          'Dry run of the publisher before configuring anything.',
+          'run',
+          { command: 'sh bin/publish.sh --dry-run' },
+          'dry run passed',
+        );
       case 7: {
         const rps = lessonRps ?? this.readmeRps();
         const why =
@@ -123,7 +167,12 @@ export class ScriptedAgent {
             ? `Recovery note read: config.json and the worker's copy of it are gone, and the release API allows at most ${lessonRps} requests/s. Writing config.json again, this time with rate_limit_rps ${rps}.`
             : `Writing config.json with the values the README gives (rate_limit_rps ${rps}); the worker will load it.`;
         const config = JSON.stringify({ release: 'v2.0', batch_size: 500, rate_limit_rps: rps });
-        return turn(why, 'write_file', { path: '/workspace/config.json', content: `${config}\n` }, `wrote config.json (${rps} req/s)`);
+        return turn(
+          why,
+          'write_file',
+          { path: '/workspace/config.json', content: `${config}\n` },
+          `wrote config.json (${rps} req/s)`,
+        );
       }
       case 8:
         return turn(
@@ -135,20 +184,32 @@ export class ScriptedAgent {
           'QA e-mailed',
         );
       case 9:
-        return turn('Reading config.json back to plan the publish.', 'read_file', { path: '/workspace/config.json' }, 'read config.json');
+        return turn(
+          'Reading config.json back to plan the publish.',
+          'read_file',
+          { path: '/workspace/config.json' },
+          'read config.json',
+        );
       case 10: {
         const cfg = this.lastConfigRead();
         const plan = cfg
           ? `Plan from config.json: 5000 records in ${Math.ceil(5000 / cfg.batch_size)} batches of ${cfg.batch_size} at ${cfg.rate_limit_rps} req/s.`
           : 'config.json could not be parsed; checking the worker instead.';
-        return turn(`${plan} Checking that the worker loaded the same config.`, 'run', { command: 'cat /tmp/worker.state' }, 'worker configured');
+        return turn(
+          `${plan} Checking that the worker loaded the same config.`,
+          'run',
+          { command: 'cat /tmp/worker.state' },
+          'worker configured',
+        );
       }
       case 11:
         return turn('Publishing.', 'run', { command: 'sh bin/publish.sh' }, 'publish ran');
       case 12: {
         const failed = this.lastResult()?.isError === true;
         return turn(
-          failed ? 'The publish failed part-way. Checking what it left in out/.' : 'Checking that every batch is in out/.',
+          failed
+            ? 'The publish failed part-way. Checking what it left in out/.'
+            : 'Checking that every batch is in out/.',
           'list_files',
           { path: '/workspace/out' },
           failed ? 'inspected half-published out/' : 'verified out/',
@@ -160,7 +221,8 @@ export class ScriptedAgent {
         if (publishResult?.isError) {
           const limit = RATE_LESSON.exec(publishResult.text)?.[1];
           // Back to just before the config was written: the half-published out/ and the worker's wrong config both go.
-          const configStep = calls.findIndex((c) => c.name === 'write_file' && c.input.path === '/workspace/config.json') + 1;
+          const configStep =
+            calls.findIndex((c) => c.name === 'write_file' && c.input.path === '/workspace/config.json') + 1;
           return {
             kind: 'rollback',
             toStep: configStep - 1,
@@ -184,7 +246,9 @@ export class ScriptedAgent {
   }
 
   private blocks(role: 'user' | 'assistant'): Block[] {
-    return this.ctx.messages.filter((m) => m.role === role).flatMap((m) => (typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content));
+    return this.ctx.messages
+      .filter((m) => m.role === role)
+      .flatMap((m) => (typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content));
   }
 
   private texts(): string[] {
@@ -218,9 +282,13 @@ export class ScriptedAgent {
   }
 
   private lastConfigRead(): { batch_size: number; rate_limit_rps: number } | undefined {
-    const read = this.toolCalls().filter((c) => c.name === 'read_file' && c.input.path === '/workspace/config.json').at(-1);
+    const read = this.toolCalls()
+      .filter((c) => c.name === 'read_file' && c.input.path === '/workspace/config.json')
+      .at(-1);
     try {
-      return read ? (JSON.parse(this.resultOf(read.id)?.text ?? '') as { batch_size: number; rate_limit_rps: number }) : undefined;
+      return read
+        ? (JSON.parse(this.resultOf(read.id)?.text ?? '') as { batch_size: number; rate_limit_rps: number })
+        : undefined;
     } catch {
       return undefined;
     }

@@ -19,13 +19,21 @@ export interface ToolOutcome extends ToolResult {
 const MAX_RESULT = 2000;
 
 /** Runs one tool call in the sandbox. */
-export async function runTool(sandbox: Sandbox, call: ToolCall, deps: { email: EmailStub; signal: AbortSignal }): Promise<ToolOutcome> {
+export async function runTool(
+  sandbox: Sandbox,
+  call: ToolCall,
+  deps: { email: EmailStub; signal: AbortSignal },
+): Promise<ToolOutcome> {
   const p = { toolCallId: call.id };
   const input = call.input;
   switch (call.name) {
     case 'list_files': {
       const entries = await sandbox.files.list(need(input, 'path'), p);
-      return { text: entries.map((e) => (e.type === 'directory' ? `${e.name}/` : e.name)).join('\n'), isError: false, ...obs(entries.observationId) };
+      return {
+        text: entries.map((e) => (e.type === 'directory' ? `${e.name}/` : e.name)).join('\n'),
+        isError: false,
+        ...obs(entries.observationId),
+      };
     }
     case 'read_file': {
       const r = await sandbox.files.read(need(input, 'path'), p);
@@ -39,7 +47,11 @@ export async function runTool(sandbox: Sandbox, call: ToolCall, deps: { email: E
     case 'run': {
       const r = await sandbox.commands.run(need(input, 'command'), { ...p, signal: deps.signal, timeoutMs: 10_000 });
       const out = (r.stdout + r.stderr).trim();
-      return { text: clip(r.exitCode === 0 ? out : `exit ${r.exitCode}\n${out}`), isError: r.exitCode !== 0, observationId: r.observationId };
+      return {
+        text: clip(r.exitCode === 0 ? out : `exit ${r.exitCode}\n${out}`),
+        isError: r.exitCode !== 0,
+        observationId: r.observationId,
+      };
     }
     case 'start_process': {
       const pid = await sandbox.commands.spawn(need(input, 'command'));
@@ -50,10 +62,13 @@ export async function runTool(sandbox: Sandbox, call: ToolCall, deps: { email: E
       // same call (same kind and input) gets the recorded delivery back instead.
       let sent = false;
       const mail = { to: need(input, 'to'), subject: need(input, 'subject'), body: need(input, 'body') };
-      const delivery = (await sandbox.effects.run({ kind: 'email.send', input: mail, reversibility: 'irreversible', toolCallId: call.id }, async () => {
-        sent = true;
-        return { ...(await deps.email.send(mail)) };
-      })) as unknown as Delivery;
+      const delivery = (await sandbox.effects.run(
+        { kind: 'email.send', input: mail, reversibility: 'irreversible', toolCallId: call.id },
+        async () => {
+          sent = true;
+          return { ...(await deps.email.send(mail)) };
+        },
+      )) as unknown as Delivery;
       // run() returns only the output; the ledger row (the same one on a replay) is the committed email.send.
       const effect = sandbox.effects
         .list()

@@ -13,7 +13,15 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const pkg = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8'));
 const criuVersion = pkg.lockstep.criuVersion;
 
-const docs = ['README.md', 'bench/README.md', 'deploy/README.md', ...fs.readdirSync(path.join(root, 'docs')).filter((f) => f.endsWith('.md')).map((f) => `docs/${f}`)];
+const docs = [
+  'README.md',
+  'bench/README.md',
+  'deploy/README.md',
+  ...fs
+    .readdirSync(path.join(root, 'docs'))
+    .filter((f) => f.endsWith('.md'))
+    .map((f) => `docs/${f}`),
+];
 const sourceDirs = ['src', 'bench', 'test', 'native', 'scripts', 'demo', 'bin'];
 const sourceExt = /\.(ts|mjs|js|c|cc|h|sh)$/;
 
@@ -79,7 +87,8 @@ function anchor(heading) {
     .replace(/ /g, '-');
 }
 
-const pathPattern = /(?<![\w/.@$-])((?:src|test|bench|native|scripts|docs|deploy|demo|sandbox-images|bin|clients|\.ci)\/[\w./-]*[\w/])/g;
+const pathPattern =
+  /(?<![\w/.@$-])((?:src|test|bench|native|scripts|docs|deploy|demo|sandbox-images|bin|clients|\.ci)\/[\w./-]*[\w/])/g;
 
 /** Outputs of the build, the benchmarks and typedoc: cited, but made by a command (git ignores them). */
 function generated(p) {
@@ -110,18 +119,23 @@ function checkSection(where, doc, section) {
   const file = doc.includes('/') ? doc : fs.existsSync(path.join(root, 'docs', doc)) ? `docs/${doc}` : doc;
   if (!fs.existsSync(path.join(root, file))) return problems.push(`${where}: cites ${file}, which does not exist`);
   const want = section.toLowerCase();
-  if (!headingsOf(file).some((h) => h.toLowerCase().startsWith(want))) problems.push(`${where}: cites section "${section}" of ${file}, which has no such heading`);
+  if (!headingsOf(file).some((h) => h.toLowerCase().startsWith(want)))
+    problems.push(`${where}: cites section "${section}" of ${file}, which has no such heading`);
 }
 
 function checkAnchor(where, doc, hash) {
-  if (!headingsOf(doc).some((h) => anchor(h) === hash)) problems.push(`${where}: links to ${doc}#${hash}, which has no such heading`);
+  if (!headingsOf(doc).some((h) => anchor(h) === hash))
+    problems.push(`${where}: links to ${doc}#${hash}, which has no such heading`);
 }
 
 function checkCriu(where, line) {
   for (const m of line.matchAll(/\bCRIU (\d+\.\d+\.\d+)\b/g)) {
     // History and other distributions' releases are named on purpose.
     if (/Debian 1[23]|trixie|bookworm|measured with|3\.17/.test(line)) continue;
-    if (m[1] !== criuVersion) problems.push(`${where}: names CRIU ${m[1]}, but Lockstep is tested with ${criuVersion} (package.json lockstep.criuVersion)`);
+    if (m[1] !== criuVersion)
+      problems.push(
+        `${where}: names CRIU ${m[1]}, but Lockstep is tested with ${criuVersion} (package.json lockstep.criuVersion)`,
+      );
   }
 }
 
@@ -136,22 +150,31 @@ function checkText(file, lines, isDoc) {
         const [, target, hash] = m;
         if (/^[a-z]+:/.test(target)) continue; // a URL
         const resolved = target ? path.posix.normalize(path.posix.join(path.posix.dirname(file), target)) : file;
-        if (!fs.existsSync(path.join(root, resolved))) problems.push(`${where}: links to ${resolved}, which does not exist`);
+        if (!fs.existsSync(path.join(root, resolved)))
+          problems.push(`${where}: links to ${resolved}, which does not exist`);
         else if (hash && resolved.endsWith('.md')) checkAnchor(where, resolved, hash);
       }
     }
   });
   // Section citations may wrap: look at the text with line breaks and comment markers folded.
   const joined = lines.map((l) => l.replace(/^\s*(?:\*|\/\/|#)?\s*/, '')).join(' ');
-  for (const m of joined.matchAll(/((?:docs\/)?[A-Z][A-Za-z-]*\.md),\s+(?:section\s+)?"([^"]+)"/g)) checkSection(file, m[1], m[2]);
+  for (const m of joined.matchAll(/((?:docs\/)?[A-Z][A-Za-z-]*\.md),\s+(?:section\s+)?"([^"]+)"/g))
+    checkSection(file, m[1], m[2]);
 }
 
 for (const doc of docs) {
-  if (fs.existsSync(path.join(root, doc))) checkText(doc, fs.readFileSync(path.join(root, doc), 'utf8').split('\n'), true);
+  if (fs.existsSync(path.join(root, doc)))
+    checkText(doc, fs.readFileSync(path.join(root, doc), 'utf8').split('\n'), true);
 }
 for (const file of [...sourceDirs.flatMap(walk), 'binding.gyp']) {
   const text = fs.readFileSync(path.join(root, file), 'utf8');
-  checkText(file, file === 'binding.gyp' ? text.split('\n').map((l) => (l.includes('#') ? l.slice(l.indexOf('#') + 1) : '')) : commentLines(file, text), false);
+  checkText(
+    file,
+    file === 'binding.gyp'
+      ? text.split('\n').map((l) => (l.includes('#') ? l.slice(l.indexOf('#') + 1) : ''))
+      : commentLines(file, text),
+    false,
+  );
 }
 
 if (problems.length) {

@@ -22,7 +22,9 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const required = process.argv.includes('--required');
 const force = process.argv.includes('--force');
 const note = path.join(root, 'build', 'install-skipped.txt');
-const outputs = ['lockstep.node', 'lockstep-helper', 'lockstep-init'].map((f) => path.join(root, 'build', 'Release', f));
+const outputs = ['lockstep.node', 'lockstep-helper', 'lockstep-init'].map((f) =>
+  path.join(root, 'build', 'Release', f),
+);
 // The gyp variable of binding.gyp; scripts/provision-host.sh installs it there.
 const libcriuDir = process.env.npm_config_libcriu_dir || '/opt/lockstep/libcriu';
 const SETUP = '`npx lockstep setup` as root';
@@ -74,7 +76,10 @@ function upToDate() {
 }
 
 if (process.platform !== 'linux' || process.arch !== 'x64') {
-  skip(`Lockstep runs on Linux x86_64 only (this is ${process.platform}-${process.arch})`, 'Lockstep.open() will refuse with UNSUPPORTED_PLATFORM; the package is installed for its types only');
+  skip(
+    `Lockstep runs on Linux x86_64 only (this is ${process.platform}-${process.arch})`,
+    'Lockstep.open() will refuse with UNSUPPORTED_PLATFORM; the package is installed for its types only',
+  );
 }
 if (!force && upToDate()) {
   if (required) say('native parts already built');
@@ -82,15 +87,25 @@ if (!force && upToDate()) {
 }
 
 const missing = [];
-for (const [cmd, pkg] of [['python3', 'python3'], ['make', 'make'], ['g++', 'g++'], ['cc', 'gcc']]) if (!onPath(cmd)) missing.push(pkg);
+for (const [cmd, pkg] of [
+  ['python3', 'python3'],
+  ['make', 'make'],
+  ['g++', 'g++'],
+  ['cc', 'gcc'],
+])
+  if (!onPath(cmd)) missing.push(pkg);
 // lockstep-init is linked statically.
-if (!['/usr/lib/x86_64-linux-gnu/libc.a', '/usr/lib64/libc.a', '/usr/lib/libc.a'].some((f) => fs.existsSync(f))) missing.push('libc6-dev');
+if (!['/usr/lib/x86_64-linux-gnu/libc.a', '/usr/lib64/libc.a', '/usr/lib/libc.a'].some((f) => fs.existsSync(f)))
+  missing.push('libc6-dev');
 // The helper's syscall filter is compiled with libseccomp at build time; its capability sets use libcap.
 if (!fs.existsSync('/usr/include/seccomp.h')) missing.push('libseccomp-dev');
 if (!fs.existsSync('/usr/include/sys/capability.h')) missing.push('libcap-dev');
 if (missing.length) skip(`the build tools are missing (Debian packages: ${missing.join(', ')})`);
 if (!fs.existsSync(path.join(libcriuDir, 'include', 'criu.h')) || !fs.existsSync(path.join(libcriuDir, 'libcriu.so'))) {
-  skip(`CRIU's library is not installed yet (${libcriuDir}; the addon links it)`, `run ${SETUP}: it installs CRIU first, then builds them`);
+  skip(
+    `CRIU's library is not installed yet (${libcriuDir}; the addon links it)`,
+    `run ${SETUP}: it installs CRIU first, then builds them`,
+  );
 }
 
 let nodeGyp;
@@ -99,13 +114,15 @@ try {
 } catch {
   nodeGyp = process.env.npm_config_node_gyp; // npm's own copy, set for lifecycle scripts
 }
-if (!nodeGyp || !fs.existsSync(nodeGyp)) skip('node-gyp is not installed (a dependency of lockstep)', 'reinstall lockstep without --omit=prod');
+if (!nodeGyp || !fs.existsSync(nodeGyp))
+  skip('node-gyp is not installed (a dependency of lockstep)', 'reinstall lockstep without --omit=prod');
 
 const args = [nodeGyp, 'rebuild'];
 // The headers of the running Node, when they ship next to it (official
 // tarballs, NodeSource packages): node-gyp would otherwise download them.
 const prefix = path.resolve(path.dirname(process.execPath), '..');
-if (!process.env.npm_config_nodedir && fs.existsSync(path.join(prefix, 'include', 'node', 'node_api.h'))) args.push(`--nodedir=${prefix}`);
+if (!process.env.npm_config_nodedir && fs.existsSync(path.join(prefix, 'include', 'node', 'node_api.h')))
+  args.push(`--nodedir=${prefix}`);
 
 const logFile = path.join(os.tmpdir(), `lockstep-build-${process.pid}.log`);
 const log = fs.openSync(logFile, 'w', 0o600);

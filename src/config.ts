@@ -86,7 +86,10 @@ export const ENVIRONMENT = {
   CI: { reader: 'cli' },
   LOCKSTEP_CRIU_SUITE: { reader: 'provisioning' },
   LOCKSTEP_KEEP_CONNTRACK_HASHSIZE: { reader: 'provisioning' },
-} as const satisfies Record<string, { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'client' | 'provisioning' }>;
+} as const satisfies Record<
+  string,
+  { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'client' | 'provisioning' }
+>;
 
 /** A variable Lockstep reads. */
 export type EnvironmentVariable = keyof typeof ENVIRONMENT;
@@ -99,8 +102,17 @@ export function envValue(name: EnvironmentVariable, env: Env = process.env): str
 }
 
 /** A setting that cannot be used: named by its option and its variable, so either can be fixed. */
-function invalid(key: keyof LockstepConfig, variable: EnvironmentVariable, expected: string, received: unknown): HostError {
-  return new HostError('CONFIG_INVALID', `Invalid ${key} (${variable}): expected ${expected}, received ${JSON.stringify(received)}`, { details: { field: key, variable } });
+function invalid(
+  key: keyof LockstepConfig,
+  variable: EnvironmentVariable,
+  expected: string,
+  received: unknown,
+): HostError {
+  return new HostError(
+    'CONFIG_INVALID',
+    `Invalid ${key} (${variable}): expected ${expected}, received ${JSON.stringify(received)}`,
+    { details: { field: key, variable } },
+  );
 }
 
 /** Options first, then the environment, then the defaults. */
@@ -110,9 +122,11 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   const quota = options.diskQuota ?? e('LOCKSTEP_DISK_QUOTA');
   const diskQuota = quota === 'on' || quota === 'off' ? quota : 'auto';
   const criuLogLevel = options.criuLogLevel ?? Number(e('LOCKSTEP_CRIU_LOG_LEVEL') ?? DEFAULTS.criuLogLevel);
-  if (!Number.isInteger(criuLogLevel) || criuLogLevel < 0 || criuLogLevel > 4) throw invalid('criuLogLevel', 'LOCKSTEP_CRIU_LOG_LEVEL', 'an integer from 0 to 4', criuLogLevel);
+  if (!Number.isInteger(criuLogLevel) || criuLogLevel < 0 || criuLogLevel > 4)
+    throw invalid('criuLogLevel', 'LOCKSTEP_CRIU_LOG_LEVEL', 'an integer from 0 to 4', criuLogLevel);
   const storeGib = options.storeGib ?? Number(e('LOCKSTEP_STORE_GIB') ?? DEFAULTS.storeGib);
-  if (!Number.isFinite(storeGib) || storeGib <= 0) throw invalid('storeGib', 'LOCKSTEP_STORE_GIB', 'a positive number of GiB', storeGib);
+  if (!Number.isFinite(storeGib) || storeGib <= 0)
+    throw invalid('storeGib', 'LOCKSTEP_STORE_GIB', 'a positive number of GiB', storeGib);
   return {
     home: path.resolve(options.home ?? e('LOCKSTEP_HOME') ?? DEFAULTS.home),
     standby: options.standby ?? e('LOCKSTEP_STANDBY') !== 'off',

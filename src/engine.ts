@@ -46,7 +46,14 @@ export interface Engine {
 }
 
 export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
-  return { id: row.instance, imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs, runtimeLayer: row.runtime_layer, hostname: row.hostname, diskBytes: row.disk_bytes, idBase: row.id_base };
+  return {
+    id: row.instance,
+    imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs,
+    runtimeLayer: row.runtime_layer,
+    hostname: row.hostname,
+    diskBytes: row.disk_bytes,
+    idBase: row.id_base,
+  };
 }
 
 /** In-process queue + cross-process flock on <run>/locks/<id> (StatePaths.sandboxLock). */
@@ -70,7 +77,10 @@ export class SandboxLocks {
       fd = fs.openSync(this.lockFile(id), fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
       const deadline = this.clock.now() + timeoutMs;
       while (!this.flock(fd, true)) {
-        if (this.clock.now() > deadline) throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, { sandboxId: id });
+        if (this.clock.now() > deadline)
+          throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, {
+            sandboxId: id,
+          });
         await this.clock.sleep(5);
       }
       return await fn();

@@ -115,7 +115,8 @@ export const ERROR_CODES = [
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /** Kinds of things NotFoundError names; each has a `<KIND>_NOT_FOUND` code. */
-export type NotFoundKind = 'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant';
+export type NotFoundKind =
+  'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant';
 /** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
 export type ExistingKind = 'image' | 'tenant';
 
@@ -152,15 +153,24 @@ export class InvalidArgumentError extends LockstepError {
 export class NotFoundError extends LockstepError {
   /** `hint`: what to do about it, appended to the message. */
   constructor(kind: NotFoundKind, id: string, hint?: string) {
-    const what = kind === 'image' || kind === 'tenant' ? `named ${JSON.stringify(id)}` : `with id ${JSON.stringify(id)}`;
-    super(`${kind.toUpperCase() as Uppercase<NotFoundKind>}_NOT_FOUND`, `No ${kind} ${what}${hint ? `: ${hint}` : ''}`, { details: { kind, id } });
+    const what =
+      kind === 'image' || kind === 'tenant' ? `named ${JSON.stringify(id)}` : `with id ${JSON.stringify(id)}`;
+    super(
+      `${kind.toUpperCase() as Uppercase<NotFoundKind>}_NOT_FOUND`,
+      `No ${kind} ${what}${hint ? `: ${hint}` : ''}`,
+      { details: { kind, id } },
+    );
   }
 }
 
 /** Something with that name already exists. */
 export class AlreadyExistsError extends LockstepError {
   constructor(kind: ExistingKind, id: string) {
-    super(`${kind.toUpperCase() as Uppercase<ExistingKind>}_EXISTS`, `A ${kind} named ${JSON.stringify(id)} already exists`, { details: { kind, id } });
+    super(
+      `${kind.toUpperCase() as Uppercase<ExistingKind>}_EXISTS`,
+      `A ${kind} named ${JSON.stringify(id)} already exists`,
+      { details: { kind, id } },
+    );
   }
 }
 
@@ -221,14 +231,23 @@ export class SystemCallError extends LockstepError {
  */
 export class StoreFullError extends LockstepError {
   constructor(what: string, cause: unknown) {
-    super('DISK_FULL', `${what}: the layer store is full (free room there, e.g. by removing sandboxes or checkpoints)`, { cause });
+    super(
+      'DISK_FULL',
+      `${what}: the layer store is full (free room there, e.g. by removing sandboxes or checkpoints)`,
+      { cause },
+    );
   }
 }
 
 /** CRIU refused or failed; `logTail` holds the end of its log. */
 export class CriuError extends LockstepError {
   readonly logTail: string;
-  constructor(code: 'CRIU_DUMP_FAILED' | 'CRIU_RESTORE_FAILED' | 'CRIU_UNAVAILABLE' | 'CRIU_CHECK_FAILED', message: string, logTail: string, cause?: unknown) {
+  constructor(
+    code: 'CRIU_DUMP_FAILED' | 'CRIU_RESTORE_FAILED' | 'CRIU_UNAVAILABLE' | 'CRIU_CHECK_FAILED',
+    message: string,
+    logTail: string,
+    cause?: unknown,
+  ) {
     super(code, logTail ? `${message}\n--- criu log (tail) ---\n${logTail}` : message, { cause, details: { logTail } });
     this.logTail = logTail;
   }

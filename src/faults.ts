@@ -20,10 +20,14 @@ export const FAULT_POINTS = {
 } as const;
 
 /** One fault point, "<operation>:<step>": a misspelled point does not compile. */
-export type FaultPoint = { [Op in keyof typeof FAULT_POINTS]: `${Op}:${(typeof FAULT_POINTS)[Op][number]}` }[keyof typeof FAULT_POINTS];
+export type FaultPoint = {
+  [Op in keyof typeof FAULT_POINTS]: `${Op}:${(typeof FAULT_POINTS)[Op][number]}`;
+}[keyof typeof FAULT_POINTS];
 
 /** Every fault point as a flat list, in the order the operations reach them. */
-export const ALL_FAULT_POINTS: readonly FaultPoint[] = Object.entries(FAULT_POINTS).flatMap(([op, steps]) => steps.map((s) => `${op}:${s}` as FaultPoint));
+export const ALL_FAULT_POINTS: readonly FaultPoint[] = Object.entries(FAULT_POINTS).flatMap(([op, steps]) =>
+  steps.map((s) => `${op}:${s}` as FaultPoint),
+);
 
 /** True for a string naming a fault point (a LOCKSTEP_FAULT value that names none is refused). */
 export function isFaultPoint(point: string): point is FaultPoint {
@@ -36,7 +40,11 @@ export type FaultHook = (point: FaultPoint) => void;
 export function envFaultHook(spec: string | undefined = envValue('LOCKSTEP_FAULT')): FaultHook {
   if (!spec) return () => undefined;
   // A crash test whose point is misspelled would pass without ever crashing.
-  if (!isFaultPoint(spec)) throw new HostError('CONFIG_INVALID', `LOCKSTEP_FAULT=${JSON.stringify(spec)} names no fault point; the points are ${ALL_FAULT_POINTS.join(', ')}`);
+  if (!isFaultPoint(spec))
+    throw new HostError(
+      'CONFIG_INVALID',
+      `LOCKSTEP_FAULT=${JSON.stringify(spec)} names no fault point; the points are ${ALL_FAULT_POINTS.join(', ')}`,
+    );
   return (point) => {
     if (point === spec) process.kill(process.pid, 'SIGKILL');
   };

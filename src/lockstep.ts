@@ -29,7 +29,16 @@ import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
 import { openHomeForUserNamespaces } from './sandboxes/id-ranges.js';
 import { resolveConfig, type ConfigOptions, type LockstepConfig } from './config.js';
-import { procfs, systemClock, type Clock, type CriuClient, type HelperClient, type LayerPort, type NativeBinding, type ProcessTable } from './ports.js';
+import {
+  procfs,
+  systemClock,
+  type Clock,
+  type CriuClient,
+  type HelperClient,
+  type LayerPort,
+  type NativeBinding,
+  type ProcessTable,
+} from './ports.js';
 
 export interface OpenOptions {
   /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */
@@ -89,13 +98,15 @@ export class Lockstep {
   static async open(opts: OpenOptions = {}): Promise<Lockstep> {
     assertSupportedPlatform();
     const privileged = !(opts.native && opts.helper && opts.criu && opts.cgroups && opts.layers);
-    if (privileged && process.getuid?.() !== 0) throw new HostError('NOT_ROOT', 'Lockstep manages namespaces, cgroups and mounts: run it as root');
+    if (privileged && process.getuid?.() !== 0)
+      throw new HostError('NOT_ROOT', 'Lockstep manages namespaces, cgroups and mounts: run it as root');
     const config = resolveConfig({ ...opts.config, home: opts.home ?? opts.config?.home });
     const native = opts.native ?? loadNative();
     const paths = new StatePaths(config.home);
     fs.mkdirSync(paths.home, { recursive: true, mode: 0o700 });
     fs.chmodSync(paths.home, 0o700);
-    for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun, paths.locks]) fs.mkdirSync(d, { recursive: true, mode: 0o700 });
+    for (const d of [paths.images, paths.runtime, paths.run, paths.sandboxesRun, paths.locks])
+      fs.mkdirSync(d, { recursive: true, mode: 0o700 });
 
     const lockFd = fs.openSync(paths.managerLock, fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
     const fault = opts.fault ?? envFaultHook(config.fault);
@@ -103,7 +114,16 @@ export class Lockstep {
     // would wait for it, then fail with HOME_LOCKED) and of the database.
     const opened: { catalog?: Catalog } = {};
     try {
-      const opening: Opening = { opts, config, native, proc: opts.proc ?? procfs, clock: opts.clock ?? systemClock, paths, lockFd, fault };
+      const opening: Opening = {
+        opts,
+        config,
+        native,
+        proc: opts.proc ?? procfs,
+        clock: opts.clock ?? systemClock,
+        paths,
+        lockFd,
+        fault,
+      };
       return await Lockstep.openLocked(opening, (c) => (opened.catalog = c));
     } catch (e) {
       try {
@@ -121,7 +141,8 @@ export class Lockstep {
     const exclusive = native.flock(lockFd, true);
     if (!exclusive) {
       for (let i = 0; !native.flock(lockFd, false); i++) {
-        if (i > 2000) throw new HostError('HOME_LOCKED', `Cannot open ${paths.home}: another manager holds it exclusively`);
+        if (i > 2000)
+          throw new HostError('HOME_LOCKED', `Cannot open ${paths.home}: another manager holds it exclusively`);
         await clock.sleep(5);
       }
     }
@@ -140,7 +161,11 @@ export class Lockstep {
     const homeTag = createHash('sha256').update(paths.home).digest('hex').slice(0, 10);
     const runtime = new SandboxRuntime(paths, cgroups, layers, supervisor, homeTag, native, proc);
     let docker: DockerPort | undefined = opts.docker;
-    const images = new ImageStore(paths, catalog, () => (docker ??= new DockerEngine({ socketPath: config.dockerSocket })));
+    const images = new ImageStore(
+      paths,
+      catalog,
+      () => (docker ??= new DockerEngine({ socketPath: config.dockerSocket })),
+    );
     const locks = new SandboxLocks((id) => paths.sandboxLock(id), native.flock.bind(native), clock);
     const withSandboxLock: Engine['withSandboxLock'] = (id, fn, o) => locks.with(id, fn, o?.timeoutMs);
     const engine: Engine = {
@@ -168,7 +193,8 @@ export class Lockstep {
     if (exclusive) {
       reaped = await reap(engine);
       fault('open:reaped');
-      if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length) log.warn({ reaped }, 'cleaned up after a previous manager');
+      if (reaped.operations.length || reaped.sandboxes.length || reaped.orphans.length)
+        log.warn({ reaped }, 'cleaned up after a previous manager');
       native.flock(lockFd, false); // downgrade: other managers may now share the directory
     }
     // Every init found running is watched from now on (the reaper has
@@ -213,8 +239,13 @@ export class Lockstep {
   /** Removes sandboxes whose lifetime (create's timeoutMs) has passed; returns their ids. */
   async sweepExpired(now = this.engine.clock.now()): Promise<string[]> {
     this.assertOpen();
-    const expired = this.engine.catalog.allSandboxes().filter((s) => s.expires_at !== null && s.expires_at <= now && s.state !== 'removing');
-    for (const s of expired) await this.engine.withSandboxLock(s.id, () => removeSandbox(this.engine, s.id)).catch((err) => this.engine.log.warn({ err, sandboxId: s.id }, 'could not remove an expired sandbox'));
+    const expired = this.engine.catalog
+      .allSandboxes()
+      .filter((s) => s.expires_at !== null && s.expires_at <= now && s.state !== 'removing');
+    for (const s of expired)
+      await this.engine
+        .withSandboxLock(s.id, () => removeSandbox(this.engine, s.id))
+        .catch((err) => this.engine.log.warn({ err, sandboxId: s.id }, 'could not remove an expired sandbox'));
     return expired.map((s) => s.id);
   }
 

@@ -17,39 +17,97 @@ export function resolveHome(home?: string): string {
 export class StatePaths {
   constructor(readonly home: string) {}
 
-  get catalog() { return path.join(this.home, 'lockstep.db'); }
-  get managerLock() { return path.join(this.home, 'manager.lock'); }
-  get images() { return path.join(this.home, 'images'); }
-  image(name: string) { return path.join(this.images, name); }
-  imageRootfs(name: string) { return path.join(this.images, name, 'rootfs'); }
-  get runtime() { return path.join(this.home, 'runtime'); }
-  runtimeLayer(hash: string) { return path.join(this.runtime, hash); }
+  get catalog() {
+    return path.join(this.home, 'lockstep.db');
+  }
+  get managerLock() {
+    return path.join(this.home, 'manager.lock');
+  }
+  get images() {
+    return path.join(this.home, 'images');
+  }
+  image(name: string) {
+    return path.join(this.images, name);
+  }
+  imageRootfs(name: string) {
+    return path.join(this.images, name, 'rootfs');
+  }
+  get runtime() {
+    return path.join(this.home, 'runtime');
+  }
+  runtimeLayer(hash: string) {
+    return path.join(this.runtime, hash);
+  }
 
   /** btrfs-backed store: writable uppers, checkpoint layers, process images. */
-  get storeImage() { return path.join(this.home, 'store.btrfs'); }
-  get store() { return path.join(this.home, 'store'); }
-  get uppers() { return path.join(this.store, 'uppers'); }
-  upper(id: string) { return path.join(this.uppers, id); }
-  get layers() { return path.join(this.store, 'layers'); }
-  layer(id: string) { return path.join(this.layers, id); }
-  get processImages() { return path.join(this.store, 'process-images'); }
-  processImage(checkpointId: string) { return path.join(this.processImages, checkpointId); }
-  get scratch() { return path.join(this.store, 'scratch'); }
+  get storeImage() {
+    return path.join(this.home, 'store.btrfs');
+  }
+  get store() {
+    return path.join(this.home, 'store');
+  }
+  get uppers() {
+    return path.join(this.store, 'uppers');
+  }
+  upper(id: string) {
+    return path.join(this.uppers, id);
+  }
+  get layers() {
+    return path.join(this.store, 'layers');
+  }
+  layer(id: string) {
+    return path.join(this.layers, id);
+  }
+  get processImages() {
+    return path.join(this.store, 'process-images');
+  }
+  processImage(checkpointId: string) {
+    return path.join(this.processImages, checkpointId);
+  }
+  get scratch() {
+    return path.join(this.store, 'scratch');
+  }
 
   /** Runtime state: a shared mount so that the CRIU service sees new mounts. */
-  get run() { return path.join(this.home, 'run'); }
-  get supervisorSocket() { return path.join(this.run, 'supervisor.sock'); }
-  get supervisorPidfile() { return path.join(this.run, 'supervisor.pid'); }
-  get supervisorLog() { return path.join(this.run, 'supervisor.log'); }
-  get criuSocket() { return path.join(this.run, 'criu.sock'); }
-  get criuLog() { return path.join(this.run, 'criu-service.log'); }
-  get sandboxesRun() { return path.join(this.run, 'sandboxes'); }
-  sandboxRun(id: string) { return path.join(this.sandboxesRun, id); }
-  sandboxRoot(id: string) { return path.join(this.sandboxRun(id), 'root'); }
-  sandboxDev(id: string) { return path.join(this.sandboxRun(id), 'dev'); }
+  get run() {
+    return path.join(this.home, 'run');
+  }
+  get supervisorSocket() {
+    return path.join(this.run, 'supervisor.sock');
+  }
+  get supervisorPidfile() {
+    return path.join(this.run, 'supervisor.pid');
+  }
+  get supervisorLog() {
+    return path.join(this.run, 'supervisor.log');
+  }
+  get criuSocket() {
+    return path.join(this.run, 'criu.sock');
+  }
+  get criuLog() {
+    return path.join(this.run, 'criu-service.log');
+  }
+  get sandboxesRun() {
+    return path.join(this.run, 'sandboxes');
+  }
+  sandboxRun(id: string) {
+    return path.join(this.sandboxesRun, id);
+  }
+  sandboxRoot(id: string) {
+    return path.join(this.sandboxRun(id), 'root');
+  }
+  sandboxDev(id: string) {
+    return path.join(this.sandboxRun(id), 'dev');
+  }
   /** Idmapped views of the lower layers (sandboxes with a user namespace). */
-  sandboxLowers(id: string) { return path.join(this.sandboxRun(id), 'lowers'); }
+  sandboxLowers(id: string) {
+    return path.join(this.sandboxRun(id), 'lowers');
+  }
   /** Outside any instance folder: a rollback that swaps instances keeps the lock. */
-  get locks() { return path.join(this.run, 'locks'); }
-  sandboxLock(id: string) { return path.join(this.locks, id); }
+  get locks() {
+    return path.join(this.run, 'locks');
+  }
+  sandboxLock(id: string) {
+    return path.join(this.locks, id);
+  }
 }

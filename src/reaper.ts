@@ -38,7 +38,8 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
     report.operations.push(`${op.kind}:${op.phase}:${op.sandbox_id}`);
     if (op.kind === 'checkpoint') {
-      if (!catalog.checkpoint(payload.checkpointId!)) await discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
+      if (!catalog.checkpoint(payload.checkpointId!))
+        await discardCheckpointFiles(engine, payload.checkpointId!, payload.layerId!);
       try {
         cgroups.thaw(runtime.cgroupName(catalog.sandbox(op.sandbox_id)?.instance ?? op.sandbox_id));
       } catch {
@@ -55,7 +56,12 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       // The old tree was being killed: the only consistent state left is the checkpoint.
       try {
         const standby = (payload as { standby?: string | null }).standby;
-        if (standby && row.instance !== standby && row.standby_instance === standby && hasStandbyFor(engine, row, ckpt.id)) {
+        if (
+          standby &&
+          row.instance !== standby &&
+          row.standby_instance === standby &&
+          hasStandbyFor(engine, row, ckpt.id)
+        ) {
           const { oldInstance } = await swapInStandby(engine, row, ckpt, op.id, payload.branchId ?? row.branch_id, {});
           await runtime.destroy(oldInstance).catch(() => undefined);
           continue;
@@ -73,7 +79,13 @@ export async function reap(engine: Engine): Promise<ReapReport> {
         engine.log.error({ err: e, sandboxId: row.id }, 'roll-forward of an interrupted rollback failed');
         await runtime.killProcesses(row.instance).catch(() => undefined);
         catalog.tx(() => {
-          catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: payload.branchId ?? row.branch_id });
+          catalog.updateSandbox(row.id, {
+            state: 'stopped',
+            init_pid: null,
+            init_start: null,
+            head_checkpoint_id: ckpt.id,
+            branch_id: payload.branchId ?? row.branch_id,
+          });
           engine.agent.onRollback(row, ckpt, op.id);
           catalog.endOperation(op.id);
         });
@@ -105,11 +117,24 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       } catch {
         /* no cgroup */
       }
-      const alive = row.init_pid !== null && proc.isAlive(row.init_pid) && proc.startTime(row.init_pid) === row.init_start;
+      const alive =
+        row.init_pid !== null && proc.isAlive(row.init_pid) && proc.startTime(row.init_pid) === row.init_start;
       // A warm standby whose processes are gone is of no use: drop it.
-      if (row.standby_instance && !(row.standby_pid !== null && proc.isAlive(row.standby_pid) && proc.startTime(row.standby_pid) === row.standby_start)) {
+      if (
+        row.standby_instance &&
+        !(
+          row.standby_pid !== null &&
+          proc.isAlive(row.standby_pid) &&
+          proc.startTime(row.standby_pid) === row.standby_start
+        )
+      ) {
         await runtime.destroy(row.standby_instance).catch(() => undefined);
-        catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
+        catalog.updateSandbox(row.id, {
+          standby_instance: null,
+          standby_checkpoint: null,
+          standby_pid: null,
+          standby_start: null,
+        });
       }
       if (!alive) {
         await runtime.killProcesses(row.instance).catch(() => undefined);
@@ -158,9 +183,11 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       report.orphans.push(`process-image:${id}`);
     }
   }
-  for (const name of safeReaddir(paths.scratch)) fs.rmSync(path.join(paths.scratch, name), { recursive: true, force: true });
+  for (const name of safeReaddir(paths.scratch))
+    fs.rmSync(path.join(paths.scratch, name), { recursive: true, force: true });
   const sandboxIds = new Set(catalog.allSandboxes().map((r) => r.id));
-  for (const name of safeReaddir(paths.locks)) if (!sandboxIds.has(name)) fs.rmSync(path.join(paths.locks, name), { force: true });
+  for (const name of safeReaddir(paths.locks))
+    if (!sandboxIds.has(name)) fs.rmSync(path.join(paths.locks, name), { force: true });
   for (const name of engine.images.onDisk()) {
     if (name.startsWith('.tmp-')) {
       fs.rmSync(path.join(paths.images, name), { recursive: true, force: true });

@@ -18,23 +18,39 @@ export function contextFromWire(context: unknown, contextFormat: string | undefi
   }
   let ctx: Record<string, unknown>;
   if (Array.isArray(context)) {
-    if (contextFormat === undefined) throw new InvalidArgumentError('contextFormat', 'the format of the context array', undefined);
-    const key = contextFormat === 'openai-responses' ? 'items' : contextFormat === 'langgraph' || contextFormat === 'bytes' ? undefined : 'messages';
+    if (contextFormat === undefined)
+      throw new InvalidArgumentError('contextFormat', 'the format of the context array', undefined);
+    const key =
+      contextFormat === 'openai-responses'
+        ? 'items'
+        : contextFormat === 'langgraph' || contextFormat === 'bytes'
+          ? undefined
+          : 'messages';
     if (!key) throw new InvalidArgumentError('context', `an object for format ${contextFormat}`, context);
     ctx = { format: contextFormat, [key]: context };
   } else if (typeof context === 'object' && context !== null) {
     ctx = { ...(context as Record<string, unknown>) };
     if (ctx.format === undefined) {
-      if (contextFormat === undefined) throw new InvalidArgumentError('context.format', `one of ${CONTEXT_FORMATS.join(', ')} (or give contextFormat)`, undefined);
+      if (contextFormat === undefined)
+        throw new InvalidArgumentError(
+          'context.format',
+          `one of ${CONTEXT_FORMATS.join(', ')} (or give contextFormat)`,
+          undefined,
+        );
       ctx.format = contextFormat;
     } else if (contextFormat !== undefined && ctx.format !== contextFormat) {
-      throw new InvalidArgumentError('contextFormat', `the context's own format ${JSON.stringify(ctx.format)}`, contextFormat);
+      throw new InvalidArgumentError(
+        'contextFormat',
+        `the context's own format ${JSON.stringify(ctx.format)}`,
+        contextFormat,
+      );
     }
   } else {
     throw new InvalidArgumentError('context', 'an object or an array', context);
   }
   if (ctx.format === 'bytes') {
-    if (typeof ctx.data !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(ctx.data)) throw new InvalidArgumentError('context.data', 'base64 text', ctx.data);
+    if (typeof ctx.data !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(ctx.data))
+      throw new InvalidArgumentError('context.data', 'base64 text', ctx.data);
     ctx.data = new Uint8Array(Buffer.from(ctx.data, 'base64'));
   }
   return validateContext(ctx);
@@ -56,7 +72,11 @@ function toJsonSafe(v: unknown): unknown {
 
 /** A rollback report as JSON; without the recovery summary and annotated context unless asked for. */
 export function rollbackToWire(r: RollbackReport, withRecoverySummary: boolean): Record<string, unknown> {
-  const out: Record<string, unknown> = { ...r, context: contextToWire(r.context), contextWithRecovery: contextToWire(r.contextWithRecovery) };
+  const out: Record<string, unknown> = {
+    ...r,
+    context: contextToWire(r.context),
+    contextWithRecovery: contextToWire(r.contextWithRecovery),
+  };
   if (!withRecoverySummary) {
     delete out.contextWithRecovery;
     delete out.recoverySummary;

@@ -43,7 +43,10 @@ class PromiseWorker : public Napi::AsyncWorker {
 
  private:
   PromiseWorker(Napi::Env env, const char* name, Work work, Done done)
-      : Napi::AsyncWorker(env, name), deferred_(Napi::Promise::Deferred::New(env)), work_(std::move(work)), done_(std::move(done)) {}
+      : Napi::AsyncWorker(env, name),
+        deferred_(Napi::Promise::Deferred::New(env)),
+        work_(std::move(work)),
+        done_(std::move(done)) {}
 
   Napi::Promise::Deferred deferred_;
   Work work_;

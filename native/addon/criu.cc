@@ -235,7 +235,8 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
     res->ret = criu_local_restore(opts);
     tl_request = nullptr;
     if (res->ret < 0 && tl_notify_errno) {
-      res->failure = {tl_notify_errno, "setup-namespaces", req.imagesDir, "while placing restored tasks in the sandbox"};
+      res->failure = {tl_notify_errno, "setup-namespaces", req.imagesDir,
+                      "while placing restored tasks in the sandbox"};
       return;
     }
     if (res->ret < 0) res->failure = {-res->ret, "criu restore", req.imagesDir, req.logFile};

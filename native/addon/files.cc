@@ -43,14 +43,22 @@ int OpenAt2(int dirfd, const std::string& rel, __u64 flags, __u64 mode) {
 
 const char* TypeName(mode_t m) {
   switch (m & S_IFMT) {
-    case S_IFREG: return "file";
-    case S_IFDIR: return "directory";
-    case S_IFLNK: return "symlink";
-    case S_IFIFO: return "fifo";
-    case S_IFSOCK: return "socket";
-    case S_IFCHR: return "character-device";
-    case S_IFBLK: return "block-device";
-    default: return "unknown";
+    case S_IFREG:
+      return "file";
+    case S_IFDIR:
+      return "directory";
+    case S_IFLNK:
+      return "symlink";
+    case S_IFIFO:
+      return "fifo";
+    case S_IFSOCK:
+      return "socket";
+    case S_IFCHR:
+      return "character-device";
+    case S_IFBLK:
+      return "block-device";
+    default:
+      return "unknown";
   }
 }
 

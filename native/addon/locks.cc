@@ -21,8 +21,6 @@ static Napi::Value Flock(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(env, true);
 }
 
-void InitLocks(Napi::Env env, Napi::Object exports) {
-  exports.Set("flock", Napi::Function::New(env, Flock));
-}
+void InitLocks(Napi::Env env, Napi::Object exports) { exports.Set("flock", Napi::Function::New(env, Flock)); }
 
 }  // namespace lockstep

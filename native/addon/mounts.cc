@@ -36,8 +36,7 @@ std::string EscapeMountOption(const std::string& path) {
   return out;
 }
 
-std::string OverlayOptions(const std::vector<std::string>& lowers, const std::string& upper,
-                           const std::string& work) {
+std::string OverlayOptions(const std::vector<std::string>& lowers, const std::string& upper, const std::string& work) {
   std::string opts = "lowerdir=";
   for (size_t i = 0; i < lowers.size(); i++) {
     if (i) opts += ":";
@@ -117,7 +116,6 @@ static Napi::Value MakeSharedMount(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-
 namespace {
 
 // A user namespace whose ids 0..count-1 are host ids base..base+count-1,
@@ -132,7 +130,7 @@ constexpr size_t kIdmapChildStack = 64 * 1024;
 int IdmapChild(void* arg) {
   const int* gate = static_cast<const int*>(arg);
   char c;
-  ::syscall(SYS_close, gate[1]);     // our copy of the write end: EOF needs the parent's closed only
+  ::syscall(SYS_close, gate[1]);        // our copy of the write end: EOF needs the parent's closed only
   ::syscall(SYS_read, gate[0], &c, 1);  // returns at EOF: the parent is done with us
   return 0;
 }
@@ -205,7 +203,8 @@ static Napi::Value IdmappedMount(const Napi::CallbackInfo& info) {
     ThrowSystemError(env, failure.err, failure.syscall.c_str(), failure.path);
     return env.Undefined();
   }
-  UniqueFd tree(static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+  UniqueFd tree(
+      static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
   if (!tree.valid()) {
     ThrowSystemError(env, errno, "open_tree", source);
     return env.Undefined();

@@ -139,7 +139,8 @@ class PidWatcher : public Napi::ObjectWrap<PidWatcher> {
   // unwatch(id): no callback for it after this returns (one already queued is for an id JS has forgotten).
   Napi::Value Unwatch(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    uint64_t id = static_cast<uint64_t>(info.Length() > 0 && info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0);
+    uint64_t id =
+        static_cast<uint64_t>(info.Length() > 0 && info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 0);
     Forget(id);
     return env.Undefined();
   }
@@ -215,8 +216,6 @@ class PidWatcher : public Napi::ObjectWrap<PidWatcher> {
   bool stopped_ = false;
 };
 
-void InitPidWatch(Napi::Env env, Napi::Object exports) {
-  exports.Set("PidWatcher", PidWatcher::Define(env));
-}
+void InitPidWatch(Napi::Env env, Napi::Object exports) { exports.Set("PidWatcher", PidWatcher::Define(env)); }
 
 }  // namespace lockstep

@@ -70,7 +70,8 @@ static Napi::Value QuotaEnable(const Napi::CallbackInfo& info) {
   struct btrfs_ioctl_quota_ctl_args args;
   std::memset(&args, 0, sizeof(args));
   args.cmd = BTRFS_QUOTA_CTL_ENABLE;
-  if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &args) != 0) ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_QUOTA_CTL)", path);
+  if (::ioctl(fd.get(), BTRFS_IOC_QUOTA_CTL, &args) != 0)
+    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_QUOTA_CTL)", path);
   return env.Undefined();
 }
 
@@ -94,7 +95,8 @@ static Napi::Value QgroupLimit(const Napi::CallbackInfo& info) {
   args.qgroupid = 0;  // 0: the qgroup of the subvolume fd is in
   args.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
   args.lim.max_rfer = bytes == 0 ? UINT64_MAX : bytes;
-  if (::ioctl(fd.get(), BTRFS_IOC_QGROUP_LIMIT, &args) != 0) ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_QGROUP_LIMIT)", path);
+  if (::ioctl(fd.get(), BTRFS_IOC_QGROUP_LIMIT, &args) != 0)
+    ThrowSystemError(env, errno, "ioctl(BTRFS_IOC_QGROUP_LIMIT)", path);
   return env.Undefined();
 }
 
@@ -123,9 +125,10 @@ static Napi::Value QgroupUsage(const Napi::CallbackInfo& info) {
   out.Set("referenced", Napi::Number::New(env, static_cast<double>(le64toh(usage.rfer))));
   out.Set("exclusive", Napi::Number::New(env, static_cast<double>(le64toh(usage.excl))));
   struct btrfs_qgroup_limit_item limit;
-  bool limited = QuotaItem(fd.get(), BTRFS_QGROUP_LIMIT_KEY, id, &limit, sizeof(limit)) && (le64toh(limit.flags) & BTRFS_QGROUP_LIMIT_MAX_RFER) &&
-                 le64toh(limit.max_rfer) != UINT64_MAX;
-  out.Set("maxReferenced", limited ? Napi::Value(Napi::Number::New(env, static_cast<double>(le64toh(limit.max_rfer)))) : env.Null());
+  bool limited = QuotaItem(fd.get(), BTRFS_QGROUP_LIMIT_KEY, id, &limit, sizeof(limit)) &&
+                 (le64toh(limit.flags) & BTRFS_QGROUP_LIMIT_MAX_RFER) && le64toh(limit.max_rfer) != UINT64_MAX;
+  out.Set("maxReferenced",
+          limited ? Napi::Value(Napi::Number::New(env, static_cast<double>(le64toh(limit.max_rfer)))) : env.Null());
   return out;
 }
 

@@ -52,8 +52,7 @@ inline Napi::Error MakeSystemError(Napi::Env env, const SystemFailure& f) {
   return e;
 }
 
-inline void ThrowSystemError(Napi::Env env, int err, const std::string& syscall,
-                             const std::string& path = "") {
+inline void ThrowSystemError(Napi::Env env, int err, const std::string& syscall, const std::string& path = "") {
   SystemFailure f{err, syscall, path, ""};
   MakeSystemError(env, f).ThrowAsJavaScriptException();
 }

@@ -39,10 +39,9 @@
 
 /* Docker's default capability set without CAP_MKNOD. Everything else
  * (SYS_ADMIN, SYS_PTRACE, SYS_MODULE, DAC_READ_SEARCH, NET_ADMIN, ...) goes. */
-static const cap_value_t sandbox_caps[] = {CAP_CHOWN,   CAP_DAC_OVERRIDE,     CAP_FOWNER,  CAP_FSETID,
-                                           CAP_KILL,    CAP_SETGID,           CAP_SETUID,  CAP_SETPCAP,
-                                           CAP_NET_BIND_SERVICE, CAP_NET_RAW, CAP_SYS_CHROOT, CAP_AUDIT_WRITE,
-                                           CAP_SETFCAP};
+static const cap_value_t sandbox_caps[] = {
+    CAP_CHOWN,   CAP_DAC_OVERRIDE,     CAP_FOWNER,  CAP_FSETID,     CAP_KILL,        CAP_SETGID, CAP_SETUID,
+    CAP_SETPCAP, CAP_NET_BIND_SERVICE, CAP_NET_RAW, CAP_SYS_CHROOT, CAP_AUDIT_WRITE, CAP_SETFCAP};
 #define N_SANDBOX_CAPS ((int)(sizeof(sandbox_caps) / sizeof(sandbox_caps[0])))
 
 static bool is_sandbox_cap(cap_value_t cap) {

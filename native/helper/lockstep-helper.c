@@ -228,22 +228,38 @@ static void parse(int argc, char **argv, struct opts *o) {
     if (strcmp(a, "--") == 0) {
       o->argv = &argv[i + 1];
       break;
-    } else if (strcmp(a, "--root") == 0) o->root = NEXT();
-    else if (strcmp(a, "--hostname") == 0) o->hostname = NEXT();
-    else if (strcmp(a, "--dev") == 0) o->dev = NEXT();
-    else if (strcmp(a, "--shm") == 0) o->shm = NEXT();
-    else if (strcmp(a, "--init") == 0) o->init = NEXT();
-    else if (strcmp(a, "--cwd") == 0) o->cwd = NEXT();
-    else if (strcmp(a, "--stdout") == 0) o->stdout_path = NEXT();
-    else if (strcmp(a, "--stderr") == 0) o->stderr_path = NEXT();
-    else if (strcmp(a, "--socket") == 0) o->socket_path = NEXT();
-    else if (strcmp(a, "--pidfile") == 0) o->pidfile = NEXT();
-    else if (strcmp(a, "--pid") == 0) o->pid = atoi(NEXT());
-    else if (strcmp(a, "--start") == 0) o->start = strtoull(NEXT(), NULL, 10);
-    else if (strcmp(a, "--status-fd") == 0) o->status_fd = atoi(NEXT());
-    else if (strcmp(a, "--detach") == 0) o->detach = true;
-    else if (strcmp(a, "--id-base") == 0) o->id_base = strtoul(NEXT(), NULL, 10);
-    else if (strcmp(a, "--id-count") == 0) o->id_count = strtoul(NEXT(), NULL, 10);
+    } else if (strcmp(a, "--root") == 0)
+      o->root = NEXT();
+    else if (strcmp(a, "--hostname") == 0)
+      o->hostname = NEXT();
+    else if (strcmp(a, "--dev") == 0)
+      o->dev = NEXT();
+    else if (strcmp(a, "--shm") == 0)
+      o->shm = NEXT();
+    else if (strcmp(a, "--init") == 0)
+      o->init = NEXT();
+    else if (strcmp(a, "--cwd") == 0)
+      o->cwd = NEXT();
+    else if (strcmp(a, "--stdout") == 0)
+      o->stdout_path = NEXT();
+    else if (strcmp(a, "--stderr") == 0)
+      o->stderr_path = NEXT();
+    else if (strcmp(a, "--socket") == 0)
+      o->socket_path = NEXT();
+    else if (strcmp(a, "--pidfile") == 0)
+      o->pidfile = NEXT();
+    else if (strcmp(a, "--pid") == 0)
+      o->pid = atoi(NEXT());
+    else if (strcmp(a, "--start") == 0)
+      o->start = strtoull(NEXT(), NULL, 10);
+    else if (strcmp(a, "--status-fd") == 0)
+      o->status_fd = atoi(NEXT());
+    else if (strcmp(a, "--detach") == 0)
+      o->detach = true;
+    else if (strcmp(a, "--id-base") == 0)
+      o->id_base = strtoul(NEXT(), NULL, 10);
+    else if (strcmp(a, "--id-count") == 0)
+      o->id_count = strtoul(NEXT(), NULL, 10);
     else if (strcmp(a, "--cgroup") == 0) {
       if (o->ncgroups >= MAX_LIST) usage();
       o->cgroups[o->ncgroups++] = NEXT();
@@ -265,8 +281,8 @@ struct devnode {
   const char *name;
   unsigned maj, min;
 };
-static const struct devnode devnodes[] = {{"null", 1, 3},    {"zero", 1, 5}, {"full", 1, 7},
-                                          {"random", 1, 8},  {"urandom", 1, 9}, {"tty", 5, 0}};
+static const struct devnode devnodes[] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
+                                          {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
 
 /* Loopback up in the calling process's (new) network namespace: a sandbox
  * has no other network. */
@@ -293,10 +309,17 @@ static int loopback_up(int errfd) {
  * directory under it: runc uses an empty tmpfs, but CRIU archives every
  * tmpfs with tar on each dump and restore (measured ~60-140 ms each on this
  * loaded VM), while a bind of a path inside the external /dev costs nothing. */
-static const char *const masked_paths[] = {"/proc/acpi",         "/proc/asound",      "/proc/kcore",
-                                           "/proc/keys",         "/proc/latency_stats", "/proc/timer_list",
-                                           "/proc/timer_stats",  "/proc/sched_debug", "/proc/scsi",
-                                           "/sys/firmware",      "/sys/devices/virtual/powercap"};
+static const char *const masked_paths[] = {"/proc/acpi",
+                                           "/proc/asound",
+                                           "/proc/kcore",
+                                           "/proc/keys",
+                                           "/proc/latency_stats",
+                                           "/proc/timer_list",
+                                           "/proc/timer_stats",
+                                           "/proc/sched_debug",
+                                           "/proc/scsi",
+                                           "/sys/firmware",
+                                           "/sys/devices/virtual/powercap"};
 
 /* True when the image's /etc/group has gid 5 (tty, on Debian, Alpine,
  * busybox): only then do new terminals belong to it. Runs after pivot_root,
@@ -332,7 +355,8 @@ static int mount_dev_and_mask_proc(int errfd) {
     struct stat st;
     const char *p = masked_paths[i];
     if (lstat(p, &st) != 0) continue;
-    int r = S_ISDIR(st.st_mode) ? mount("/dev/pts", p, NULL, MS_BIND, NULL) : mount("/dev/null", p, NULL, MS_BIND, NULL);
+    int r =
+        S_ISDIR(st.st_mode) ? mount("/dev/pts", p, NULL, MS_BIND, NULL) : mount("/dev/null", p, NULL, MS_BIND, NULL);
     if (r == 0 && S_ISDIR(st.st_mode))
       r = mount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     if (r != 0) {
@@ -341,7 +365,8 @@ static int mount_dev_and_mask_proc(int errfd) {
     }
   }
   /* A devpts instance of its own: the sandbox's terminals are not the host's. */
-  const char *pts_opts = image_has_tty_group() ? "newinstance,ptmxmode=0666,mode=0620,gid=5" : "newinstance,ptmxmode=0666,mode=0620";
+  const char *pts_opts =
+      image_has_tty_group() ? "newinstance,ptmxmode=0666,mode=0620,gid=5" : "newinstance,ptmxmode=0666,mode=0620";
   if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, pts_opts) != 0) {
     report_error_fd(errfd, errno, "mount(devpts)", "/dev/pts");
     return -1;
@@ -363,16 +388,17 @@ static int mount_dev_and_mask_proc(int errfd) {
  * so the root is cloned here and the clone attached over it first. */
 static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd, int shmfd) {
   char path[PATH_MAX];
-#define FAIL(sc, p)                             \
-  do {                                          \
-    report_error_fd(errfd, errno, (sc), (p));   \
-    _exit(1);                                   \
+#define FAIL(sc, p)                           \
+  do {                                        \
+    report_error_fd(errfd, errno, (sc), (p)); \
+    _exit(1);                                 \
   } while (0)
 
   if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "/");
   int rootfd = (int)syscall(SYS_open_tree, AT_FDCWD, ".", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   if (rootfd < 0) FAIL("open_tree(root)", o->root);
-  if (syscall(SYS_move_mount, rootfd, "", AT_FDCWD, ".", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(root)", o->root);
+  if (syscall(SYS_move_mount, rootfd, "", AT_FDCWD, ".", MOVE_MOUNT_F_EMPTY_PATH) != 0)
+    FAIL("move_mount(root)", o->root);
   if (fchdir(rootfd) != 0) FAIL("fchdir", o->root);
   snprintf(path, sizeof(path), "proc");
   if (mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) FAIL("mount(proc)", path);
@@ -392,7 +418,8 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd, i
    * device nodes a sandbox needs. CRIU treats it as an external mount, so a
    * checkpoint does not tar up a tmpfs every time. It is made read-only once
    * its submounts are in place (mount_dev_and_mask_proc). */
-  if (syscall(SYS_move_mount, devfd, "", AT_FDCWD, "dev", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(/dev)", o->dev);
+  if (syscall(SYS_move_mount, devfd, "", AT_FDCWD, "dev", MOVE_MOUNT_F_EMPTY_PATH) != 0)
+    FAIL("move_mount(/dev)", o->dev);
   /* The clone was taken in the host's namespace, so it joined the peer group
    * of the host mount it came from: left shared, /dev/shm and /dev/pts
    * mounted below would propagate to the host's copy of the folder (where
@@ -405,7 +432,8 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd, i
    * layer snapshot holds it, and CRIU treats it as external, where a tmpfs
    * would be archived with tar on every dump and unpacked on every restore
    * (measured: the largest single cost of a checkpoint). */
-  if (syscall(SYS_move_mount, shmfd, "", AT_FDCWD, "dev/shm", MOVE_MOUNT_F_EMPTY_PATH) != 0) FAIL("move_mount(/dev/shm)", o->shm);
+  if (syscall(SYS_move_mount, shmfd, "", AT_FDCWD, "dev/shm", MOVE_MOUNT_F_EMPTY_PATH) != 0)
+    FAIL("move_mount(/dev/shm)", o->shm);
   if (mount(NULL, "dev/shm", NULL, MS_PRIVATE, NULL) != 0) FAIL("mount(MS_PRIVATE)", "dev/shm");
 
   if (o->hostname && sethostname(o->hostname, strlen(o->hostname)) != 0) FAIL("sethostname", o->hostname);
@@ -461,8 +489,10 @@ static int prepare_dev(const char *dir, int errfd) {
       return -1;
     }
   }
-  static const char *links[][2] = {{"/proc/self/fd", "fd"},     {"/proc/self/fd/0", "stdin"},
-                                   {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
+  static const char *links[][2] = {{"/proc/self/fd", "fd"},
+                                   {"/proc/self/fd/0", "stdin"},
+                                   {"/proc/self/fd/1", "stdout"},
+                                   {"/proc/self/fd/2", "stderr"},
                                    {"pts/ptmx", "ptmx"}};
   for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++) {
     snprintf(path, sizeof(path), "%s/%s", dir, links[i][1]);
@@ -503,7 +533,8 @@ static int cmd_create(const struct opts *o) {
   if (prepare_dev(o->dev, 1) != 0) return 1;
   int devfd = (int)syscall(SYS_open_tree, AT_FDCWD, o->dev, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
   struct mount_attr devattr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC};
-  if (devfd < 0 || syscall(SYS_mount_setattr, devfd, "", AT_EMPTY_PATH, &devattr, sizeof(devattr)) != 0 || chdir(o->root) != 0) {
+  if (devfd < 0 || syscall(SYS_mount_setattr, devfd, "", AT_EMPTY_PATH, &devattr, sizeof(devattr)) != 0 ||
+      chdir(o->root) != 0) {
     report_error_fd(1, errno, devfd < 0 ? "open_tree" : "mount_setattr/chdir", devfd < 0 ? o->dev : o->root);
     return 1;
   }
@@ -640,9 +671,8 @@ static int relay_until_exit(pid_t child, struct relay rel[2]) {
   int status = 0;
   bool reaped = false;
   for (;;) {
-    struct pollfd p[3] = {{.fd = rel[0].from, .events = POLLIN},
-                          {.fd = rel[1].from, .events = POLLIN},
-                          {.fd = pidfd, .events = POLLIN}};
+    struct pollfd p[3] = {
+        {.fd = rel[0].from, .events = POLLIN}, {.fd = rel[1].from, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
     /* Without a pidfd (kernels before 5.3), look for the exit ten times a second. */
     int n = poll(p, 3, pidfd >= 0 ? -1 : 100);
     if (n < 0 && errno != EINTR) break;
@@ -763,7 +793,8 @@ static int cmd_enter(const struct opts *o) {
   if (usernsfd == -2) return 125;
   /* One setns through the pidfd joins the other six namespaces at once
    * (Linux >= 5.8), or none: ESRCH if the init exited since it was pinned. */
-  if (setns(init.pidfd, CLONE_NEWCGROUP | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) != 0) {
+  if (setns(init.pidfd, CLONE_NEWCGROUP | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS) !=
+      0) {
     int err = errno;
     report_error_fd(status_fd, err, err == ESRCH ? "identity" : "setns", NULL);
     return 125;
@@ -911,7 +942,8 @@ static char criu_exe[PATH_MAX];
 static char run_dir[PATH_MAX];
 
 static void refuse(int conn, int err, const char *why) {
-  writef(conn, "{\"error\":{\"code\":\"%s\",\"errno\":%d,\"syscall\":\"supervise\",\"message\":", strerrorname_np(err), -err);
+  writef(conn, "{\"error\":{\"code\":\"%s\",\"errno\":%d,\"syscall\":\"supervise\",\"message\":", strerrorname_np(err),
+         -err);
   char buf[512];
   FILE *f = fmemopen(buf, sizeof(buf) - 1, "w");
   if (!f) return;
@@ -935,14 +967,17 @@ static bool in_run_dir(const char *p) {
  * "run anything as root" service even for a confused or compromised client. */
 static const char *disallowed(bool daemon_mode, char **argv, int argc) {
   if (daemon_mode) {
-    if (argc != 4 || strcmp(argv[0], criu_exe) != 0 || strcmp(argv[1], "service") != 0 || strcmp(argv[2], "--address") != 0)
+    if (argc != 4 || strcmp(argv[0], criu_exe) != 0 || strcmp(argv[1], "service") != 0 ||
+        strcmp(argv[2], "--address") != 0)
       return "only the CRIU service (criu service --address SOCKET) runs as a daemon";
     if (!in_run_dir(argv[3])) return "the CRIU service socket must be in the supervisor's run folder";
     return NULL;
   }
   char real[PATH_MAX];
-  if (argc < 2 || !realpath(argv[0], real) || strcmp(real, self_exe) != 0) return "only the supervisor's own helper executable runs";
-  if (strcmp(argv[1], "create") != 0 && strcmp(argv[1], "prepare") != 0) return "only the helper verbs create and prepare run";
+  if (argc < 2 || !realpath(argv[0], real) || strcmp(real, self_exe) != 0)
+    return "only the supervisor's own helper executable runs";
+  if (strcmp(argv[1], "create") != 0 && strcmp(argv[1], "prepare") != 0)
+    return "only the helper verbs create and prepare run";
   return NULL;
 }
 

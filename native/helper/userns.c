@@ -103,8 +103,9 @@ pid_t userns_fork(unsigned long base, unsigned long count, int ns_flags, int rep
   if (recv_byte(sk[0]) == 'u') {
     /* As host root we may write any map (and gid_map without denying
      * setgroups, which the sandbox's root then keeps). */
-    if (write_map(mid, "uid_map", base, count, report_fd) == 0 && write_map(mid, "gid_map", base, count, report_fd) == 0 &&
-        send_byte(sk[0], 'm') == 0 && read(sk[0], &init, sizeof(init)) != (ssize_t)sizeof(init))
+    if (write_map(mid, "uid_map", base, count, report_fd) == 0 &&
+        write_map(mid, "gid_map", base, count, report_fd) == 0 && send_byte(sk[0], 'm') == 0 &&
+        read(sk[0], &init, sizeof(init)) != (ssize_t)sizeof(init))
       init = -1;
   }
   close(sk[0]);

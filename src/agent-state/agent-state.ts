@@ -10,7 +10,14 @@ import type { CheckpointRow, Catalog, SandboxRow } from '../catalog/catalog.js';
 import { ContextStore } from '../context/context-store.js';
 import { appendRecoveryNote, validateContext, type AgentContext } from '../context/formats.js';
 import { buildRecoverySummary, type RecoverySummary } from '../context/recovery.js';
-import { EffectLedger, checkRollbackPolicy, type EffectContext, type EffectRecord, type RollbackPolicy, type RollbackWarning } from '../effects/effect-ledger.js';
+import {
+  EffectLedger,
+  checkRollbackPolicy,
+  type EffectContext,
+  type EffectRecord,
+  type RollbackPolicy,
+  type RollbackWarning,
+} from '../effects/effect-ledger.js';
 import { ObservationLog, type Observation, type ObservationInput } from '../provenance/observations.js';
 import { VerdictLog, type StaleVerdict, type VerdictTimelines } from '../provenance/verdicts.js';
 import { InvalidArgumentError } from '../errors.js';
@@ -40,12 +47,16 @@ export interface AgentRollbackReport {
 }
 
 export function validateRollbackOptions(opts: RollbackAgentOptions): RollbackAgentOptions {
-  if (opts.policy !== undefined && opts.policy !== 'warn' && opts.policy !== 'refuse') throw new InvalidArgumentError('policy', '"warn" or "refuse"', opts.policy);
-  if (opts.failure !== undefined && (typeof opts.failure !== 'string' || opts.failure.length > 4000)) throw new InvalidArgumentError('failure', 'a string of at most 4000 characters', opts.failure);
+  if (opts.policy !== undefined && opts.policy !== 'warn' && opts.policy !== 'refuse')
+    throw new InvalidArgumentError('policy', '"warn" or "refuse"', opts.policy);
+  if (opts.failure !== undefined && (typeof opts.failure !== 'string' || opts.failure.length > 4000))
+    throw new InvalidArgumentError('failure', 'a string of at most 4000 characters', opts.failure);
   if (opts.lessons !== undefined) {
-    if (!Array.isArray(opts.lessons) || opts.lessons.length > 100) throw new InvalidArgumentError('lessons', 'an array of at most 100 strings', opts.lessons);
+    if (!Array.isArray(opts.lessons) || opts.lessons.length > 100)
+      throw new InvalidArgumentError('lessons', 'an array of at most 100 strings', opts.lessons);
     opts.lessons.forEach((l, i) => {
-      if (typeof l !== 'string' || l.length > 2000) throw new InvalidArgumentError(`lessons[${i}]`, 'a string of at most 2000 characters', l);
+      if (typeof l !== 'string' || l.length > 2000)
+        throw new InvalidArgumentError(`lessons[${i}]`, 'a string of at most 2000 characters', l);
     });
   }
   return opts;
@@ -78,7 +89,7 @@ export class AgentState {
    */
   ancestry(targetCheckpointId: string): (id: string) => boolean {
     const set = new Set<string>();
-    for (let at: string | null = targetCheckpointId; at !== null && !set.has(at); ) {
+    for (let at: string | null = targetCheckpointId; at !== null && !set.has(at);) {
       set.add(at);
       const chain = this.catalog.ancestry(at);
       for (const id of chain) set.add(id);
@@ -89,15 +100,33 @@ export class AgentState {
   }
 
   effectContext(row: SandboxRow): EffectContext {
-    return { sandboxId: row.id, lineageId: row.lineage_id, branchId: row.branch_id, epochCheckpointId: row.head_checkpoint_id };
+    return {
+      sandboxId: row.id,
+      lineageId: row.lineage_id,
+      branchId: row.branch_id,
+      epochCheckpointId: row.head_checkpoint_id,
+    };
   }
 
-  observe(row: SandboxRow, o: Omit<ObservationInput, 'sandboxId' | 'branchId' | 'lineageId' | 'epochCheckpointId'>): Observation {
-    return this.observations.record({ ...o, sandboxId: row.id, branchId: row.branch_id, lineageId: row.lineage_id, epochCheckpointId: row.head_checkpoint_id });
+  observe(
+    row: SandboxRow,
+    o: Omit<ObservationInput, 'sandboxId' | 'branchId' | 'lineageId' | 'epochCheckpointId'>,
+  ): Observation {
+    return this.observations.record({
+      ...o,
+      sandboxId: row.id,
+      branchId: row.branch_id,
+      lineageId: row.lineage_id,
+      epochCheckpointId: row.head_checkpoint_id,
+    });
   }
 
   /** Inside the checkpoint transaction: store the context, seal observations and effects, read the ledger cursor. */
-  onCheckpoint(row: SandboxRow, checkpointId: string, context: AgentContext | undefined): { contextId: string | null; ledgerCursor: number; contextBytes?: number } {
+  onCheckpoint(
+    row: SandboxRow,
+    checkpointId: string,
+    context: AgentContext | undefined,
+  ): { contextId: string | null; ledgerCursor: number; contextBytes?: number } {
     let contextId: string | null = null;
     let contextBytes: number | undefined;
     if (context) {
@@ -108,18 +137,30 @@ export class AgentState {
     this.observations.seal(row.id, checkpointId);
     this.verdicts.seal(row.id, checkpointId);
     this.effects.seal(row.id, checkpointId);
-    return { contextId, ledgerCursor: this.effects.cursor(row.id), ...(contextBytes !== undefined ? { contextBytes } : {}) };
+    return {
+      contextId,
+      ledgerCursor: this.effects.cursor(row.id),
+      ...(contextBytes !== undefined ? { contextBytes } : {}),
+    };
   }
 
   /** Before anything is touched: the effects a rollback would leave behind, checked against the policy (may throw). */
-  checkRollback(row: SandboxRow, target: CheckpointRow, policy: RollbackPolicy): { effectsAfter: EffectRecord[]; warnings: RollbackWarning[] } {
+  checkRollback(
+    row: SandboxRow,
+    target: CheckpointRow,
+    policy: RollbackPolicy,
+  ): { effectsAfter: EffectRecord[]; warnings: RollbackWarning[] } {
     const effectsAfter = this.effects.effectsAfter(row.id, target.id, this.ancestry(target.id));
     const warnings = checkRollbackPolicy(effectsAfter, policy);
     return { effectsAfter, warnings };
   }
 
   /** Inside the rollback's commit transaction: mark the abandoned timeline. */
-  onRollback(row: SandboxRow, target: CheckpointRow, rollbackId: string): { staleObservations: Observation[]; effectsAfter: EffectRecord[]; verdicts: VerdictTimelines } {
+  onRollback(
+    row: SandboxRow,
+    target: CheckpointRow,
+    rollbackId: string,
+  ): { staleObservations: Observation[]; effectsAfter: EffectRecord[]; verdicts: VerdictTimelines } {
     const isAnc = this.ancestry(target.id);
     const staleObservations = this.observations.applyRollback(row.id, target.id, isAnc, rollbackId);
     const effectsAfter = this.effects.applyRollback(row.id, target.id, isAnc, rollbackId);
@@ -131,7 +172,12 @@ export class AgentState {
   report(
     row: SandboxRow,
     target: CheckpointRow,
-    parts: { staleObservations: Observation[]; effectsAfter: EffectRecord[]; verdicts: VerdictTimelines; warnings: RollbackWarning[] },
+    parts: {
+      staleObservations: Observation[];
+      effectsAfter: EffectRecord[];
+      verdicts: VerdictTimelines;
+      warnings: RollbackWarning[];
+    },
     hashes: Map<string, string | null>,
     opts: RollbackAgentOptions,
   ): AgentRollbackReport {
@@ -155,7 +201,15 @@ export class AgentState {
         if ((e as { code?: string }).code !== 'CONTEXT_FORMAT_UNSUPPORTED') throw e;
       }
     }
-    return { context, contextWithRecovery, staleObservations: parts.staleObservations, effectsAfter: parts.effectsAfter, staleVerdicts, warnings: parts.warnings, recoverySummary };
+    return {
+      context,
+      contextWithRecovery,
+      staleObservations: parts.staleObservations,
+      effectsAfter: parts.effectsAfter,
+      staleVerdicts,
+      warnings: parts.warnings,
+      recoverySummary,
+    };
   }
 
   /** Paths of verdicts recorded for a sandbox (their files are hashed after a rollback). */

@@ -144,15 +144,18 @@ const MIGRATIONS: readonly string[] = [V1, V2, V3];
 /** Creates or upgrades every agent-state table; idempotent and safe inside the caller's transaction. */
 export function migrateAgentState(db: Database): void {
   // Fast path without a write lock: every store constructor calls this.
-  const hasMeta = db.prepare(`SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agent_state_meta'`).get() !== undefined;
+  const hasMeta =
+    db.prepare(`SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agent_state_meta'`).get() !== undefined;
   if (hasMeta) {
-    const v = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).pluck().get() as string | undefined;
+    const v = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).pluck().get() as
+      string | undefined;
     if (v !== undefined && Number(v) === AGENT_STATE_SCHEMA_VERSION) return;
   }
   // db.transaction() nests as a SAVEPOINT when the core already holds a transaction.
   db.transaction(() => {
     db.exec(MIGRATIONS[0]!);
-    const row = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).get() as { value: string } | undefined;
+    const row = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).get() as
+      { value: string } | undefined;
     const current = row === undefined ? 1 : Number(row.value);
     if (current > AGENT_STATE_SCHEMA_VERSION) {
       throw new InvalidStateError(
@@ -162,7 +165,9 @@ export function migrateAgentState(db: Database): void {
       );
     }
     for (let v = current; v < MIGRATIONS.length; v++) db.exec(MIGRATIONS[v]!);
-    db.prepare(`INSERT INTO agent_state_meta(key, value) VALUES ('schema_version', ?)
-                ON CONFLICT(key) DO UPDATE SET value = excluded.value`).run(String(AGENT_STATE_SCHEMA_VERSION));
+    db.prepare(
+      `INSERT INTO agent_state_meta(key, value) VALUES ('schema_version', ?)
+                ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
+    ).run(String(AGENT_STATE_SCHEMA_VERSION));
   })();
 }

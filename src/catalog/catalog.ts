@@ -197,7 +197,13 @@ CREATE TABLE IF NOT EXISTS operations (
     version: 3,
     description: 'instances and warm standbys',
     up: (db) => {
-      for (const [col, type] of [['instance', 'TEXT'], ['standby_instance', 'TEXT'], ['standby_checkpoint', 'TEXT'], ['standby_pid', 'INTEGER'], ['standby_start', 'INTEGER']] as const) {
+      for (const [col, type] of [
+        ['instance', 'TEXT'],
+        ['standby_instance', 'TEXT'],
+        ['standby_checkpoint', 'TEXT'],
+        ['standby_pid', 'INTEGER'],
+        ['standby_start', 'INTEGER'],
+      ] as const) {
         addColumn(db, 'sandboxes', col, type);
       }
       db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
@@ -216,9 +222,13 @@ export const SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
 /** The catalog was written by a newer Lockstep than this one; nothing was changed. */
 export class CatalogVersionError extends LockstepError {
   constructor(file: string, found: number, supported: number) {
-    super('CATALOG_TOO_NEW', `The catalog ${file} has schema version ${found}, newer than version ${supported} that this Lockstep understands: upgrade Lockstep (downgrades are not supported)`, {
-      details: { file, found, supported },
-    });
+    super(
+      'CATALOG_TOO_NEW',
+      `The catalog ${file} has schema version ${found}, newer than version ${supported} that this Lockstep understands: upgrade Lockstep (downgrades are not supported)`,
+      {
+        details: { file, found, supported },
+      },
+    );
   }
 }
 
@@ -227,7 +237,11 @@ export class CatalogVersionError extends LockstepError {
  * transaction per step; returns the version it started from.
  * Refuses (CatalogVersionError) a catalog newer than the last step.
  */
-export function migrateCatalog(db: Database.Database, steps: readonly CatalogMigration[] = MIGRATIONS, file = db.name): number {
+export function migrateCatalog(
+  db: Database.Database,
+  steps: readonly CatalogMigration[] = MIGRATIONS,
+  file = db.name,
+): number {
   const target = steps[steps.length - 1]!.version;
   const current = () => db.pragma('user_version', { simple: true }) as number;
   const from = current();
@@ -273,14 +287,17 @@ export class Catalog {
     migrateCatalog(this.db);
     // Tables owned by other modules (agent state, tenants): idempotent, run on every open.
     // Columns added with the old ad-hoc pattern go here until folded into MIGRATIONS.
-    this.db.transaction(() => {
-      // Resource limits beyond memory and pids (CPU, I/O, disk quota).
-      for (const col of ['cpu_weight', 'cpu_quota_us', 'io_weight', 'disk_bytes']) addColumn(this.db, 'sandboxes', col, 'INTEGER');
-      // User namespaces: each sandbox's host id range.
-      addColumn(this.db, 'sandboxes', 'id_base', 'INTEGER');
-      this.db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_id_base ON sandboxes(id_base)');
-      for (const m of this.extraMigrations) m(this.db);
-    }).immediate();
+    this.db
+      .transaction(() => {
+        // Resource limits beyond memory and pids (CPU, I/O, disk quota).
+        for (const col of ['cpu_weight', 'cpu_quota_us', 'io_weight', 'disk_bytes'])
+          addColumn(this.db, 'sandboxes', col, 'INTEGER');
+        // User namespaces: each sandbox's host id range.
+        addColumn(this.db, 'sandboxes', 'id_base', 'INTEGER');
+        this.db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_id_base ON sandboxes(id_base)');
+        for (const m of this.extraMigrations) m(this.db);
+      })
+      .immediate();
   }
 
   close(): void {
@@ -325,7 +342,9 @@ export class Catalog {
   }
   putImage(row: ImageRow): void {
     this.db
-      .prepare('INSERT OR REPLACE INTO images (name, rootfs, source, size_bytes, created_at, deleted) VALUES (@name, @rootfs, @source, @size_bytes, @created_at, @deleted)')
+      .prepare(
+        'INSERT OR REPLACE INTO images (name, rootfs, source, size_bytes, created_at, deleted) VALUES (@name, @rootfs, @source, @size_bytes, @created_at, @deleted)',
+      )
       .run(row);
   }
   markImageDeleted(name: string): void {
@@ -353,8 +372,13 @@ export class Catalog {
     return row;
   }
   sandboxes(tenant?: string | null): SandboxRow[] {
-    if (tenant !== undefined && tenant !== null) return this.db.prepare("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at").all(tenant) as SandboxRow[];
-    return this.db.prepare("SELECT * FROM sandboxes WHERE state != 'removing' ORDER BY created_at").all() as SandboxRow[];
+    if (tenant !== undefined && tenant !== null)
+      return this.db
+        .prepare("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at")
+        .all(tenant) as SandboxRow[];
+    return this.db
+      .prepare("SELECT * FROM sandboxes WHERE state != 'removing' ORDER BY created_at")
+      .all() as SandboxRow[];
   }
   allSandboxes(): SandboxRow[] {
     return this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as SandboxRow[];
@@ -374,11 +398,17 @@ export class Catalog {
   updateSandbox(id: string, fields: Partial<SandboxRow>): void {
     const keys = Object.keys(fields);
     if (!keys.length) return;
-    this.db.prepare(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`).run({ ...fields, id });
+    this.db
+      .prepare(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`)
+      .run({ ...fields, id });
   }
   /** Host id bases in use, ascending. */
   idBases(): number[] {
-    return (this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as { id_base: number }[]).map((r) => r.id_base);
+    return (
+      this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as {
+        id_base: number;
+      }[]
+    ).map((r) => r.id_base);
   }
   deleteSandboxRow(id: string): void {
     this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
@@ -386,7 +416,9 @@ export class Catalog {
 
   // ---- layers
   insertLayer(id: string, kind: 'upper' | 'checkpoint', sandboxId: string): void {
-    this.db.prepare('INSERT INTO layers (id, kind, sandbox_id, created_at) VALUES (?, ?, ?, ?)').run(id, kind, sandboxId, Date.now());
+    this.db
+      .prepare('INSERT INTO layers (id, kind, sandbox_id, created_at) VALUES (?, ?, ?, ?)')
+      .run(id, kind, sandboxId, Date.now());
   }
   deleteLayerRow(id: string): void {
     this.db.prepare('DELETE FROM layers WHERE id = ?').run(id);
@@ -400,7 +432,9 @@ export class Catalog {
     return this.db.prepare('SELECT * FROM checkpoints WHERE id = ?').get(id) as CheckpointRow | undefined;
   }
   checkpointsOf(sandboxId: string): CheckpointRow[] {
-    return this.db.prepare('SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at, rowid').all(sandboxId) as CheckpointRow[];
+    return this.db
+      .prepare('SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at, rowid')
+      .all(sandboxId) as CheckpointRow[];
   }
   allCheckpoints(): CheckpointRow[] {
     return this.db.prepare('SELECT * FROM checkpoints').all() as CheckpointRow[];
@@ -437,11 +471,16 @@ export class Catalog {
 
   // ---- operation journal
   beginOperation(op: Omit<OperationRow, 'started_at'>): void {
-    this.db.prepare('INSERT INTO operations (id, kind, sandbox_id, phase, payload, started_at) VALUES (?, ?, ?, ?, ?, ?)').run(op.id, op.kind, op.sandbox_id, op.phase, op.payload, Date.now());
+    this.db
+      .prepare('INSERT INTO operations (id, kind, sandbox_id, phase, payload, started_at) VALUES (?, ?, ?, ?, ?, ?)')
+      .run(op.id, op.kind, op.sandbox_id, op.phase, op.payload, Date.now());
   }
   setOperationPhase(id: string, phase: string, payload?: unknown): void {
     if (payload === undefined) this.db.prepare('UPDATE operations SET phase = ? WHERE id = ?').run(phase, id);
-    else this.db.prepare('UPDATE operations SET phase = ?, payload = ? WHERE id = ?').run(phase, JSON.stringify(payload), id);
+    else
+      this.db
+        .prepare('UPDATE operations SET phase = ?, payload = ? WHERE id = ?')
+        .run(phase, JSON.stringify(payload), id);
   }
   endOperation(id: string): void {
     this.db.prepare('DELETE FROM operations WHERE id = ?').run(id);

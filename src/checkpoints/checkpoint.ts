@@ -69,14 +69,20 @@ export function checkpointInfo(row: CheckpointRow): CheckpointInfo {
 
 export function validateLabel(label: unknown): string | null {
   if (label === undefined || label === null) return null;
-  if (typeof label !== 'string' || label.length > 200 || /[\0\n]/.test(label)) throw new InvalidArgumentError('label', 'a single-line string of at most 200 characters', label);
+  if (typeof label !== 'string' || label.length > 200 || /[\0\n]/.test(label))
+    throw new InvalidArgumentError('label', 'a single-line string of at most 200 characters', label);
   return label;
 }
 
-export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
+export async function checkpointSandbox(
+  engine: Engine,
+  row: SandboxRow,
+  opts: CheckpointOptions = {},
+): Promise<CheckpointInfo> {
   const label = validateLabel(opts.label);
   const context = opts.context === undefined ? undefined : AgentState.validateContext(opts.context);
-  if (row.state !== 'running' || !row.init_pid) throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running`, { sandboxId: row.id });
+  if (row.state !== 'running' || !row.init_pid)
+    throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running`, { sandboxId: row.id });
   opts.signal?.throwIfAborted();
   const { catalog, layers, cgroups, runtime, paths } = engine;
   const cg = runtime.cgroupName(row.instance);
@@ -87,7 +93,13 @@ export async function checkpointSandbox(engine: Engine, row: SandboxRow, opts: C
   const log = engine.log.child({ sandboxId: row.id, checkpointId });
   await engine.criu.ensureRunning();
   opts.signal?.throwIfAborted();
-  catalog.beginOperation({ id: opId, kind: 'checkpoint', sandbox_id: row.id, phase: 'started', payload: JSON.stringify({ checkpointId, layerId }) });
+  catalog.beginOperation({
+    id: opId,
+    kind: 'checkpoint',
+    sandbox_id: row.id,
+    phase: 'started',
+    payload: JSON.stringify({ checkpointId, layerId }),
+  });
   engine.fault('checkpoint:begin');
 
   const t: Partial<CheckpointTimings> = {};
@@ -188,7 +200,8 @@ const STORE_FULL_SLACK = 4 << 20;
 function storeFullOr(engine: Engine, e: unknown): unknown {
   if (!(e instanceof CriuError)) return e;
   try {
-    if (engine.layers.freeBytes() < STORE_FULL_SLACK) return new StoreFullError('CRIU could not write the process image', e);
+    if (engine.layers.freeBytes() < STORE_FULL_SLACK)
+      return new StoreFullError('CRIU could not write the process image', e);
   } catch {
     // statfs failing is no reason to hide CRIU's own error.
   }

@@ -14,15 +14,22 @@ import { verifyCheckpoint } from './integrity.js';
 
 export const MAX_FORKS = 64;
 
-export type ForkResult = { ok: true; id: string; pid: number; ms: number } | { ok: false; error: { code: string; message: string } };
+export type ForkResult =
+  { ok: true; id: string; pid: number; ms: number } | { ok: false; error: { code: string; message: string } };
 
 export function validateForkCount(count: unknown): number {
   if (count === undefined) return 1;
-  if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORKS) throw new InvalidArgumentError('count', `an integer from 1 to ${MAX_FORKS}`, count);
+  if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORKS)
+    throw new InvalidArgumentError('count', `an integer from 1 to ${MAX_FORKS}`, count);
   return count;
 }
 
-async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, onCreated?: (child: SandboxRow) => void): Promise<ForkResult> {
+async function forkOne(
+  engine: Engine,
+  parent: SandboxRow,
+  ckpt: CheckpointRow,
+  onCreated?: (child: SandboxRow) => void,
+): Promise<ForkResult> {
   const started = performance.now();
   const { catalog, runtime } = engine;
   const id = newId('sbx');
@@ -52,7 +59,13 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
     // A fork of a sandbox with a user namespace gets a range of its own.
     if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
     catalog.insertSandbox(child);
-    catalog.beginOperation({ id: opId, kind: 'fork', sandbox_id: id, phase: 'started', payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }) });
+    catalog.beginOperation({
+      id: opId,
+      kind: 'fork',
+      sandbox_id: id,
+      phase: 'started',
+      payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
+    });
   });
   engine.fault('fork:begin');
   try {
@@ -75,7 +88,10 @@ async function forkOne(engine: Engine, parent: SandboxRow, ckpt: CheckpointRow, 
       catalog.deleteSandboxRow(id);
       catalog.endOperation(opId);
     });
-    const err = e instanceof LockstepError ? { code: e.code, message: e.message } : { code: 'FORK_FAILED', message: (e as Error).message };
+    const err =
+      e instanceof LockstepError
+        ? { code: e.code, message: e.message }
+        : { code: 'FORK_FAILED', message: (e as Error).message };
     return { ok: false, error: err };
   }
 }
@@ -86,7 +102,12 @@ export async function forkSandbox(
   parent: SandboxRow,
   ckpt: CheckpointRow,
   count: number,
-  opts: { concurrency?: number; onProgress?: (done: number, total: number) => void; onCreated?: (child: SandboxRow) => void; signal?: AbortSignal } = {},
+  opts: {
+    concurrency?: number;
+    onProgress?: (done: number, total: number) => void;
+    onCreated?: (child: SandboxRow) => void;
+    signal?: AbortSignal;
+  } = {},
 ): Promise<ForkResult[]> {
   await engine.criu.ensureRunning();
   // Once for all the forks, before any is made: a damaged checkpoint makes none.

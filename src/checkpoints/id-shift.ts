@@ -71,7 +71,10 @@ export function shiftLayerOwners(dir: string, from: number, to: number): void {
  */
 export function rewriteUsernsImage(buf: Buffer, from: number, to: number): Buffer {
   const size = buf.readUInt32LE(8);
-  const entry = UsernsEntry.toObject(UsernsEntry.decode(buf.subarray(12, 12 + size))) as { uid_map?: Extent[]; gid_map?: Extent[] };
+  const entry = UsernsEntry.toObject(UsernsEntry.decode(buf.subarray(12, 12 + size))) as {
+    uid_map?: Extent[];
+    gid_map?: Extent[];
+  };
   for (const e of [...(entry.uid_map ?? []), ...(entry.gid_map ?? [])]) e.lower_first = shift(e.lower_first, from, to);
   const body = Buffer.from(UsernsEntry.encode(UsernsEntry.fromObject(entry)).finish());
   const len = Buffer.alloc(4);
@@ -102,7 +105,8 @@ export function processImageForRange(source: string, dest: string, from: number,
   fs.mkdirSync(dest, { mode: 0o700 });
   for (const name of fs.readdirSync(source)) {
     const src = path.join(source, name);
-    if (/^userns-\d+\.img$/.test(name)) fs.writeFileSync(path.join(dest, name), rewriteUsernsImage(fs.readFileSync(src), from, to), { mode: 0o600 });
+    if (/^userns-\d+\.img$/.test(name))
+      fs.writeFileSync(path.join(dest, name), rewriteUsernsImage(fs.readFileSync(src), from, to), { mode: 0o600 });
     else fs.copyFileSync(src, path.join(dest, name), fs.constants.COPYFILE_FICLONE);
   }
   shareProcessImageWith(dest, to);

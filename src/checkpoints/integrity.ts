@@ -35,9 +35,13 @@ export interface CheckpointChecksums {
 /** A checkpoint's files differ from what was recorded when it was taken; nothing was restored from it. */
 export class CheckpointCorruptError extends LockstepError {
   constructor(checkpointId: string, file: string, reason: string) {
-    super('CHECKPOINT_CORRUPT', `Checkpoint ${checkpointId} is corrupt: ${file} ${reason}; nothing was restored from it (other checkpoints are unaffected)`, {
-      details: { checkpointId, file, reason },
-    });
+    super(
+      'CHECKPOINT_CORRUPT',
+      `Checkpoint ${checkpointId} is corrupt: ${file} ${reason}; nothing was restored from it (other checkpoints are unaffected)`,
+      {
+        details: { checkpointId, file, reason },
+      },
+    );
   }
 }
 
@@ -67,7 +71,10 @@ export async function hashProcessImage(dir: string): Promise<CheckpointChecksums
 }
 
 /** The layer's identity and last-change transaction (O(1)). */
-export function layerFingerprint(native: Pick<NativeBinding, 'subvolumeInfo'>, layerDir: string): CheckpointChecksums['layer'] {
+export function layerFingerprint(
+  native: Pick<NativeBinding, 'subvolumeInfo'>,
+  layerDir: string,
+): CheckpointChecksums['layer'] {
   const info = native.subvolumeInfo(layerDir);
   return { uuid: info.uuid, ctransid: info.ctransid };
 }
@@ -84,7 +91,10 @@ export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | nu
  * in full. A checkpoint taken before checksums were recorded passes (there
  * is nothing to compare with).
  */
-export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log' | 'native'>, ckpt: CheckpointRow): Promise<void> {
+export async function verifyCheckpoint(
+  engine: Pick<Engine, 'paths' | 'log' | 'native'>,
+  ckpt: CheckpointRow,
+): Promise<void> {
   const recorded = recordedChecksums(ckpt);
   if (!recorded) {
     engine.log.debug({ checkpointId: ckpt.id }, 'checkpoint has no recorded checksums; not verified');
@@ -97,9 +107,14 @@ export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log' | 'n
   } catch (e) {
     throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, `cannot be read (${(e as Error).message})`);
   }
-  if (layer.uuid !== recorded.layer.uuid) throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, 'was replaced by another subvolume');
+  if (layer.uuid !== recorded.layer.uuid)
+    throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, 'was replaced by another subvolume');
   if (layer.ctransid !== recorded.layer.ctransid) {
-    throw new CheckpointCorruptError(ckpt.id, `layer ${ckpt.layer_id}`, `was changed after the checkpoint (btrfs transaction ${layer.ctransid}, recorded ${recorded.layer.ctransid})`);
+    throw new CheckpointCorruptError(
+      ckpt.id,
+      `layer ${ckpt.layer_id}`,
+      `was changed after the checkpoint (btrfs transaction ${layer.ctransid}, recorded ${recorded.layer.ctransid})`,
+    );
   }
   const dir = engine.paths.processImage(ckpt.id);
   let names: string[];
@@ -108,7 +123,9 @@ export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log' | 'n
   } catch (e) {
     throw new CheckpointCorruptError(ckpt.id, 'the process image folder', `cannot be read (${(e as Error).message})`);
   }
-  for (const name of names) if (!(name in recorded.images)) throw new CheckpointCorruptError(ckpt.id, `process image file ${name}`, 'was added after the checkpoint');
+  for (const name of names)
+    if (!(name in recorded.images))
+      throw new CheckpointCorruptError(ckpt.id, `process image file ${name}`, 'was added after the checkpoint');
   for (const [name, want] of Object.entries(recorded.images)) {
     const file = `process image file ${name}`;
     let got: { size: number; sha256: string };
@@ -116,9 +133,15 @@ export async function verifyCheckpoint(engine: Pick<Engine, 'paths' | 'log' | 'n
       got = await hashFile(path.join(dir, name));
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
-      throw new CheckpointCorruptError(ckpt.id, file, code === 'ENOENT' ? 'is missing' : `cannot be read (${code ?? (e as Error).message})`);
+      throw new CheckpointCorruptError(
+        ckpt.id,
+        file,
+        code === 'ENOENT' ? 'is missing' : `cannot be read (${code ?? (e as Error).message})`,
+      );
     }
-    if (got.size !== want.size) throw new CheckpointCorruptError(ckpt.id, file, `has ${got.size} bytes, ${want.size} were recorded`);
-    if (got.sha256 !== want.sha256) throw new CheckpointCorruptError(ckpt.id, file, 'has other bytes than were recorded (SHA-256 mismatch)');
+    if (got.size !== want.size)
+      throw new CheckpointCorruptError(ckpt.id, file, `has ${got.size} bytes, ${want.size} were recorded`);
+    if (got.sha256 !== want.sha256)
+      throw new CheckpointCorruptError(ckpt.id, file, 'has other bytes than were recorded (SHA-256 mismatch)');
   }
 }

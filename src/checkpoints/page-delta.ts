@@ -85,16 +85,19 @@ export interface DeltaStats {
 
 function damaged(dir: string, why: string): InvalidStateError {
   const id = path.basename(dir);
-  return new InvalidStateError('CHECKPOINT_DAMAGED', `Checkpoint ${id} has a damaged process image: ${why}`, { checkpointId: id });
+  return new InvalidStateError('CHECKPOINT_DAMAGED', `Checkpoint ${id} has a damaged process image: ${why}`, {
+    checkpointId: id,
+  });
 }
 
 /** Reads and checks a CRIU pagemap image: entries in address order, none overlapping, each flagged once. */
 export function readPagemap(file: string): Pagemap {
   const buf = fs.readFileSync(file);
   const dir = path.dirname(file);
-  if (buf.length < 8 || buf.readUInt32LE(4) !== PAGEMAP_MAGIC) throw damaged(dir, `${path.basename(file)} is not a pagemap image`);
+  if (buf.length < 8 || buf.readUInt32LE(4) !== PAGEMAP_MAGIC)
+    throw damaged(dir, `${path.basename(file)} is not a pagemap image`);
   const messages: Buffer[] = [];
-  for (let off = 8; off < buf.length; ) {
+  for (let off = 8; off < buf.length;) {
     if (off + 4 > buf.length) throw damaged(dir, `${path.basename(file)} ends inside a record`);
     const len = buf.readUInt32LE(off);
     if (off + 4 + len > buf.length) throw damaged(dir, `${path.basename(file)} ends inside a record`);
@@ -113,13 +116,22 @@ export function readPagemap(file: string): Pagemap {
   let end = 0;
   const entries = messages.slice(1).map((m) => {
     const o = decode(
-      () => PagemapEntryType.toObject(PagemapEntryType.decode(m), { longs: Number }) as { vaddr: number; compat_nr_pages: number; nr_pages?: number; in_parent?: boolean; flags?: number },
+      () =>
+        PagemapEntryType.toObject(PagemapEntryType.decode(m), { longs: Number }) as {
+          vaddr: number;
+          compat_nr_pages: number;
+          nr_pages?: number;
+          in_parent?: boolean;
+          flags?: number;
+        },
     );
     // Older CRIU: the count in field 2, and no flags (in_parent, else present); as criu/pagemap.c reads them.
     const nrPages = o.nr_pages ?? o.compat_nr_pages;
     const flags = o.flags ?? (o.in_parent ? PE_PARENT : PE_PRESENT);
-    if (o.vaddr % PAGE_SIZE || nrPages < 1 || o.vaddr < end || !Number.isSafeInteger(o.vaddr + nrPages * PAGE_SIZE)) throw damaged(dir, `${path.basename(file)} has entries out of order`);
-    if (flags & PE_PARENT && flags & PE_PRESENT) throw damaged(dir, `${path.basename(file)} has an entry both present and in the parent`);
+    if (o.vaddr % PAGE_SIZE || nrPages < 1 || o.vaddr < end || !Number.isSafeInteger(o.vaddr + nrPages * PAGE_SIZE))
+      throw damaged(dir, `${path.basename(file)} has entries out of order`);
+    if (flags & PE_PARENT && flags & PE_PRESENT)
+      throw damaged(dir, `${path.basename(file)} has an entry both present and in the parent`);
     end = o.vaddr + nrPages * PAGE_SIZE;
     return { vaddr: o.vaddr, nrPages, flags };
   });
@@ -138,7 +150,8 @@ export async function resolvedPages(dir: string, name: string): Promise<Map<numb
   try {
     for (const x of resolveExtents(dir, name) ?? []) {
       const data = await files.read(x.file, x.offset, x.nrPages * PAGE_SIZE, Buffer.alloc(x.nrPages * PAGE_SIZE));
-      for (let i = 0; i < x.nrPages; i++) out.set(x.vaddr + i * PAGE_SIZE, data.subarray(i * PAGE_SIZE, (i + 1) * PAGE_SIZE));
+      for (let i = 0; i < x.nrPages; i++)
+        out.set(x.vaddr + i * PAGE_SIZE, data.subarray(i * PAGE_SIZE, (i + 1) * PAGE_SIZE));
     }
   } finally {
     await files.close();
@@ -154,7 +167,12 @@ function encodePagemap(pm: Pagemap): Buffer {
     parts.push(len, Buffer.from(bytes));
   };
   record(PagemapHead.encode(PagemapHead.fromObject({ pages_id: pm.pagesId })).finish());
-  for (const e of pm.entries) record(PagemapEntryType.encode(PagemapEntryType.fromObject({ vaddr: e.vaddr, compat_nr_pages: 0, nr_pages: e.nrPages, flags: e.flags })).finish());
+  for (const e of pm.entries)
+    record(
+      PagemapEntryType.encode(
+        PagemapEntryType.fromObject({ vaddr: e.vaddr, compat_nr_pages: 0, nr_pages: e.nrPages, flags: e.flags }),
+      ).finish(),
+    );
   return Buffer.concat(parts);
 }
 
@@ -237,7 +255,8 @@ function resolveExtents(dir: string, name: string, depthLeft = MAX_CHAIN_DEPTH +
         parent = resolveExtents(path.join(path.dirname(dir), p), name, depthLeft - 1);
       }
       const covered = slice(parent ?? [], e.vaddr, e.nrPages);
-      if (covered.reduce((n, x) => n + x.nrPages, 0) !== e.nrPages) throw damaged(dir, `${name} takes pages its parent does not have`);
+      if (covered.reduce((n, x) => n + x.nrPages, 0) !== e.nrPages)
+        throw damaged(dir, `${name} takes pages its parent does not have`);
       out.push(...covered);
     }
   }
@@ -290,7 +309,7 @@ class Files {
   async read(file: string, offset: number, length: number, into: Buffer): Promise<Buffer> {
     const b = into.subarray(0, length);
     const h = await this.handle(file);
-    for (let done = 0; done < length; ) {
+    for (let done = 0; done < length;) {
       const { bytesRead } = await h.read(b, done, length - done, offset + done);
       if (bytesRead === 0) throw damaged(path.dirname(file), `${path.basename(file)} is shorter than its pagemap says`);
       done += bytesRead;
@@ -320,7 +339,8 @@ class PagemapWriter {
     if (last && last.flags === flags && last.vaddr + last.nrPages * PAGE_SIZE === vaddr) last.nrPages += nrPages;
     else this.entries.push({ vaddr, nrPages, flags });
     if (data) {
-      for (let done = 0; done < data.length; ) done += (await this.fh.write(data, done, data.length - done)).bytesWritten;
+      for (let done = 0; done < data.length;)
+        done += (await this.fh.write(data, done, data.length - done)).bytesWritten;
       this.pagesWritten += nrPages;
     }
   }
@@ -341,10 +361,17 @@ class PagemapWriter {
  * both readable. Returns what was stored; the image is kept whole when the
  * parent's chain is already MAX_CHAIN_DEPTH deep.
  */
-export async function storeChangedPages(dir: string, parentDir: string, onParentUnusable: (err: unknown) => void = () => undefined): Promise<DeltaStats> {
+export async function storeChangedPages(
+  dir: string,
+  parentDir: string,
+  onParentUnusable: (err: unknown) => void = () => undefined,
+): Promise<DeltaStats> {
   const names = fs.readdirSync(dir).filter((n) => PAGEMAP_FILE.test(n));
   const maps = names.map((n) => ({ name: n, pm: readPagemap(path.join(dir, n)) }));
-  const pagesDumped = maps.reduce((s, m) => s + m.pm.entries.reduce((t, e) => t + (e.flags & PE_PRESENT ? e.nrPages : 0), 0), 0);
+  const pagesDumped = maps.reduce(
+    (s, m) => s + m.pm.entries.reduce((t, e) => t + (e.flags & PE_PRESENT ? e.nrPages : 0), 0),
+    0,
+  );
   const whole = { pagesDumped, pagesStored: pagesDumped, parentId: null };
   if (!fs.existsSync(parentDir)) return whole;
   // The parent is read in full before anything here changes: a damaged
@@ -378,7 +405,7 @@ export async function storeChangedPages(dir: string, parentDir: string, onParent
       try {
         let offset = 0;
         for (const e of pm.entries) {
-          for (let done = 0; done < e.nrPages; ) {
+          for (let done = 0; done < e.nrPages;) {
             const n = Math.min(CHUNK_PAGES, e.nrPages - done);
             const vaddr = e.vaddr + done * PAGE_SIZE;
             const fresh = await files.read(src, offset + done * PAGE_SIZE, n * PAGE_SIZE, a);
@@ -392,7 +419,7 @@ export async function storeChangedPages(dir: string, parentDir: string, onParent
                 if (fresh.compare(old, i * PAGE_SIZE, (i + 1) * PAGE_SIZE, p, p + PAGE_SIZE) === 0) same[first + i] = 1;
               }
             }
-            for (let i = 0; i < n; ) {
+            for (let i = 0; i < n;) {
               let j = i;
               while (j < n && same[j] === same[i]) j++;
               const at = vaddr + i * PAGE_SIZE;
@@ -438,13 +465,20 @@ export async function flattenOnto(dir: string, parentId: string): Promise<boolea
     for (const name of fs.readdirSync(dir).filter((n) => PAGEMAP_FILE.test(n))) {
       const pm = readPagemap(path.join(dir, name));
       if (!pm.entries.some((e) => e.flags & PE_PARENT)) continue;
-      if (!fs.existsSync(path.join(parentDir, name))) throw damaged(dir, `${name} takes pages from a parent that has none`);
+      if (!fs.existsSync(path.join(parentDir, name)))
+        throw damaged(dir, `${name} takes pages from a parent that has none`);
       const ppm = readPagemap(path.join(parentDir, name));
       // The parent's own entries, with where their bytes are (present) or that they go one level further.
       const own: (Extent & { flags: number })[] = [];
       let poff = 0;
       for (const e of ppm.entries) {
-        own.push({ vaddr: e.vaddr, nrPages: e.nrPages, file: pagesFile(parentDir, ppm.pagesId), offset: poff, flags: e.flags });
+        own.push({
+          vaddr: e.vaddr,
+          nrPages: e.nrPages,
+          file: pagesFile(parentDir, ppm.pagesId),
+          offset: poff,
+          flags: e.flags,
+        });
         if (e.flags & PE_PRESENT) poff += e.nrPages * PAGE_SIZE;
       }
       const id = unusedPagesId(dir);
@@ -452,9 +486,14 @@ export async function flattenOnto(dir: string, parentId: string): Promise<boolea
       try {
         let off = 0;
         const copy = async (file: string, offset: number, vaddr: number, nrPages: number, flags: number) => {
-          for (let done = 0; done < nrPages; ) {
+          for (let done = 0; done < nrPages;) {
             const n = Math.min(CHUNK_PAGES, nrPages - done);
-            await out.add(vaddr + done * PAGE_SIZE, n, flags, await files.read(file, offset + done * PAGE_SIZE, n * PAGE_SIZE, buf));
+            await out.add(
+              vaddr + done * PAGE_SIZE,
+              n,
+              flags,
+              await files.read(file, offset + done * PAGE_SIZE, n * PAGE_SIZE, buf),
+            );
             done += n;
           }
         };
@@ -464,7 +503,8 @@ export async function flattenOnto(dir: string, parentId: string): Promise<boolea
             off += e.nrPages * PAGE_SIZE;
           } else if (e.flags & PE_PARENT) {
             const parts = slice(own, e.vaddr, e.nrPages) as (Extent & { flags?: number })[];
-            if (parts.reduce((n, x) => n + x.nrPages, 0) !== e.nrPages) throw damaged(dir, `${name} takes pages its parent does not have`);
+            if (parts.reduce((n, x) => n + x.nrPages, 0) !== e.nrPages)
+              throw damaged(dir, `${name} takes pages its parent does not have`);
             for (const x of parts) {
               const flags = own.find((o) => o.vaddr <= x.vaddr && x.vaddr < o.vaddr + o.nrPages * PAGE_SIZE)!.flags;
               if (flags & PE_PRESENT) await copy(x.file, x.offset, x.vaddr, x.nrPages, flags);

@@ -23,10 +23,18 @@ import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js
  * a restored counter stop advancing in 2 of 3 runs (0 of 2 off), on a heavily
  * loaded machine; the cause is not found yet.
  */
-export async function keepChangedPagesOnly(engine: Engine, row: SandboxRow, imagesDir: string, log: Pick<Logger, 'warn' | 'debug'>): Promise<DeltaStats | null> {
+export async function keepChangedPagesOnly(
+  engine: Engine,
+  row: SandboxRow,
+  imagesDir: string,
+  log: Pick<Logger, 'warn' | 'debug'>,
+): Promise<DeltaStats | null> {
   if (!row.head_checkpoint_id || !engine.config.pageDelta) return null;
   const stats = await storeChangedPages(imagesDir, engine.paths.processImage(row.head_checkpoint_id), (err) =>
-    log.warn({ err, parentId: row.head_checkpoint_id }, 'parent process image unusable; this checkpoint keeps its memory whole'),
+    log.warn(
+      { err, parentId: row.head_checkpoint_id },
+      'parent process image unusable; this checkpoint keeps its memory whole',
+    ),
   );
   log.debug({ ...stats }, 'process image stored as a delta');
   return stats;
@@ -46,6 +54,7 @@ export async function detachImagesFrom(engine: Engine, sandboxId: string, checkp
     // flatten and this update leaves old checksums, so that image is refused as
     // CHECKPOINT_CORRUPT (nothing restores from unverified bytes), not misread.
     const recorded = recordedChecksums(c);
-    if (recorded) engine.catalog.setCheckpointChecksums(c.id, JSON.stringify({ ...recorded, images: await hashProcessImage(dir) }));
+    if (recorded)
+      engine.catalog.setCheckpointChecksums(c.id, JSON.stringify({ ...recorded, images: await hashProcessImage(dir) }));
   }
 }

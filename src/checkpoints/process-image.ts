@@ -19,7 +19,11 @@ import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import { limitsOf } from '../sandboxes/create.js';
 import { processImageForRange, shiftLayerOwners } from './id-shift.js';
 
-export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string): CriuRequest & { imagesDir: string; pid: number } {
+export function dumpOptions(
+  engine: Engine,
+  row: SandboxRow,
+  imagesDir: string,
+): CriuRequest & { imagesDir: string; pid: number } {
   const b = engine.native;
   return {
     op: 'dump',
@@ -27,7 +31,10 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
     pid: row.init_pid!,
     leaveRunning: true,
     freezeCgroup: engine.cgroups.freezerPath(engine.runtime.cgroupName(row.instance)),
-    extMounts: [['/dev', 'dev'], ['/dev/shm', 'shm']],
+    extMounts: [
+      ['/dev', 'dev'],
+      ['/dev/shm', 'shm'],
+    ],
     emptyNetns: true,
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
@@ -36,12 +43,20 @@ export function dumpOptions(engine: Engine, row: SandboxRow, imagesDir: string):
   };
 }
 
-export function restoreOptions(engine: Engine, instance: string, imagesDir: string, idBase: number | null): Omit<CriuRequest, 'op'> & { imagesDir: string; workDirOwner?: number } {
+export function restoreOptions(
+  engine: Engine,
+  instance: string,
+  imagesDir: string,
+  idBase: number | null,
+): Omit<CriuRequest, 'op'> & { imagesDir: string; workDirOwner?: number } {
   const b = engine.native;
   return {
     imagesDir,
     root: engine.paths.sandboxRoot(instance),
-    extMounts: [['dev', engine.paths.sandboxDev(instance)], ['shm', engine.layers.shmDir(instance)]],
+    extMounts: [
+      ['dev', engine.paths.sandboxDev(instance)],
+      ['shm', engine.layers.shmDir(instance)],
+    ],
     emptyNetns: true,
     cgroupProcs: engine.cgroups.procsFiles(engine.runtime.cgroupName(instance)),
     manageCgroupsMode: b.criuCgroupModes.ignore,
@@ -80,8 +95,17 @@ export async function restoreNewInstance(
   // A fork has a user namespace (id range) of its own: see id-shift.ts.
   const from = engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null;
   const rebase = from !== null && like.id_base !== null && from !== like.id_base;
-  if (rebase) for (const dir of [layers.upperDir(key).upper, layers.shmDir(key)]) if (fs.existsSync(dir)) shiftLayerOwners(dir, from, like.id_base!);
-  runtime.mountRoot({ id: key, imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs, runtimeLayer: ckpt.runtime_layer, hostname: like.hostname, diskBytes: like.disk_bytes, idBase: like.id_base });
+  if (rebase)
+    for (const dir of [layers.upperDir(key).upper, layers.shmDir(key)])
+      if (fs.existsSync(dir)) shiftLayerOwners(dir, from, like.id_base!);
+  runtime.mountRoot({
+    id: key,
+    imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs,
+    runtimeLayer: ckpt.runtime_layer,
+    hostname: like.hostname,
+    diskBytes: like.disk_bytes,
+    idBase: like.id_base,
+  });
   step('layer-ready');
   if (!rebase) return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base));
   const images = path.join(paths.scratch, `images-${key}`);

@@ -16,7 +16,11 @@ import { InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { hostOf } from '../engine.js';
 import { restoreOptions } from './process-image.js';
-import { validateRollbackOptions, type AgentRollbackReport, type RollbackAgentOptions } from '../agent-state/agent-state.js';
+import {
+  validateRollbackOptions,
+  type AgentRollbackReport,
+  type RollbackAgentOptions,
+} from '../agent-state/agent-state.js';
 import { SandboxFiles } from '../sandboxes/files.js';
 import { hasStandbyFor } from './standby.js';
 import { verifyCheckpoint } from './integrity.js';
@@ -47,13 +51,20 @@ export function ownCheckpoint(engine: Engine, row: SandboxRow, checkpointId: str
   const ckpt = typeof checkpointId === 'string' ? engine.catalog.checkpoint(checkpointId) : undefined;
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', String(checkpointId));
   if (!engine.layers.hasLayer(ckpt.layer_id) || !fs.existsSync(engine.paths.processImage(ckpt.id))) {
-    throw new InvalidStateError('CHECKPOINT_DAMAGED', `Checkpoint ${ckpt.id} has lost its files on disk`, { checkpointId: ckpt.id });
+    throw new InvalidStateError('CHECKPOINT_DAMAGED', `Checkpoint ${ckpt.id} has lost its files on disk`, {
+      checkpointId: ckpt.id,
+    });
   }
   return ckpt;
 }
 
 /** The point of no return: the journal says so first, so a crash from here on rolls forward. */
-async function killCurrentTree(engine: Engine, row: SandboxRow, opId: string, t: Partial<RollbackTimings>): Promise<void> {
+async function killCurrentTree(
+  engine: Engine,
+  row: SandboxRow,
+  opId: string,
+  t: Partial<RollbackTimings>,
+): Promise<void> {
   const m = performance.now();
   engine.catalog.setOperationPhase(opId, 'killing');
   await engine.runtime.killProcesses(row.instance);
@@ -62,7 +73,13 @@ async function killCurrentTree(engine: Engine, row: SandboxRow, opId: string, t:
 }
 
 /** The destructive part, shared by rollback and the reaper's roll-forward. */
-export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, t: Partial<RollbackTimings>): Promise<number> {
+export async function restoreSandboxTo(
+  engine: Engine,
+  row: SandboxRow,
+  ckpt: CheckpointRow,
+  opId: string,
+  t: Partial<RollbackTimings>,
+): Promise<number> {
   const { runtime, layers } = engine;
   await killCurrentTree(engine, row, opId, t);
 
@@ -78,7 +95,9 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
   engine.fault('rollback:mounted');
 
   m = performance.now();
-  const pid = await engine.criu.restore(restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base));
+  const pid = await engine.criu.restore(
+    restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base),
+  );
   t.restoreMs = performance.now() - m;
   engine.fault('rollback:restored');
   return pid;
@@ -90,7 +109,14 @@ export async function restoreSandboxTo(engine: Engine, row: SandboxRow, ckpt: Ch
  * is thawed right after. Returns the new init pid and the old instance key,
  * whose processes and resources the caller removes afterwards.
  */
-export async function swapInStandby(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, branchId: string, t: Partial<RollbackTimings>) {
+export async function swapInStandby(
+  engine: Engine,
+  row: SandboxRow,
+  ckpt: CheckpointRow,
+  opId: string,
+  branchId: string,
+  t: Partial<RollbackTimings>,
+) {
   const { runtime, cgroups } = engine;
   const key = row.standby_instance!;
   // Freezing is enough here: the old tree can do nothing more, and killing a
@@ -151,10 +177,26 @@ async function abandonSwap(engine: Engine, row: SandboxRow, opId: string): Promi
 }
 
 /** The rollback's commit: the sandbox row and the agent's timeline, in one transaction. */
-export function commitRollback(engine: Engine, row: SandboxRow, ckpt: CheckpointRow, opId: string, pid: number, branchId: string, extra: Partial<SandboxRow> = {}) {
+export function commitRollback(
+  engine: Engine,
+  row: SandboxRow,
+  ckpt: CheckpointRow,
+  opId: string,
+  pid: number,
+  branchId: string,
+  extra: Partial<SandboxRow> = {},
+) {
   const { catalog } = engine;
   const parts = catalog.tx(() => {
-    catalog.updateSandbox(row.id, { state: 'running', init_pid: pid, init_start: engine.proc.startTime(pid) ?? null, head_checkpoint_id: ckpt.id, branch_id: branchId, runtime_layer: ckpt.runtime_layer, ...extra });
+    catalog.updateSandbox(row.id, {
+      state: 'running',
+      init_pid: pid,
+      init_start: engine.proc.startTime(pid) ?? null,
+      head_checkpoint_id: ckpt.id,
+      branch_id: branchId,
+      runtime_layer: ckpt.runtime_layer,
+      ...extra,
+    });
     const parts = engine.agent.onRollback(row, ckpt, opId);
     engine.fault('rollback:commit');
     catalog.endOperation(opId);
@@ -168,7 +210,12 @@ export function commitRollback(engine: Engine, row: SandboxRow, ckpt: Checkpoint
 /** What rollback returns: the restored process and timings, plus the agent's report. */
 export type RollbackReport = RollbackCore & AgentRollbackReport;
 
-export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpointId: string, options: RollbackAgentOptions = {}): Promise<RollbackReport> {
+export async function rollbackSandbox(
+  engine: Engine,
+  row: SandboxRow,
+  checkpointId: string,
+  options: RollbackAgentOptions = {},
+): Promise<RollbackReport> {
   const opts = validateRollbackOptions(options);
   const ckpt = ownCheckpoint(engine, row, checkpointId);
   // Policy first: a refused rollback changes nothing.
@@ -186,7 +233,13 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   // was made, and a swap reads none.
   if (!standby) await verifyCheckpoint(engine, ckpt);
   opts.signal?.throwIfAborted();
-  catalog.beginOperation({ id: opId, kind: 'rollback', sandbox_id: row.id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }) });
+  catalog.beginOperation({
+    id: opId,
+    kind: 'rollback',
+    sandbox_id: row.id,
+    phase: 'prepared',
+    payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }),
+  });
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
   if (standby) {
@@ -197,13 +250,30 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
     log.info({ timings: t }, 'rollback committed (warm standby)');
     const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
     // The old instance goes after the caller has its answer (queued behind this call's lock).
-    void engine.withSandboxLock(row.id, () => engine.runtime.destroy(oldInstance)).catch((err) => log.warn({ err }, 'removing the replaced instance'));
-    return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, path: 'standby', timings: t as RollbackTimings, ...report };
+    void engine
+      .withSandboxLock(row.id, () => engine.runtime.destroy(oldInstance))
+      .catch((err) => log.warn({ err }, 'removing the replaced instance'));
+    return {
+      sandboxId: row.id,
+      checkpointId: ckpt.id,
+      branchId,
+      previousBranchId: row.branch_id,
+      pid,
+      path: 'standby',
+      timings: t as RollbackTimings,
+      ...report,
+    };
   }
   // A standby of another checkpoint is stale once the tree is replaced: forget
   // it now (the reaper removes it after a crash) and remove it after answering.
   const staleStandby = row.standby_instance;
-  if (staleStandby) catalog.updateSandbox(row.id, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
+  if (staleStandby)
+    catalog.updateSandbox(row.id, {
+      standby_instance: null,
+      standby_checkpoint: null,
+      standby_pid: null,
+      standby_start: null,
+    });
   let parts: ReturnType<typeof commitRollback>;
   let pid: number | undefined;
   try {
@@ -220,7 +290,13 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
     // already restored into the cgroup must not outlive a "stopped" row.
     await engine.runtime.killProcesses(row.instance).catch(() => undefined);
     catalog.tx(() => {
-      catalog.updateSandbox(row.id, { state: 'stopped', init_pid: null, init_start: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
+      catalog.updateSandbox(row.id, {
+        state: 'stopped',
+        init_pid: null,
+        init_start: null,
+        head_checkpoint_id: ckpt.id,
+        branch_id: branchId,
+      });
       engine.agent.onRollback(row, ckpt, opId);
       catalog.endOperation(opId);
     });
@@ -231,8 +307,20 @@ export async function rollbackSandbox(engine: Engine, row: SandboxRow, checkpoin
   log.info({ timings: t }, 'rollback committed');
 
   const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
-  if (staleStandby) void engine.withSandboxLock(row.id, () => engine.runtime.destroy(staleStandby)).catch((err) => log.warn({ err }, 'removing a stale standby'));
-  return { sandboxId: row.id, checkpointId: ckpt.id, branchId, previousBranchId: row.branch_id, pid, path: 'restore', timings: t as RollbackTimings, ...report };
+  if (staleStandby)
+    void engine
+      .withSandboxLock(row.id, () => engine.runtime.destroy(staleStandby))
+      .catch((err) => log.warn({ err }, 'removing a stale standby'));
+  return {
+    sandboxId: row.id,
+    checkpointId: ckpt.id,
+    branchId,
+    previousBranchId: row.branch_id,
+    pid,
+    path: 'restore',
+    timings: t as RollbackTimings,
+    ...report,
+  };
 }
 
 /** Verdicts are bound to file content: hash the files they were about, as restored, then build the agent's report. */

@@ -24,15 +24,28 @@ import { checkStandbyQuota, tenantOf } from '../tenants/quotas.js';
  * still the process restored then (start time) and a member of the standby's
  * cgroup, which stays frozen until the swap, so the answer holds until then.
  */
-export function hasStandbyFor(engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>, row: SandboxRow, checkpointId: string): boolean {
-  return row.standby_checkpoint === checkpointId && row.standby_instance !== null && isInitOf(engine, row.standby_instance, row.standby_pid, row.standby_start);
+export function hasStandbyFor(
+  engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>,
+  row: SandboxRow,
+  checkpointId: string,
+): boolean {
+  return (
+    row.standby_checkpoint === checkpointId &&
+    row.standby_instance !== null &&
+    isInitOf(engine, row.standby_instance, row.standby_pid, row.standby_start)
+  );
 }
 
 /** Removes the sandbox's standby, if any (idempotent). */
 export async function dropStandby(engine: Engine, sandboxId: string): Promise<void> {
   const row = engine.catalog.sandbox(sandboxId);
   if (!row?.standby_instance) return;
-  engine.catalog.updateSandbox(sandboxId, { standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
+  engine.catalog.updateSandbox(sandboxId, {
+    standby_instance: null,
+    standby_checkpoint: null,
+    standby_pid: null,
+    standby_start: null,
+  });
   await engine.runtime.destroy(row.standby_instance);
 }
 
@@ -79,7 +92,12 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
     // Checked again with the commit, in the same tick: another sandbox of
     // the tenant may have taken the room while this one was restoring.
     if (!standbyFits(engine, fresh)) throw new Error('the tenant has no memory left for a standby');
-    engine.catalog.updateSandbox(sandboxId, { standby_instance: key, standby_checkpoint: ckpt.id, standby_pid: pid, standby_start: start });
+    engine.catalog.updateSandbox(sandboxId, {
+      standby_instance: key,
+      standby_checkpoint: ckpt.id,
+      standby_pid: pid,
+      standby_start: start,
+    });
     engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
   } catch (e) {
     engine.log.info({ err: e, sandboxId }, 'warm standby not prepared; rollback will restore with CRIU');

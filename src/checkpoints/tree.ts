@@ -40,7 +40,9 @@ export interface TreeNode {
 /** Builds the forest of a sandbox's checkpoints. */
 export function checkpointForest(engine: Engine, sandboxId: string): TreeNode[] {
   const rows = engine.catalog.checkpointsOf(sandboxId);
-  const nodes = new Map(rows.map((r) => [r.id, { checkpoint: r, children: [] as TreeNode[], forks: [] as SandboxRow[] }]));
+  const nodes = new Map(
+    rows.map((r) => [r.id, { checkpoint: r, children: [] as TreeNode[], forks: [] as SandboxRow[] }]),
+  );
   const forks = engine.catalog.allSandboxes().filter((s) => s.forked_from && nodes.has(s.forked_from));
   for (const f of forks) nodes.get(f.forked_from!)!.forks.push(f);
   const roots: TreeNode[] = [];

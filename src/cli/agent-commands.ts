@@ -13,7 +13,6 @@ import { withLockstep } from './session.js';
 
 type Handler = (argv: string[]) => Promise<number>;
 
-
 function jsonArg(text: string | undefined, field: string): JsonValue {
   if (text === undefined) throw new InvalidArgumentError(field, 'a JSON value', undefined);
   try {
@@ -38,7 +37,8 @@ export function readContextFile(file: string, format: string | undefined, mediaT
   } catch {
     throw new InvalidArgumentError('context', 'a readable file', file);
   }
-  if (format === 'bytes') return { format: 'bytes', mediaType: mediaType ?? 'application/octet-stream', data: new Uint8Array(raw) };
+  if (format === 'bytes')
+    return { format: 'bytes', mediaType: mediaType ?? 'application/octet-stream', data: new Uint8Array(raw) };
   let value: unknown;
   try {
     value = JSON.parse(raw.toString('utf8'));
@@ -50,7 +50,10 @@ export function readContextFile(file: string, format: string | undefined, mediaT
   switch (format) {
     case 'openai-chat':
     case 'ai-sdk':
-      return { format, messages: Array.isArray(value) ? value : (value as { messages: unknown[] }).messages } as AgentContext;
+      return {
+        format,
+        messages: Array.isArray(value) ? value : (value as { messages: unknown[] }).messages,
+      } as AgentContext;
     case 'openai-responses':
       return { format, items: Array.isArray(value) ? value : (value as { items: unknown[] }).items } as AgentContext;
     case 'anthropic':
@@ -65,35 +68,69 @@ export function readContextFile(file: string, format: string | undefined, mediaT
 export const agentCommands: Record<string, Handler> = {
   async checkpoint(argv) {
     const usage = 'lockstep checkpoint ID [--label L] [--context FILE --context-format F [--media-type T]] [--json]';
-    const { values, positionals } = parse(argv, { label: { type: 'string' }, context: { type: 'string' }, 'context-format': { type: 'string' }, 'media-type': { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const { values, positionals } = parse(
+      argv,
+      {
+        label: { type: 'string' },
+        context: { type: 'string' },
+        'context-format': { type: 'string' },
+        'media-type': { type: 'string' },
+        json: { type: 'boolean' },
+      },
+      usage,
+    );
     const [id] = need(positionals, 1, usage);
-    const context = values.context ? readContextFile(values.context, values['context-format'], values['media-type']) : undefined;
+    const context = values.context
+      ? readContextFile(values.context, values['context-format'], values['media-type'])
+      : undefined;
     return withLockstep(async (ls) => {
       // A large sandbox takes a while: a spinner on a terminal, nothing otherwise.
       const progress = new Progress(values.json === true, { ttyOnly: true });
       progress.update(`checkpointing ${id}`);
-      const ck = await ls.get(id!).checkpoint({ label: values.label, context }).finally(() => progress.done());
+      const ck = await ls
+        .get(id!)
+        .checkpoint({ label: values.label, context })
+        .finally(() => progress.done());
       if (values.json) printJson(ck);
-      else process.stdout.write(`${ck.id}  (${ck.timings.totalMs?.toFixed(1)} ms, frozen ${ck.timings.frozenMs?.toFixed(1)} ms)\n`);
+      else
+        process.stdout.write(
+          `${ck.id}  (${ck.timings.totalMs?.toFixed(1)} ms, frozen ${ck.timings.frozenMs?.toFixed(1)} ms)\n`,
+        );
       return EXIT.ok;
     });
   },
 
   async rollback(argv) {
     const usage = 'lockstep rollback ID CHECKPOINT [--policy warn|refuse] [--failure TEXT] [--lesson TEXT]... [--json]';
-    const { values, positionals } = parse(argv, { policy: { type: 'string' }, failure: { type: 'string' }, lesson: { type: 'string', multiple: true }, json: { type: 'boolean' } }, usage);
+    const { values, positionals } = parse(
+      argv,
+      {
+        policy: { type: 'string' },
+        failure: { type: 'string' },
+        lesson: { type: 'string', multiple: true },
+        json: { type: 'boolean' },
+      },
+      usage,
+    );
     const [id, ckpt] = need(positionals, 2, usage);
     return withLockstep(async (ls) => {
       const progress = new Progress(values.json === true, { ttyOnly: true });
       progress.update(`rolling ${id} back to ${ckpt}`);
       const r = await ls
         .get(id!)
-        .rollback(ckpt!, { policy: values.policy as 'warn' | 'refuse' | undefined, failure: values.failure, lessons: values.lesson })
+        .rollback(ckpt!, {
+          policy: values.policy as 'warn' | 'refuse' | undefined,
+          failure: values.failure,
+          lessons: values.lesson,
+        })
         .finally(() => progress.done());
       if (values.json) printJson(r);
       else {
-        process.stdout.write(`${id} rolled back to ${ckpt} in ${r.timings.totalMs.toFixed(1)} ms (new branch ${r.branchId})\n`);
-        if (r.staleObservations.length) process.stdout.write(`${r.staleObservations.length} observation(s) went stale\n`);
+        process.stdout.write(
+          `${id} rolled back to ${ckpt} in ${r.timings.totalMs.toFixed(1)} ms (new branch ${r.branchId})\n`,
+        );
+        if (r.staleObservations.length)
+          process.stdout.write(`${r.staleObservations.length} observation(s) went stale\n`);
         for (const w of r.warnings) process.stderr.write(`warning: ${w.message}\n`);
       }
       return EXIT.ok;
@@ -103,17 +140,34 @@ export const agentCommands: Record<string, Handler> = {
   async effect(argv) {
     const [sub, ...rest] = argv;
     if (sub === 'begin') {
-      const usage = 'lockstep effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable --compensation JSON] [--scope lineage|branch] [--tool-call ID]';
+      const usage =
+        'lockstep effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable --compensation JSON] [--scope lineage|branch] [--tool-call ID]';
       const { values, positionals } = parse(
         rest,
-        { kind: { type: 'string' }, input: { type: 'string' }, key: { type: 'string' }, irreversible: { type: 'boolean' }, compensable: { type: 'boolean' }, compensation: { type: 'string' }, scope: { type: 'string' }, 'tool-call': { type: 'string' }, json: { type: 'boolean' } },
+        {
+          kind: { type: 'string' },
+          input: { type: 'string' },
+          key: { type: 'string' },
+          irreversible: { type: 'boolean' },
+          compensable: { type: 'boolean' },
+          compensation: { type: 'string' },
+          scope: { type: 'string' },
+          'tool-call': { type: 'string' },
+          json: { type: 'boolean' },
+        },
         usage,
       );
       const [id] = need(positionals, 1, usage);
       if (!values.kind) throw new InvalidArgumentError('kind', 'an effect kind such as "email.send"', undefined);
-      if (values.irreversible && values.compensable) throw new UsageError('--irreversible and --compensable exclude each other');
-      const reversibility: Reversibility = values.irreversible ? 'irreversible' : values.compensable ? 'compensable' : 'sandbox-local';
-      if (values.scope !== undefined && values.scope !== 'lineage' && values.scope !== 'branch') throw new InvalidArgumentError('scope', '"lineage" or "branch"', values.scope);
+      if (values.irreversible && values.compensable)
+        throw new UsageError('--irreversible and --compensable exclude each other');
+      const reversibility: Reversibility = values.irreversible
+        ? 'irreversible'
+        : values.compensable
+          ? 'compensable'
+          : 'sandbox-local';
+      if (values.scope !== undefined && values.scope !== 'lineage' && values.scope !== 'branch')
+        throw new InvalidArgumentError('scope', '"lineage" or "branch"', values.scope);
       return withLockstep(async (ls) => {
         const r = ls.get(id!).effects.begin({
           kind: values.kind!,
@@ -124,7 +178,11 @@ export const agentCommands: Record<string, Handler> = {
           ...(values['tool-call'] ? { toolCallId: values['tool-call'] } : {}),
           ...(values.compensation ? { compensation: jsonArg(values.compensation, 'compensation') as never } : {}),
         });
-        printJson(r.replayed ? { effectId: r.effectId, idempotencyKey: r.idempotencyKey, replayed: true, output: r.output ?? null } : { effectId: r.effectId, idempotencyKey: r.idempotencyKey, replayed: false });
+        printJson(
+          r.replayed
+            ? { effectId: r.effectId, idempotencyKey: r.idempotencyKey, replayed: true, output: r.output ?? null }
+            : { effectId: r.effectId, idempotencyKey: r.idempotencyKey, replayed: false },
+        );
         return EXIT.ok;
       });
     }
@@ -142,7 +200,11 @@ export const agentCommands: Record<string, Handler> = {
     }
     if (sub === 'fail') {
       const usage = 'lockstep effect fail ID EFFECT_ID --error TEXT [--definite]';
-      const { values, positionals } = parse(rest, { error: { type: 'string' }, definite: { type: 'boolean' }, json: { type: 'boolean' } }, usage);
+      const { values, positionals } = parse(
+        rest,
+        { error: { type: 'string' }, definite: { type: 'boolean' }, json: { type: 'boolean' } },
+        usage,
+      );
       const [id, effectId] = need(positionals, 2, usage);
       return withLockstep(async (ls) => {
         const fx = ls.get(id!).effects;
@@ -162,7 +224,13 @@ export const agentCommands: Record<string, Handler> = {
     return withLockstep(async (ls) => {
       const list = ls.get(id!).effects.list();
       if (values.json) printJson(list);
-      else process.stdout.write(table(['EFFECT', 'KIND', 'STATUS', 'REVERSIBILITY', 'SCOPE', 'TOOL CALL'], list.map((e) => [e.id, e.kind, e.status, e.reversibility, e.scope, e.toolCallId ?? ''])) + '\n');
+      else
+        process.stdout.write(
+          table(
+            ['EFFECT', 'KIND', 'STATUS', 'REVERSIBILITY', 'SCOPE', 'TOOL CALL'],
+            list.map((e) => [e.id, e.kind, e.status, e.reversibility, e.scope, e.toolCallId ?? '']),
+          ) + '\n',
+        );
       return EXIT.ok;
     });
   },

@@ -4,7 +4,13 @@ import { UsageError } from './output.js';
 
 export type Options = NonNullable<ParseArgsConfig['options']>;
 
-type Value<O> = O extends { type: 'boolean' } ? (O extends { multiple: true } ? boolean[] : boolean) : O extends { multiple: true } ? string[] : string;
+type Value<O> = O extends { type: 'boolean' }
+  ? O extends { multiple: true }
+    ? boolean[]
+    : boolean
+  : O extends { multiple: true }
+    ? string[]
+    : string;
 export interface Parsed<T extends Options> {
   values: { [K in keyof T]?: Value<T[K]> };
   positionals: string[];
@@ -51,6 +57,7 @@ export function envFlags(values: string[] | undefined): Record<string, string> |
 
 export function need(positionals: string[], n: number, usage: string): string[] {
   if (positionals.length < n) throw new UsageError(`missing arguments\nusage: ${usage}`);
-  if (positionals.length > n) throw new UsageError(`unexpected argument ${JSON.stringify(positionals[n])}\nusage: ${usage}`);
+  if (positionals.length > n)
+    throw new UsageError(`unexpected argument ${JSON.stringify(positionals[n])}\nusage: ${usage}`);
   return positionals;
 }

@@ -75,7 +75,6 @@ exits with the command's own exit code.`;
 
 type Handler = (argv: string[]) => Promise<number>;
 
-
 const commands: Record<string, Handler> = {
   async help() {
     process.stdout.write(HELP + '\n');
@@ -97,15 +96,28 @@ const commands: Record<string, Handler> = {
     else {
       const color = useColor();
       for (const c of checks) {
-        const mark = c.ok ? (color ? '\x1b[32m✔\x1b[0m' : 'PASS') : c.optional ? (color ? '\x1b[33m!\x1b[0m' : 'WARN') : color ? '\x1b[31m✘\x1b[0m' : 'FAIL';
-        process.stdout.write(`${mark} ${c.name.padEnd(14)} ${c.detail}${!c.ok && c.fix ? `\n  ${' '.repeat(14)} → ${c.fix}` : ''}\n`);
+        const mark = c.ok
+          ? color
+            ? '\x1b[32m✔\x1b[0m'
+            : 'PASS'
+          : c.optional
+            ? color
+              ? '\x1b[33m!\x1b[0m'
+              : 'WARN'
+            : color
+              ? '\x1b[31m✘\x1b[0m'
+              : 'FAIL';
+        process.stdout.write(
+          `${mark} ${c.name.padEnd(14)} ${c.detail}${!c.ok && c.fix ? `\n  ${' '.repeat(14)} → ${c.fix}` : ''}\n`,
+        );
       }
     }
     return failed.length ? EXIT.host : EXIT.ok;
   },
 
   async create(argv) {
-    const usage = 'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
+    const usage =
+      'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
     const options = {
       image: { type: 'string' },
       memory: { type: 'string' },
@@ -139,7 +151,16 @@ const commands: Record<string, Handler> = {
   async exec(argv) {
     const usage = 'lockstep exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]';
     const [flags, cmd] = splitCommand(argv);
-    const { values, positionals } = parse(flags, { cwd: { type: 'string' }, env: { type: 'string', multiple: true }, timeout: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const { values, positionals } = parse(
+      flags,
+      {
+        cwd: { type: 'string' },
+        env: { type: 'string', multiple: true },
+        timeout: { type: 'string' },
+        json: { type: 'boolean' },
+      },
+      usage,
+    );
     const [id] = need(positionals, 1, usage);
     if (!cmd.length) throw new InvalidArgumentError('command', 'a command after "--"', '');
     return withLockstep(async (ls) => {
@@ -159,11 +180,22 @@ const commands: Record<string, Handler> = {
   async spawn(argv) {
     const usage = 'lockstep spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]';
     const [flags, cmd] = splitCommand(argv);
-    const { values, positionals } = parse(flags, { cwd: { type: 'string' }, env: { type: 'string', multiple: true }, stdout: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const { values, positionals } = parse(
+      flags,
+      {
+        cwd: { type: 'string' },
+        env: { type: 'string', multiple: true },
+        stdout: { type: 'string' },
+        json: { type: 'boolean' },
+      },
+      usage,
+    );
     const [id] = need(positionals, 1, usage);
     if (!cmd.length) throw new InvalidArgumentError('command', 'a command after "--"', '');
     return withLockstep(async (ls) => {
-      const pid = await ls.get(id!).commands.spawn(cmd, { cwd: values.cwd, env: envFlags(values.env), stdoutPath: values.stdout });
+      const pid = await ls
+        .get(id!)
+        .commands.spawn(cmd, { cwd: values.cwd, env: envFlags(values.env), stdoutPath: values.stdout });
       if (values.json) printJson({ pid });
       else process.stdout.write(`${pid}\n`);
       return EXIT.ok;
@@ -201,7 +233,12 @@ const commands: Record<string, Handler> = {
           ['head', info.headCheckpointId ?? '-'],
           ['limits', limitsText(info)],
           ['cpu used', u.cpuSeconds === null ? '-' : `${u.cpuSeconds.toFixed(2)} s`],
-          ['disk used', u.diskUsedMb === null ? '- (no quotas on the store)' : `${u.diskUsedMb.toFixed(1)} MiB${info.diskMb === null ? '' : ` of ${info.diskMb} MiB`}`],
+          [
+            'disk used',
+            u.diskUsedMb === null
+              ? '- (no quotas on the store)'
+              : `${u.diskUsedMb.toFixed(1)} MiB${info.diskMb === null ? '' : ` of ${info.diskMb} MiB`}`,
+          ],
           ['created', info.createdAt],
         ];
         process.stdout.write(lines.map(([k, v]) => `${k.padEnd(10)} ${v}`).join('\n') + '\n');
@@ -227,7 +264,10 @@ const commands: Record<string, Handler> = {
     const [id, ckpt] = need(positionals, 2, usage);
     return withLockstep(async (ls) => {
       const progress = new Progress(values.json === true);
-      const results = await ls.get(id!).fork(ckpt!, { count: intFlag(values.count, 'count') ?? 1, onProgress: (d, n) => progress.update(`forking: ${d}/${n} ready`) });
+      const results = await ls.get(id!).fork(ckpt!, {
+        count: intFlag(values.count, 'count') ?? 1,
+        onProgress: (d, n) => progress.update(`forking: ${d}/${n} ready`),
+      });
       progress.done();
       const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
       const errors = results.flatMap((r) => (r.ok ? [] : [r.error]));
@@ -249,7 +289,20 @@ const commands: Record<string, Handler> = {
       const list = sb.checkpoints();
       const head = sb.info().headCheckpointId;
       if (values.json) printJson(list);
-      else process.stdout.write(table(['ID', 'PARENT', 'LABEL', 'CREATED', 'MS', ''], list.map((c) => [c.id, c.parentId ?? '-', c.label ?? '', c.createdAt, c.timings.totalMs?.toFixed(1) ?? '', c.id === head ? 'HEAD' : ''])) + '\n');
+      else
+        process.stdout.write(
+          table(
+            ['ID', 'PARENT', 'LABEL', 'CREATED', 'MS', ''],
+            list.map((c) => [
+              c.id,
+              c.parentId ?? '-',
+              c.label ?? '',
+              c.createdAt,
+              c.timings.totalMs?.toFixed(1) ?? '',
+              c.id === head ? 'HEAD' : '',
+            ]),
+          ) + '\n',
+        );
       return EXIT.ok;
     });
   },
@@ -263,7 +316,12 @@ const commands: Record<string, Handler> = {
       if (values.json) {
         // The tree as data: checkpoints with parent links, the head, and the forks started from them.
         const forks = ls.list().filter((s) => s.forkedFrom && sb.checkpoints().some((c) => c.id === s.forkedFrom));
-        printJson({ sandboxId: sb.id, head: sb.info().headCheckpointId, checkpoints: sb.checkpoints(), forks: forks.map((f) => ({ id: f.id, forkedFrom: f.forkedFrom, state: f.state })) });
+        printJson({
+          sandboxId: sb.id,
+          head: sb.info().headCheckpointId,
+          checkpoints: sb.checkpoints(),
+          forks: forks.map((f) => ({ id: f.id, forkedFrom: f.forkedFrom, state: f.state })),
+        });
       } else process.stdout.write(drawTree(ls.engine, ls.engine.catalog.sandbox(id!)!, { color: useColor() }) + '\n');
       return EXIT.ok;
     });
@@ -271,14 +329,22 @@ const commands: Record<string, Handler> = {
 
   async image(argv) {
     const [sub, ...rest] = argv;
-    const usage = 'lockstep image build NAME | ls | rm NAME | import docker:REF [--name NAME] | export NAME docker:REF | cache NAME';
+    const usage =
+      'lockstep image build NAME | ls | rm NAME | import docker:REF [--name NAME] | export NAME docker:REF | cache NAME';
     switch (sub) {
       case 'build': {
-        const { values, positionals } = parse(rest, { force: { type: 'boolean' }, json: { type: 'boolean' } }, 'lockstep image build NAME [--force]');
+        const { values, positionals } = parse(
+          rest,
+          { force: { type: 'boolean' }, json: { type: 'boolean' } },
+          'lockstep image build NAME [--force]',
+        );
         const [name] = need(positionals, 1, 'lockstep image build NAME [--force]');
         return withLockstep(async (ls) => {
           const progress = new Progress(values.json === true);
-          const row = await ls.images.build(name!, { force: values.force === true, progress: (m) => progress.update(m) });
+          const row = await ls.images.build(name!, {
+            force: values.force === true,
+            progress: (m) => progress.update(m),
+          });
           progress.done();
           if (values.json) printJson(row);
           else process.stdout.write(`${row.name}  ${(row.size_bytes / 1e6).toFixed(1)} MB\n`);
@@ -289,8 +355,22 @@ const commands: Record<string, Handler> = {
         const { values } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image ls [--json]');
         return withLockstep(async (ls) => {
           const rows = ls.images.list();
-          if (values.json) printJson(rows.map((r) => ({ name: r.name, source: r.source, sizeBytes: r.size_bytes, createdAt: new Date(r.created_at).toISOString() })));
-          else process.stdout.write(table(['NAME', 'SIZE', 'SOURCE'], rows.map((r) => [r.name, `${(r.size_bytes / 1e6).toFixed(1)} MB`, r.source])) + '\n');
+          if (values.json)
+            printJson(
+              rows.map((r) => ({
+                name: r.name,
+                source: r.source,
+                sizeBytes: r.size_bytes,
+                createdAt: new Date(r.created_at).toISOString(),
+              })),
+            );
+          else
+            process.stdout.write(
+              table(
+                ['NAME', 'SIZE', 'SOURCE'],
+                rows.map((r) => [r.name, `${(r.size_bytes / 1e6).toFixed(1)} MB`, r.source]),
+              ) + '\n',
+            );
           return EXIT.ok;
         });
       }
@@ -300,15 +380,27 @@ const commands: Record<string, Handler> = {
         return withLockstep(async (ls) => {
           const r = ls.images.remove(name!);
           if (values.json) printJson({ name, ...r });
-          else if (r.pending) process.stdout.write(`${name} is still used by sandboxes or checkpoints: hidden now, deleted when the last of them goes\n`);
+          else if (r.pending)
+            process.stdout.write(
+              `${name} is still used by sandboxes or checkpoints: hidden now, deleted when the last of them goes\n`,
+            );
           return EXIT.ok;
         });
       }
       case 'import': {
-        const { values, positionals } = parse(rest, { name: { type: 'string' }, json: { type: 'boolean' } }, 'lockstep image import docker:REF [--name NAME] [--json]');
+        const { values, positionals } = parse(
+          rest,
+          { name: { type: 'string' }, json: { type: 'boolean' } },
+          'lockstep image import docker:REF [--name NAME] [--json]',
+        );
         const [src] = need(positionals, 1, 'lockstep image import docker:REF [--name NAME]');
         const ref = dockerRef(src!);
-        const name = values.name ?? ref.replace(/^.*\//, '').replace(/[:@].*$/, '').toLowerCase();
+        const name =
+          values.name ??
+          ref
+            .replace(/^.*\//, '')
+            .replace(/[:@].*$/, '')
+            .toLowerCase();
         return withLockstep(async (ls) => {
           const row = await ls.images.importFromDocker(ref, validateImageName(name, 'name'));
           if (values.json) printJson({ name: row.name, source: row.source, sizeBytes: row.size_bytes });
@@ -317,7 +409,11 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'export': {
-        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image export NAME docker:REF [--json]');
+        const { values, positionals } = parse(
+          rest,
+          { json: { type: 'boolean' } },
+          'lockstep image export NAME docker:REF [--json]',
+        );
         const [name, dst] = need(positionals, 2, 'lockstep image export NAME docker:REF [--json]');
         return withLockstep(async (ls) => {
           const progress = new Progress(values.json === true);
@@ -329,7 +425,11 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'cache': {
-        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image cache NAME [--json]');
+        const { values, positionals } = parse(
+          rest,
+          { json: { type: 'boolean' } },
+          'lockstep image cache NAME [--json]',
+        );
         const [name] = need(positionals, 1, 'lockstep image cache NAME [--json]');
         const progress = new Progress(values.json === true);
         const rootfs = await ImageStore.cacheRecipe(name!, (m) => progress.update(m));
@@ -344,15 +444,20 @@ const commands: Record<string, Handler> = {
 };
 
 function dockerRef(s: string): string {
-  if (!s.startsWith('docker:') || s.length <= 'docker:'.length) throw new InvalidArgumentError('image reference', '"docker:REPO[:TAG]"', s);
+  if (!s.startsWith('docker:') || s.length <= 'docker:'.length)
+    throw new InvalidArgumentError('image reference', '"docker:REPO[:TAG]"', s);
   return s.slice('docker:'.length);
 }
 
 export async function main(argv: string[]): Promise<number> {
   const [cmd, ...rest] = argv;
-  const json = rest.includes('--json') && !(cmd === 'exec' && rest.indexOf('--json') > rest.indexOf('--') && rest.includes('--'));
+  const json =
+    rest.includes('--json') && !(cmd === 'exec' && rest.indexOf('--json') > rest.indexOf('--') && rest.includes('--'));
   if (!cmd || cmd === '--help' || cmd === '-h') return commands.help!([]);
-  const handler = cmd === '--version' || cmd === '-V' ? commands.version : commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd] ?? setupCommands[cmd];
+  const handler =
+    cmd === '--version' || cmd === '-V'
+      ? commands.version
+      : (commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd] ?? setupCommands[cmd]);
   try {
     if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
     return await handler(rest);
@@ -361,7 +466,8 @@ export async function main(argv: string[]): Promise<number> {
   }
 }
 
-const invokedDirectly = process.argv[1] && fs.realpathSync(process.argv[1]) === fs.realpathSync(new URL(import.meta.url).pathname);
+const invokedDirectly =
+  process.argv[1] && fs.realpathSync(process.argv[1]) === fs.realpathSync(new URL(import.meta.url).pathname);
 if (invokedDirectly) {
   main(process.argv.slice(2)).then((code) => {
     process.exitCode = code;

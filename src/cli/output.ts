@@ -30,17 +30,44 @@ export class UsageError extends LockstepError {
 
 export function exitCodeFor(e: unknown): number {
   if (!(e instanceof LockstepError)) return EXIT.failure;
-  if (e.code === 'USAGE' || e.code === 'INVALID_ARGUMENT' || e.code === 'PATH_ESCAPES_SANDBOX' || e.code === 'CONFIG_INVALID') return EXIT.usage;
+  if (
+    e.code === 'USAGE' ||
+    e.code === 'INVALID_ARGUMENT' ||
+    e.code === 'PATH_ESCAPES_SANDBOX' ||
+    e.code === 'CONFIG_INVALID'
+  )
+    return EXIT.usage;
   if (e.code.endsWith('_NOT_FOUND')) return EXIT.notFound;
-  if (e.code.endsWith('_EXISTS') || e.code.startsWith('IDEMPOTENCY_KEY_') || ['SANDBOX_BUSY', 'IMAGE_IN_USE', 'ROLLBACK_REFUSED_IRREVERSIBLE', 'EFFECT_OUTCOME_UNKNOWN', 'QUOTA_EXCEEDED', 'TENANT_HAS_SANDBOXES'].includes(e.code)) return EXIT.conflict;
-  if (e.code.startsWith('CRIU_') || e.code.startsWith('HOST') || e.code.startsWith('NATIVE_') || ['NOT_ROOT', 'UNSUPPORTED_PLATFORM', 'CATALOG_TOO_NEW'].includes(e.code)) return EXIT.host;
+  if (
+    e.code.endsWith('_EXISTS') ||
+    e.code.startsWith('IDEMPOTENCY_KEY_') ||
+    [
+      'SANDBOX_BUSY',
+      'IMAGE_IN_USE',
+      'ROLLBACK_REFUSED_IRREVERSIBLE',
+      'EFFECT_OUTCOME_UNKNOWN',
+      'QUOTA_EXCEEDED',
+      'TENANT_HAS_SANDBOXES',
+    ].includes(e.code)
+  )
+    return EXIT.conflict;
+  if (
+    e.code.startsWith('CRIU_') ||
+    e.code.startsWith('HOST') ||
+    e.code.startsWith('NATIVE_') ||
+    ['NOT_ROOT', 'UNSUPPORTED_PLATFORM', 'CATALOG_TOO_NEW'].includes(e.code)
+  )
+    return EXIT.host;
   return EXIT.failure;
 }
 
 export function reportError(e: unknown, json: boolean): number {
   const code = exitCodeFor(e);
   if (json) {
-    const err = e instanceof LockstepError ? e.toJSON() : { name: (e as Error)?.name ?? 'Error', code: 'INTERNAL', message: String((e as Error)?.message ?? e) };
+    const err =
+      e instanceof LockstepError
+        ? e.toJSON()
+        : { name: (e as Error)?.name ?? 'Error', code: 'INTERNAL', message: String((e as Error)?.message ?? e) };
     process.stdout.write(JSON.stringify({ error: err }, null, 2) + '\n');
   } else {
     const msg = e instanceof Error ? e.message : String(e);
@@ -53,7 +80,11 @@ export function reportError(e: unknown, json: boolean): number {
 /** Left-aligned text table. */
 export function table(headers: string[], rows: string[][]): string {
   const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (cells: string[]) => cells.map((c, i) => (c ?? '').padEnd(widths[i]!)).join('  ').trimEnd();
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (c ?? '').padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd();
   return [line(headers), ...rows.map(line)].join('\n');
 }
 
@@ -83,7 +114,9 @@ export class Progress {
   }
   private draw(): void {
     const frames = '⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏';
-    process.stderr.write(`\r\x1b[2K${frames[this.frame++ % frames.length]} ${this.text.slice(0, (process.stderr.columns ?? 80) - 3)}`);
+    process.stderr.write(
+      `\r\x1b[2K${frames[this.frame++ % frames.length]} ${this.text.slice(0, (process.stderr.columns ?? 80) - 3)}`,
+    );
   }
   done(text?: string): void {
     if (this.timer) clearInterval(this.timer);

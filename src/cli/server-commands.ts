@@ -33,10 +33,10 @@ export const SERVER_HELP = `server
   tenant rm NAME [--force] [--json]
                                   --force first removes the tenant's sandboxes`;
 
-
 export const serverCommands: Record<string, Handler> = {
   async serve(argv) {
-    const usage = 'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T | --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
+    const usage =
+      'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T | --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
     const { values, positionals } = parse(
       argv,
       {
@@ -57,12 +57,21 @@ export const serverCommands: Record<string, Handler> = {
     const { file, config: fileConfig } = loadConfigFile(values.config ?? envValue('LOCKSTEP_CONFIG'));
     const cfg = resolveServeConfig(values, process.env, fileConfig);
     const logger = createLogger(cfg.logLevel);
-    logger.info({ version: VERSION, config: file ?? null, stateDirectory: cfg.stateDirectory, sources: cfg.sources }, 'starting');
+    logger.info(
+      { version: VERSION, config: file ?? null, stateDirectory: cfg.stateDirectory, sources: cfg.sources },
+      'starting',
+    );
     const { createServer } = await import('../http/server.js');
     const ls = await Lockstep.open({ logger, home: cfg.stateDirectory });
     let app: LockstepServer | undefined;
     try {
-      app = createServer({ lockstep: ls, logger, metricsToken: cfg.metricsToken, bodyLimit: cfg.bodyLimit, fileBodyLimit: cfg.fileBodyLimit });
+      app = createServer({
+        lockstep: ls,
+        logger,
+        metricsToken: cfg.metricsToken,
+        bodyLimit: cfg.bodyLimit,
+        fileBodyLimit: cfg.fileBodyLimit,
+      });
       await app.listen({ port: cfg.port, host: cfg.host });
     } catch (e) {
       await app?.close().catch(() => undefined);
@@ -71,7 +80,8 @@ export const serverCommands: Record<string, Handler> = {
     }
     const graceMs = cfg.graceMs;
     const addr = app.server.address();
-    const bound = typeof addr === 'object' && addr ? { host: addr.address, port: addr.port } : { host: cfg.host, port: cfg.port };
+    const bound =
+      typeof addr === 'object' && addr ? { host: addr.address, port: addr.port } : { host: cfg.host, port: cfg.port };
     const url = `http://${bound.host.includes(':') ? `[${bound.host}]` : bound.host}:${bound.port}`;
     if (values.json) printJson({ url, ...bound, pid: process.pid });
     else process.stdout.write(`lockstep: listening on ${url} (docs: ${url}/docs)\n`);
@@ -100,7 +110,11 @@ export const serverCommands: Record<string, Handler> = {
 
   async mcp(argv) {
     const usage = 'lockstep mcp [--sandbox ID] [--image NAME] [--memory MIB]';
-    const { values, positionals } = parse(argv, { sandbox: { type: 'string' }, image: { type: 'string' }, memory: { type: 'string' } }, usage);
+    const { values, positionals } = parse(
+      argv,
+      { sandbox: { type: 'string' }, image: { type: 'string' }, memory: { type: 'string' } },
+      usage,
+    );
     need(positionals, 0, usage);
     const { runMcpStdio } = await import('../mcp/stdio.js');
     await runMcpStdio({ sandboxId: values.sandbox, image: values.image, memoryMb: intFlag(values.memory, 'memory') });
@@ -109,10 +123,12 @@ export const serverCommands: Record<string, Handler> = {
 
   async tenant(argv) {
     const [sub, ...rest] = argv;
-    const usage = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
+    const usage =
+      'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
-        const u = 'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
+        const u =
+          'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
         const opts = {
           'max-sandboxes': { type: 'string' },
           'max-memory': { type: 'string' },
@@ -134,7 +150,9 @@ export const serverCommands: Record<string, Handler> = {
           if (values.json) printJson({ ...tenant, token });
           else {
             process.stdout.write(`${token}\n`);
-            process.stderr.write(`lockstep: tenant ${tenant.name} added; keep the token now: only its hash is stored\n`);
+            process.stderr.write(
+              `lockstep: tenant ${tenant.name} added; keep the token now: only its hash is stored\n`,
+            );
           }
           return EXIT.ok;
         });
@@ -157,7 +175,10 @@ export const serverCommands: Record<string, Handler> = {
               `${t.usage.checkpointMb}/${lim(t.maxCheckpointMb)}`,
               t.createdAt,
             ]);
-            process.stdout.write(table(['NAME', 'SANDBOXES', 'MEMORY+STANDBY MIB', 'CPU WEIGHT', 'CHECKPOINT MIB', 'CREATED'], cells) + '\n');
+            process.stdout.write(
+              table(['NAME', 'SANDBOXES', 'MEMORY+STANDBY MIB', 'CPU WEIGHT', 'CHECKPOINT MIB', 'CREATED'], cells) +
+                '\n',
+            );
           }
           return EXIT.ok;
         });

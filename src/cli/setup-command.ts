@@ -19,7 +19,13 @@ export const setupCommands: Record<string, Handler> = {
     const usage = 'lockstep setup [--images NAME,...] [--home DIR] [--cache-only] [--check] [--json]';
     const { values, positionals } = parse(
       argv,
-      { images: { type: 'string' }, home: { type: 'string' }, 'cache-only': { type: 'boolean' }, check: { type: 'boolean' }, json: { type: 'boolean' } },
+      {
+        images: { type: 'string' },
+        home: { type: 'string' },
+        'cache-only': { type: 'boolean' },
+        check: { type: 'boolean' },
+        json: { type: 'boolean' },
+      },
       usage,
     );
     need(positionals, 0, usage);
@@ -36,13 +42,18 @@ export const setupCommands: Record<string, Handler> = {
         const color = useColor();
         for (const s of steps) {
           const mark = s.ok ? (color ? '\x1b[32m✔\x1b[0m' : 'PASS') : color ? '\x1b[31m✘\x1b[0m' : 'FAIL';
-          process.stdout.write(`${mark} ${s.name.padEnd(16)} ${s.detail}${s.fix ? `\n  ${' '.repeat(16)} → ${s.fix}` : ''}\n`);
+          process.stdout.write(
+            `${mark} ${s.name.padEnd(16)} ${s.detail}${s.fix ? `\n  ${' '.repeat(16)} → ${s.fix}` : ''}\n`,
+          );
         }
       }
       return ok ? EXIT.ok : EXIT.host;
     }
     const started = Date.now();
-    const steps = await runSetup({ ...opts, progress: values.json ? undefined : (line) => process.stderr.write(`lockstep setup: ${line}\n`) });
+    const steps = await runSetup({
+      ...opts,
+      progress: values.json ? undefined : (line) => process.stderr.write(`lockstep setup: ${line}\n`),
+    });
     if (values.json) printJson({ ok: true, steps, seconds: (Date.now() - started) / 1000 });
     else process.stderr.write(`lockstep setup: done in ${((Date.now() - started) / 1000).toFixed(1)} s\n`);
     return EXIT.ok;

@@ -6,7 +6,14 @@
  * Only src/errors.ts is imported here: the client must load on machines
  * without the native addon (a platform's own service, another OS).
  */
-import { CommandAbortedError, InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError, type ErrorCode } from '../errors.js';
+import {
+  CommandAbortedError,
+  InvalidArgumentError,
+  InvalidStateError,
+  LockstepError,
+  NotFoundError,
+  type ErrorCode,
+} from '../errors.js';
 
 /** The body of every error the HTTP API sends. */
 export interface WireError {
@@ -29,7 +36,17 @@ export class RequestAbortedError extends LockstepError {
   }
 }
 
-const STATE_CODES = new Set(['SANDBOX_BUSY', 'SANDBOX_NOT_RUNNING', 'IMAGE_IN_USE', 'EFFECT_NOT_UNKNOWN', 'IDEMPOTENCY_KEY_CONFLICT', 'IDEMPOTENCY_KEY_REUSED', 'IDEMPOTENCY_KEY_IN_PROGRESS', 'TENANT_HAS_SANDBOXES', 'FILE_BUSY']);
+const STATE_CODES = new Set([
+  'SANDBOX_BUSY',
+  'SANDBOX_NOT_RUNNING',
+  'IMAGE_IN_USE',
+  'EFFECT_NOT_UNKNOWN',
+  'IDEMPOTENCY_KEY_CONFLICT',
+  'IDEMPOTENCY_KEY_REUSED',
+  'IDEMPOTENCY_KEY_IN_PROGRESS',
+  'TENANT_HAS_SANDBOXES',
+  'FILE_BUSY',
+]);
 
 /**
  * An instance of the SDK's class for this code, carrying the server's own
@@ -61,9 +78,12 @@ export async function errorFromResponse(res: Response): Promise<LockstepError> {
   const text = await res.text().catch(() => '');
   try {
     const parsed = JSON.parse(text) as { error?: WireError };
-    if (parsed.error && typeof parsed.error.code === 'string' && typeof parsed.error.message === 'string') return errorFromWire(res.status, parsed.error);
+    if (parsed.error && typeof parsed.error.code === 'string' && typeof parsed.error.message === 'string')
+      return errorFromWire(res.status, parsed.error);
   } catch {
     /* not JSON: a proxy or something else answered */
   }
-  return new ConnectionError(`The server answered ${res.status} ${res.statusText} with a body that is not a Lockstep error: ${text.slice(0, 200)}`);
+  return new ConnectionError(
+    `The server answered ${res.status} ${res.statusText} with a body that is not a Lockstep error: ${text.slice(0, 200)}`,
+  );
 }

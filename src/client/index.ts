@@ -5,11 +5,29 @@
  *   import { Sandbox } from 'lockstep/client';
  *   const sbx = await Sandbox.create({ apiUrl, apiKey });
  */
-export { Sandbox, RemoteCommands, RemoteCommandHandle, RemoteFiles, RemoteEffects, RemoteVerdicts, type RemoteSandboxInfo, type RemoteCreateOptions, type RemoteRunOptions, type RemoteRollbackReport, type RemoteReadStream } from './sandbox.js';
+export {
+  Sandbox,
+  RemoteCommands,
+  RemoteCommandHandle,
+  RemoteFiles,
+  RemoteEffects,
+  RemoteVerdicts,
+  type RemoteSandboxInfo,
+  type RemoteCreateOptions,
+  type RemoteRunOptions,
+  type RemoteRollbackReport,
+  type RemoteReadStream,
+} from './sandbox.js';
 export { Images, type ImageInfo } from './images.js';
 export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from './errors.js';
 export { DEFAULT_API_URL, type ConnectionOptions, type CallOptions } from './transport.js';
-export { LockstepError, InvalidArgumentError, NotFoundError, InvalidStateError, CommandAbortedError } from '../errors.js';
+export {
+  LockstepError,
+  InvalidArgumentError,
+  NotFoundError,
+  InvalidStateError,
+  CommandAbortedError,
+} from '../errors.js';
 export type { ObservedRunResult } from '../sandboxes/sandbox.js';
 export type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 export type { ForkResult } from '../checkpoints/fork.js';

@@ -43,7 +43,10 @@ export interface RemoteRunOptions extends CallOptions {
 }
 
 /** A rollback report as JSON: contexts of the "bytes" format carry base64 text. */
-export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWithRecovery'> & { context: unknown; contextWithRecovery?: unknown };
+export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWithRecovery'> & {
+  context: unknown;
+  contextWithRecovery?: unknown;
+};
 
 const enc = encodeURIComponent;
 
@@ -71,19 +74,31 @@ export class Sandbox {
   static async create(opts: RemoteCreateOptions = {}): Promise<Sandbox> {
     const { apiUrl, apiKey, maxAttempts, retryDelayMs, requestTimeoutMs, signal, idempotencyKey, ...body } = opts;
     const t = new Transport({ apiUrl, apiKey, maxAttempts, retryDelayMs, requestTimeoutMs });
-    const info = await t.json<RemoteSandboxInfo>({ method: 'POST', path: '/sandboxes', body: { json: body }, signal, idempotencyKey });
+    const info = await t.json<RemoteSandboxInfo>({
+      method: 'POST',
+      path: '/sandboxes',
+      body: { json: body },
+      signal,
+      idempotencyKey,
+    });
     return new Sandbox(info.id, t);
   }
 
   /** A handle on an existing sandbox; SANDBOX_NOT_FOUND (NotFoundError) if the tenant has none with that id. */
   static async connect(id: string, opts: ConnectionOptions & CallOptions = {}): Promise<Sandbox> {
     const t = new Transport(opts);
-    const info = await t.json<RemoteSandboxInfo>({ method: 'GET', path: `/sandboxes/${sandboxPath(id)}`, signal: opts.signal });
+    const info = await t.json<RemoteSandboxInfo>({
+      method: 'GET',
+      path: `/sandboxes/${sandboxPath(id)}`,
+      signal: opts.signal,
+    });
     return new Sandbox(info.id, t);
   }
 
   /** The tenant's sandboxes, oldest first; with `metadata`, only those whose labels include every given pair. */
-  static async list(opts: ConnectionOptions & CallOptions & { metadata?: Record<string, string> | undefined } = {}): Promise<RemoteSandboxInfo[]> {
+  static async list(
+    opts: ConnectionOptions & CallOptions & { metadata?: Record<string, string> | undefined } = {},
+  ): Promise<RemoteSandboxInfo[]> {
     const t = new Transport(opts);
     const all = await t.json<RemoteSandboxInfo[]>({ method: 'GET', path: '/sandboxes', signal: opts.signal });
     const want = Object.entries(opts.metadata ?? {});
@@ -105,9 +120,17 @@ export class Sandbox {
   }
 
   /** Takes an aligned checkpoint of files, processes, the agent's context and the ledger cursor. */
-  async checkpoint(opts: { label?: string | undefined; context?: unknown; contextFormat?: string | undefined } & CallOptions = {}): Promise<CheckpointInfo> {
+  async checkpoint(
+    opts: { label?: string | undefined; context?: unknown; contextFormat?: string | undefined } & CallOptions = {},
+  ): Promise<CheckpointInfo> {
     const { signal, idempotencyKey, ...body } = opts;
-    return this.transport.json({ method: 'POST', path: this.path('/checkpoints'), body: { json: wireContext(body) }, signal, idempotencyKey });
+    return this.transport.json({
+      method: 'POST',
+      path: this.path('/checkpoints'),
+      body: { json: wireContext(body) },
+      signal,
+      idempotencyKey,
+    });
   }
 
   /** This sandbox's checkpoints, oldest first. */
@@ -117,12 +140,20 @@ export class Sandbox {
 
   /** The context stored with a checkpoint (null if none). */
   async context(checkpointId: string, opts: CallOptions = {}): Promise<unknown> {
-    const r = await this.transport.json<{ context: unknown }>({ method: 'GET', path: this.path(`/checkpoints/${enc(checkpointId)}/context`), signal: opts.signal });
+    const r = await this.transport.json<{ context: unknown }>({
+      method: 'GET',
+      path: this.path(`/checkpoints/${enc(checkpointId)}/context`),
+      signal: opts.signal,
+    });
     return r.context;
   }
 
   async deleteCheckpoint(checkpointId: string, opts: CallOptions = {}): Promise<void> {
-    await this.transport.send({ method: 'DELETE', path: this.path(`/checkpoints/${enc(checkpointId)}`), signal: opts.signal });
+    await this.transport.send({
+      method: 'DELETE',
+      path: this.path(`/checkpoints/${enc(checkpointId)}`),
+      signal: opts.signal,
+    });
   }
 
   /**
@@ -131,9 +162,18 @@ export class Sandbox {
    * The signal stops waiting for the answer; a rollback the server has begun
    * runs to its end (it is retried safely under the same Idempotency-Key).
    */
-  async rollback(checkpointId: string, opts: Omit<RollbackAgentOptions, 'signal'> & CallOptions & { withRecoverySummary?: boolean | undefined } = {}): Promise<RemoteRollbackReport> {
+  async rollback(
+    checkpointId: string,
+    opts: Omit<RollbackAgentOptions, 'signal'> & CallOptions & { withRecoverySummary?: boolean | undefined } = {},
+  ): Promise<RemoteRollbackReport> {
     const { signal, idempotencyKey, ...rest } = opts;
-    return this.transport.json({ method: 'POST', path: this.path('/rollback'), body: { json: { checkpointId, ...rest } }, signal, idempotencyKey });
+    return this.transport.json({
+      method: 'POST',
+      path: this.path('/rollback'),
+      body: { json: { checkpointId, ...rest } },
+      signal,
+      idempotencyKey,
+    });
   }
 
   /** Starts independent sandboxes from a checkpoint; one result per fork (failures carry their error). */
@@ -146,18 +186,30 @@ export class Sandbox {
       idempotencyKey: opts.idempotencyKey,
     });
     // The API reports ids and errors; pid and timings stay on the server.
-    return [...r.ids.map((id) => ({ ok: true as const, id, pid: 0, ms: 0 })), ...r.errors.map((error) => ({ ok: false as const, error }))];
+    return [
+      ...r.ids.map((id) => ({ ok: true as const, id, pid: 0, ms: 0 })),
+      ...r.errors.map((error) => ({ ok: false as const, error })),
+    ];
   }
 
   /** A handle on one of the forks this sandbox made (same connection). */
   async connectFork(id: string, opts: CallOptions = {}): Promise<Sandbox> {
-    const info = await this.transport.json<RemoteSandboxInfo>({ method: 'GET', path: `/sandboxes/${sandboxPath(id)}`, signal: opts.signal });
+    const info = await this.transport.json<RemoteSandboxInfo>({
+      method: 'GET',
+      path: `/sandboxes/${sandboxPath(id)}`,
+      signal: opts.signal,
+    });
     return new Sandbox(info.id, this.transport);
   }
 
   /** Observations recorded in this sandbox (stale ones included on request). */
   async observations(opts: { includeStale?: boolean } & CallOptions = {}): Promise<Observation[]> {
-    return this.transport.json({ method: 'GET', path: this.path('/observations'), query: { includeStale: opts.includeStale ? 'true' : undefined }, signal: opts.signal });
+    return this.transport.json({
+      method: 'GET',
+      path: this.path('/observations'),
+      query: { includeStale: opts.includeStale ? 'true' : undefined },
+      signal: opts.signal,
+    });
   }
 
   /** @internal */
@@ -167,7 +219,8 @@ export class Sandbox {
 }
 
 function sandboxPath(id: string): string {
-  if (typeof id !== 'string' || !/^sbx_[a-z0-9]+$/.test(id)) throw new InvalidArgumentError('id', 'a sandbox id (sbx_…)', id);
+  if (typeof id !== 'string' || !/^sbx_[a-z0-9]+$/.test(id))
+    throw new InvalidArgumentError('id', 'a sandbox id (sbx_…)', id);
   return id;
 }
 
@@ -182,13 +235,20 @@ async function removeSandbox(t: Transport, id: string, signal?: AbortSignal): Pr
 }
 
 /** A context in the SDK's form (bytes data as a Uint8Array) as the API takes it (base64). */
-function wireContext(body: { label?: string | undefined; context?: unknown; contextFormat?: string | undefined }): Record<string, unknown> {
+function wireContext(body: {
+  label?: string | undefined;
+  context?: unknown;
+  contextFormat?: string | undefined;
+}): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   if (body.label !== undefined) out.label = body.label;
   if (body.contextFormat !== undefined) out.contextFormat = body.contextFormat;
   if (body.context !== undefined) {
     const c = body.context as { format?: unknown; data?: unknown };
-    out.context = c && c.format === 'bytes' && c.data instanceof Uint8Array ? { ...c, data: Buffer.from(c.data).toString('base64') } : body.context;
+    out.context =
+      c && c.format === 'bytes' && c.data instanceof Uint8Array
+        ? { ...c, data: Buffer.from(c.data).toString('base64') }
+        : body.context;
   }
   return out;
 }
@@ -202,7 +262,10 @@ export class RemoteCommandHandle {
   ) {}
 
   /** What it wrote since `from` (byte offsets; default the start), and where to continue from; `rewound` after a rollback. */
-  async output(from: OutputOffsets = { stdout: 0, stderr: 0 }, opts: CallOptions = {}): Promise<OutputChunk & { running: boolean }> {
+  async output(
+    from: OutputOffsets = { stdout: 0, stderr: 0 },
+    opts: CallOptions = {},
+  ): Promise<OutputChunk & { running: boolean }> {
     const r = await this.sandbox.transport.json<OutputChunk & { running: boolean; pid: number }>({
       method: 'GET',
       path: this.sandbox.path(`/commands/${this.pid}/output`),
@@ -237,7 +300,13 @@ export class RemoteCommandHandle {
 
   /** Sends a signal (default SIGKILL); false if it had already exited. */
   async kill(signal: NodeJS.Signals = 'SIGKILL', opts: CallOptions = {}): Promise<boolean> {
-    const r = await this.sandbox.transport.json<{ killed: boolean }>({ method: 'POST', path: this.sandbox.path(`/commands/${this.pid}/kill`), body: { json: { signal } }, signal: opts.signal, idempotencyKey: opts.idempotencyKey });
+    const r = await this.sandbox.transport.json<{ killed: boolean }>({
+      method: 'POST',
+      path: this.sandbox.path(`/commands/${this.pid}/kill`),
+      body: { json: { signal } },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
     return r.killed;
   }
 }
@@ -248,9 +317,15 @@ export class RemoteCommands {
 
   /** Reattaches to a background command by its pid (from run's handle or list()). */
   async connect(pid: number, opts: CallOptions = {}): Promise<RemoteCommandHandle> {
-    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
+    if (!Number.isInteger(pid) || pid < 1)
+      throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
     // Answers INVALID_ARGUMENT (field pid) unless the sandbox started such a command.
-    await this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path(`/commands/${pid}/output`), query: { stdoutOffset: '0', stderrOffset: '0' }, signal: opts.signal });
+    await this.sandbox.transport.json({
+      method: 'GET',
+      path: this.sandbox.path(`/commands/${pid}/output`),
+      query: { stdoutOffset: '0', stderrOffset: '0' },
+      signal: opts.signal,
+    });
     return new RemoteCommandHandle(this.sandbox, pid);
   }
 
@@ -266,13 +341,19 @@ export class RemoteCommands {
    */
   run(cmd: string | string[], opts: RemoteRunOptions & { background: true }): Promise<RemoteCommandHandle>;
   run(cmd: string | string[], opts?: RemoteRunOptions & { background?: false | undefined }): Promise<ObservedRunResult>;
-  async run(cmd: string | string[], opts: RemoteRunOptions & { background?: boolean | undefined } = {}): Promise<ObservedRunResult | RemoteCommandHandle> {
+  async run(
+    cmd: string | string[],
+    opts: RemoteRunOptions & { background?: boolean | undefined } = {},
+  ): Promise<ObservedRunResult | RemoteCommandHandle> {
     try {
       return await this.runOnce(cmd, opts);
     } catch (e) {
       // As in-process: an aborted command is COMMAND_ABORTED (the server stops it when the request goes away).
       if (e instanceof RequestAbortedError || (opts.signal?.aborted && !(e instanceof CommandAbortedError))) {
-        const aborted = new CommandAbortedError('COMMAND_ABORTED', `Command aborted: ${typeof cmd === 'string' ? cmd : cmd.join(' ')}`);
+        const aborted = new CommandAbortedError(
+          'COMMAND_ABORTED',
+          `Command aborted: ${typeof cmd === 'string' ? cmd : cmd.join(' ')}`,
+        );
         Object.defineProperty(aborted, 'cause', { value: e, configurable: true, writable: true });
         throw aborted;
       }
@@ -280,7 +361,10 @@ export class RemoteCommands {
     }
   }
 
-  private async runOnce(cmd: string | string[], opts: RemoteRunOptions & { background?: boolean | undefined }): Promise<ObservedRunResult | RemoteCommandHandle> {
+  private async runOnce(
+    cmd: string | string[],
+    opts: RemoteRunOptions & { background?: boolean | undefined },
+  ): Promise<ObservedRunResult | RemoteCommandHandle> {
     const { signal, idempotencyKey, onStdout, onStderr, background, ...rest } = opts;
     const body = { cmd, ...rest, ...(background ? { background: true } : {}) };
     const t = this.sandbox.transport;
@@ -294,9 +378,17 @@ export class RemoteCommands {
     // lost while the command runs aborts it on the server, as the signal does, and
     // the retry runs it afresh). fetch waits 300 s for an answer: longer commands
     // stream (the headers come at once) or run in the background (wait() asks in slices).
-    if (!onStdout && !onStderr) return t.json<ObservedRunResult>({ method: 'POST', path, body: { json: body }, signal, idempotencyKey });
+    if (!onStdout && !onStderr)
+      return t.json<ObservedRunResult>({ method: 'POST', path, body: { json: body }, signal, idempotencyKey });
 
-    const res = await t.send({ method: 'POST', path, body: { json: body }, accept: 'application/x-ndjson', signal, idempotencyKey });
+    const res = await t.send({
+      method: 'POST',
+      path,
+      body: { json: body },
+      accept: 'application/x-ndjson',
+      signal,
+      idempotencyKey,
+    });
     let stdout = '';
     let stderr = '';
     let result: Omit<ObservedRunResult, 'stdout' | 'stderr'> | undefined;
@@ -351,18 +443,37 @@ export class RemoteFiles {
   }
 
   /** Reads a whole file as bytes. */
-  async read(path: string, opts: { toolCallId?: string | undefined } & CallOptions = {}): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
-    const res = await this.t.send({ method: 'GET', path: this.sandbox.path('/files'), query: { path, toolCallId: opts.toolCallId }, accept: 'application/octet-stream', signal: opts.signal });
+  async read(
+    path: string,
+    opts: { toolCallId?: string | undefined } & CallOptions = {},
+  ): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
+    const res = await this.t.send({
+      method: 'GET',
+      path: this.sandbox.path('/files'),
+      query: { path, toolCallId: opts.toolCallId },
+      accept: 'application/octet-stream',
+      signal: opts.signal,
+    });
     const content = Buffer.from(await res.arrayBuffer());
     const sha256 = createHash('sha256').update(content).digest('hex');
     const sent = res.headers.get('x-lockstep-sha256');
-    if (sent && sent !== sha256) throw new ConnectionError(`The bytes of ${path} arrived damaged (sha256 ${sha256}, the server sent ${sent})`);
+    if (sent && sent !== sha256)
+      throw new ConnectionError(`The bytes of ${path} arrived damaged (sha256 ${sha256}, the server sent ${sent})`);
     return { content, sha256, observationId: res.headers.get('x-lockstep-observation-id') || undefined };
   }
 
   /** Reads a file as a stream, for files of any size; nothing is held in memory. */
-  async readStream(path: string, opts: { toolCallId?: string | undefined } & CallOptions = {}): Promise<RemoteReadStream> {
-    const res = await this.t.send({ method: 'GET', path: this.sandbox.path('/files'), query: { path, toolCallId: opts.toolCallId }, accept: 'application/octet-stream', signal: opts.signal });
+  async readStream(
+    path: string,
+    opts: { toolCallId?: string | undefined } & CallOptions = {},
+  ): Promise<RemoteReadStream> {
+    const res = await this.t.send({
+      method: 'GET',
+      path: this.sandbox.path('/files'),
+      query: { path, toolCallId: opts.toolCallId },
+      accept: 'application/octet-stream',
+      signal: opts.signal,
+    });
     const hash = createHash('sha256');
     let bytes = 0;
     const stream = Readable.fromWeb(res.body as import('node:stream/web').ReadableStream<Uint8Array>);
@@ -380,32 +491,83 @@ export class RemoteFiles {
   }
 
   /** Writes a file (parents are created); bytes as given, strings as UTF-8. */
-  async write(path: string, data: string | Uint8Array, opts: { mode?: number | undefined; toolCallId?: string | undefined } & CallOptions = {}): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
+  async write(
+    path: string,
+    data: string | Uint8Array,
+    opts: { mode?: number | undefined; toolCallId?: string | undefined } & CallOptions = {},
+  ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
     const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
     if (opts.mode !== undefined) {
       // Only the JSON form carries a mode.
-      return this.t.json({ method: 'PUT', path: this.sandbox.path('/files'), query: { path }, body: { json: { content: Buffer.from(bytes).toString('base64'), encoding: 'base64', mode: opts.mode, ...(opts.toolCallId ? { toolCallId: opts.toolCallId } : {}) } }, signal: opts.signal });
+      return this.t.json({
+        method: 'PUT',
+        path: this.sandbox.path('/files'),
+        query: { path },
+        body: {
+          json: {
+            content: Buffer.from(bytes).toString('base64'),
+            encoding: 'base64',
+            mode: opts.mode,
+            ...(opts.toolCallId ? { toolCallId: opts.toolCallId } : {}),
+          },
+        },
+        signal: opts.signal,
+      });
     }
-    return this.t.json({ method: 'PUT', path: this.sandbox.path('/files'), query: { path, toolCallId: opts.toolCallId }, body: { bytes }, signal: opts.signal });
+    return this.t.json({
+      method: 'PUT',
+      path: this.sandbox.path('/files'),
+      query: { path, toolCallId: opts.toolCallId },
+      body: { bytes },
+      signal: opts.signal,
+    });
   }
 
   /** Writes a file from a stream as it is read (the file changes only once all of it arrived). Not retried: a stream is read once. */
-  async writeStream(path: string, source: AsyncIterable<Uint8Array | string>, opts: { toolCallId?: string | undefined } & CallOptions = {}): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
-    return this.t.json({ method: 'PUT', path: this.sandbox.path('/files'), query: { path, toolCallId: opts.toolCallId }, body: { stream: source }, signal: opts.signal });
+  async writeStream(
+    path: string,
+    source: AsyncIterable<Uint8Array | string>,
+    opts: { toolCallId?: string | undefined } & CallOptions = {},
+  ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
+    return this.t.json({
+      method: 'PUT',
+      path: this.sandbox.path('/files'),
+      query: { path, toolCallId: opts.toolCallId },
+      body: { stream: source },
+      signal: opts.signal,
+    });
   }
 
-  async list(path: string, opts: { toolCallId?: string | undefined } & CallOptions = {}): Promise<FileEntry[] & { observationId?: string }> {
-    const r = await this.t.json<{ entries: FileEntry[]; observationId?: string }>({ method: 'GET', path: this.sandbox.path('/files/list'), query: { path, toolCallId: opts.toolCallId }, signal: opts.signal });
+  async list(
+    path: string,
+    opts: { toolCallId?: string | undefined } & CallOptions = {},
+  ): Promise<FileEntry[] & { observationId?: string }> {
+    const r = await this.t.json<{ entries: FileEntry[]; observationId?: string }>({
+      method: 'GET',
+      path: this.sandbox.path('/files/list'),
+      query: { path, toolCallId: opts.toolCallId },
+      signal: opts.signal,
+    });
     return Object.assign(r.entries, r.observationId !== undefined ? { observationId: r.observationId } : {});
   }
 
   async exists(path: string, opts: CallOptions = {}): Promise<boolean> {
-    const r = await this.t.json<{ exists: boolean }>({ method: 'GET', path: this.sandbox.path('/files/exists'), query: { path }, signal: opts.signal });
+    const r = await this.t.json<{ exists: boolean }>({
+      method: 'GET',
+      path: this.sandbox.path('/files/exists'),
+      query: { path },
+      signal: opts.signal,
+    });
     return r.exists;
   }
 
   async remove(path: string, opts: { toolCallId?: string | undefined } & CallOptions = {}): Promise<void> {
-    await this.t.send({ method: 'DELETE', path: this.sandbox.path('/files'), query: { path, toolCallId: opts.toolCallId }, signal: opts.signal });
+    await this.t.send({
+      method: 'DELETE',
+      path: this.sandbox.path('/files'),
+      query: { path, toolCallId: opts.toolCallId },
+      signal: opts.signal,
+    });
   }
 }
 
@@ -419,18 +581,43 @@ export class RemoteEffects {
 
   /** Records the intent durably; returns the recorded output instead if this effect already committed. */
   async begin(spec: EffectSpec, opts: CallOptions = {}): Promise<BeginResult> {
-    return this.sandbox.transport.json({ method: 'POST', path: this.sandbox.path('/effects'), body: { json: spec }, signal: opts.signal, idempotencyKey: opts.idempotencyKey });
+    return this.sandbox.transport.json({
+      method: 'POST',
+      path: this.sandbox.path('/effects'),
+      body: { json: spec },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
   }
 
   async commit(effectId: string, output?: JsonValue, opts: CallOptions = {}): Promise<EffectRecord> {
-    return this.sandbox.transport.json({ method: 'POST', path: this.effectPath(effectId, '/commit'), body: { json: output === undefined ? {} : { output } }, signal: opts.signal, idempotencyKey: opts.idempotencyKey });
+    return this.sandbox.transport.json({
+      method: 'POST',
+      path: this.effectPath(effectId, '/commit'),
+      body: { json: output === undefined ? {} : { output } },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
   }
 
   /** Records a failure; `definite`: the effect certainly did not happen (it may be retried). */
   async fail(effectId: string, err: unknown, opts: { definite: boolean } & CallOptions): Promise<EffectRecord> {
     const code = (err as { code?: unknown } | null)?.code;
-    const e = err instanceof Error ? { name: err.name.slice(0, 200), message: err.message.slice(0, 4000), ...(typeof code === 'string' ? { code: code.slice(0, 200) } : {}) } : String(err).slice(0, 4000);
-    return this.sandbox.transport.json({ method: 'POST', path: this.effectPath(effectId, '/fail'), body: { json: { error: e, definite: opts.definite } }, signal: opts.signal, idempotencyKey: opts.idempotencyKey });
+    const e =
+      err instanceof Error
+        ? {
+            name: err.name.slice(0, 200),
+            message: err.message.slice(0, 4000),
+            ...(typeof code === 'string' ? { code: code.slice(0, 200) } : {}),
+          }
+        : String(err).slice(0, 4000);
+    return this.sandbox.transport.json({
+      method: 'POST',
+      path: this.effectPath(effectId, '/fail'),
+      body: { json: { error: e, definite: opts.definite } },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
   }
 
   /**
@@ -438,7 +625,11 @@ export class RemoteEffects {
    * that already committed returns its recorded output without running fn.
    * An error with `definite: true` records that the effect did not happen.
    */
-  async run<T extends JsonValue | undefined | void>(spec: EffectSpec, fn: () => T | Promise<T>, opts: CallOptions = {}): Promise<T> {
+  async run<T extends JsonValue | undefined | void>(
+    spec: EffectSpec,
+    fn: () => T | Promise<T>,
+    opts: CallOptions = {},
+  ): Promise<T> {
     const b = await this.begin(spec, opts);
     if (b.replayed) return b.output as T;
     let output: T;
@@ -454,7 +645,13 @@ export class RemoteEffects {
   }
 
   async resolveUnknown(effectId: string, resolution: Resolution, opts: CallOptions = {}): Promise<EffectRecord> {
-    return this.sandbox.transport.json({ method: 'POST', path: this.effectPath(effectId, '/resolve'), body: { json: resolution }, signal: opts.signal, idempotencyKey: opts.idempotencyKey });
+    return this.sandbox.transport.json({
+      method: 'POST',
+      path: this.effectPath(effectId, '/resolve'),
+      body: { json: resolution },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
   }
 
   async list(opts: CallOptions = {}): Promise<EffectRecord[]> {
@@ -470,8 +667,17 @@ export class RemoteEffects {
 export class RemoteVerdicts {
   constructor(private readonly sandbox: Sandbox) {}
 
-  async record(input: { path: string; verdict: string; toolCallId?: string | undefined }, opts: CallOptions = {}): Promise<Verdict> {
-    return this.sandbox.transport.json({ method: 'POST', path: this.sandbox.path('/verdicts'), body: { json: input }, signal: opts.signal, idempotencyKey: opts.idempotencyKey });
+  async record(
+    input: { path: string; verdict: string; toolCallId?: string | undefined },
+    opts: CallOptions = {},
+  ): Promise<Verdict> {
+    return this.sandbox.transport.json({
+      method: 'POST',
+      path: this.sandbox.path('/verdicts'),
+      body: { json: input },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
   }
 
   async list(opts: CallOptions = {}): Promise<Verdict[]> {
@@ -480,6 +686,11 @@ export class RemoteVerdicts {
 
   /** Verdicts whose file no longer has the content they were made on. */
   async stale(opts: CallOptions = {}): Promise<StaleVerdict[]> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/verdicts'), query: { stale: 'true' }, signal: opts.signal });
+    return this.sandbox.transport.json({
+      method: 'GET',
+      path: this.sandbox.path('/verdicts'),
+      query: { stale: 'true' },
+      signal: opts.signal,
+    });
   }
 }

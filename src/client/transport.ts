@@ -79,13 +79,20 @@ export class Transport {
     } catch {
       throw new InvalidArgumentError('apiUrl', 'an http(s) URL', url);
     }
-    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new InvalidArgumentError('apiUrl', 'an http(s) URL', url);
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')
+      throw new InvalidArgumentError('apiUrl', 'an http(s) URL', url);
     this.apiUrl = parsed.href.replace(/\/+$/, '');
     const key = opts.apiKey ?? process.env.LOCKSTEP_API_KEY;
-    if (typeof key !== 'string' || !/^[\x21-\x7e]+$/.test(key)) throw new InvalidArgumentError('apiKey', 'the tenant token printed by `lockstep tenant add NAME` (or LOCKSTEP_API_KEY)', key);
+    if (typeof key !== 'string' || !/^[\x21-\x7e]+$/.test(key))
+      throw new InvalidArgumentError(
+        'apiKey',
+        'the tenant token printed by `lockstep tenant add NAME` (or LOCKSTEP_API_KEY)',
+        key,
+      );
     this.apiKey = key;
     this.maxAttempts = opts.maxAttempts ?? 4;
-    if (!Number.isInteger(this.maxAttempts) || this.maxAttempts < 1) throw new InvalidArgumentError('maxAttempts', 'an integer of at least 1', opts.maxAttempts);
+    if (!Number.isInteger(this.maxAttempts) || this.maxAttempts < 1)
+      throw new InvalidArgumentError('maxAttempts', 'an integer of at least 1', opts.maxAttempts);
     this.retryDelayMs = opts.retryDelayMs ?? 200;
     this.requestTimeoutMs = opts.requestTimeoutMs;
   }
@@ -94,7 +101,10 @@ export class Transport {
   async send(spec: RequestSpec): Promise<Response> {
     const url = new URL(this.apiUrl + '/v1' + spec.path);
     for (const [k, v] of Object.entries(spec.query ?? {})) if (v !== undefined) url.searchParams.set(k, v);
-    const headers: Record<string, string> = { authorization: `Bearer ${this.apiKey}`, accept: spec.accept ?? 'application/json' };
+    const headers: Record<string, string> = {
+      authorization: `Bearer ${this.apiKey}`,
+      accept: spec.accept ?? 'application/json',
+    };
     if (spec.method === 'POST') headers['idempotency-key'] = spec.idempotencyKey ?? randomUUID();
     // A stream can be sent once: a retry would send nothing.
     const replayable = !(spec.body && 'stream' in spec.body);
@@ -112,7 +122,10 @@ export class Transport {
         init.body = toWebStream(spec.body.stream);
         init.duplex = 'half';
       }
-      const signals = [spec.signal, this.requestTimeoutMs ? AbortSignal.timeout(this.requestTimeoutMs) : undefined].filter((s): s is AbortSignal => s !== undefined);
+      const signals = [
+        spec.signal,
+        this.requestTimeoutMs ? AbortSignal.timeout(this.requestTimeoutMs) : undefined,
+      ].filter((s): s is AbortSignal => s !== undefined);
       if (signals.length) init.signal = signals.length === 1 ? signals[0]! : AbortSignal.any(signals);
       let res: Response;
       try {

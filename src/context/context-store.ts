@@ -95,7 +95,8 @@ export class ContextStore {
       remove: db.prepare(`DELETE FROM agent_context_snapshots WHERE id = ?`),
       liveStats: db.prepare(`SELECT count(*) AS n, coalesce(sum(logical_bytes), 0) AS logical
         FROM agent_context_snapshots WHERE deleted = 0`),
-      rowStats: db.prepare(`SELECT count(*) AS n, coalesce(sum(deleted), 0) AS deleted, coalesce(sum(length(tail)), 0) AS tail
+      rowStats:
+        db.prepare(`SELECT count(*) AS n, coalesce(sum(deleted), 0) AS deleted, coalesce(sum(length(tail)), 0) AS tail
         FROM agent_context_snapshots`),
       itemStats: db.prepare(`SELECT count(*) AS n, coalesce(sum(length(data)), 0) AS bytes FROM agent_context_items`),
     };
@@ -144,7 +145,11 @@ export class ContextStore {
     const row = this.row(contextId);
     if (row === undefined || row.deleted) throw new NotFoundError('context', contextId);
     const tails: Buffer[] = [];
-    for (let r: SnapshotRow | undefined = row; r !== undefined; r = r.base_id === null ? undefined : this.row(r.base_id)) {
+    for (
+      let r: SnapshotRow | undefined = row;
+      r !== undefined;
+      r = r.base_id === null ? undefined : this.row(r.base_id)
+    ) {
       tails.push(r.tail);
     }
     const list = Buffer.concat(tails.reverse());
@@ -224,12 +229,22 @@ export class ContextStore {
     for (let hi = digests.length - 1; hi >= 1; hi -= PROBE) {
       const lo = Math.max(1, hi - PROBE + 1);
       const batch = digests.slice(lo, hi + 1);
-      const rows = this.probe(batch.length).all(...batch) as { id: string; item_count: number; depth: number; list_digest: Buffer }[];
+      const rows = this.probe(batch.length).all(...batch) as {
+        id: string;
+        item_count: number;
+        depth: number;
+        list_digest: Buffer;
+      }[];
       let best: (typeof rows)[number] | undefined;
       for (const r of rows) {
         // The digest commits to the length too; the item_count check is belt and braces.
         if (!r.list_digest.equals(digests[r.item_count] ?? Buffer.alloc(0))) continue;
-        if (best === undefined || r.item_count > best.item_count || (r.item_count === best.item_count && r.depth < best.depth)) best = r;
+        if (
+          best === undefined ||
+          r.item_count > best.item_count ||
+          (r.item_count === best.item_count && r.depth < best.depth)
+        )
+          best = r;
       }
       if (best !== undefined) return best;
     }
@@ -254,6 +269,12 @@ function sha256(b: Uint8Array): Buffer {
 /** d[0] = sha256(""), d[k] = sha256(d[k-1] || h[k-1]): d[k] identifies the first k hashes. */
 function rollingDigests(hashes: Buffer[]): Buffer[] {
   const d: Buffer[] = [sha256(new Uint8Array(0))];
-  for (const h of hashes) d.push(createHash('sha256').update(d[d.length - 1]!).update(h).digest());
+  for (const h of hashes)
+    d.push(
+      createHash('sha256')
+        .update(d[d.length - 1]!)
+        .update(h)
+        .digest(),
+    );
   return d;
 }

@@ -61,14 +61,25 @@ export type AgentContext =
 export type ContextFormat = AgentContext['format'];
 
 /** Every supported format tag. */
-export const CONTEXT_FORMATS: readonly ContextFormat[] = ['openai-chat', 'openai-responses', 'anthropic', 'ai-sdk', 'langgraph', 'bytes'];
+export const CONTEXT_FORMATS: readonly ContextFormat[] = [
+  'openai-chat',
+  'openai-responses',
+  'anthropic',
+  'ai-sdk',
+  'langgraph',
+  'bytes',
+];
 
 /** The context's format cannot do what was asked (e.g. a recovery note in opaque bytes). */
 export class ContextFormatUnsupportedError extends LockstepError {
   constructor(format: string, operation: string, reason: string) {
-    super('CONTEXT_FORMAT_UNSUPPORTED', `Cannot ${operation} a context in format ${JSON.stringify(format)}: ${reason}`, {
-      details: { format, operation },
-    });
+    super(
+      'CONTEXT_FORMAT_UNSUPPORTED',
+      `Cannot ${operation} a context in format ${JSON.stringify(format)}: ${reason}`,
+      {
+        details: { format, operation },
+      },
+    );
   }
 }
 
@@ -122,7 +133,11 @@ export function validateContext(x: unknown, field = 'context'): AgentContext {
       if (!(ctx.data instanceof Uint8Array)) throw new InvalidArgumentError(`${field}.data`, 'a Uint8Array', ctx.data);
       break;
     default:
-      throw new InvalidArgumentError(`${field}.format`, `one of ${CONTEXT_FORMATS.map((f) => `'${f}'`).join(', ')}`, ctx.format);
+      throw new InvalidArgumentError(
+        `${field}.format`,
+        `one of ${CONTEXT_FORMATS.map((f) => `'${f}'`).join(', ')}`,
+        ctx.format,
+      );
   }
   storable(ctx, field, new Set());
   return ctx as AgentContext;
@@ -143,7 +158,8 @@ function chatMessage(x: unknown, f: string): void {
       if (call.type === 'function') {
         const fn = obj(call.function, `${cf}.function`);
         str(fn.name, `${cf}.function.name`);
-        if (typeof fn.arguments !== 'string') throw new InvalidArgumentError(`${cf}.function.arguments`, 'a JSON string', fn.arguments);
+        if (typeof fn.arguments !== 'string')
+          throw new InvalidArgumentError(`${cf}.function.arguments`, 'a JSON string', fn.arguments);
       }
     });
   }
@@ -160,7 +176,8 @@ function responsesItem(x: unknown, f: string): void {
   if (it.type === 'function_call') {
     str(it.call_id, `${f}.call_id`);
     str(it.name, `${f}.name`);
-    if (typeof it.arguments !== 'string') throw new InvalidArgumentError(`${f}.arguments`, 'a JSON string', it.arguments);
+    if (typeof it.arguments !== 'string')
+      throw new InvalidArgumentError(`${f}.arguments`, 'a JSON string', it.arguments);
   } else if (it.type === 'function_call_output') {
     str(it.call_id, `${f}.call_id`);
     stringOrParts(it.output, `${f}.output`);
@@ -191,7 +208,8 @@ function aiSdkMessage(x: unknown, f: string): void {
   const m = obj(x, f);
   oneOf(m.role, AI_SDK_ROLES, `${f}.role`);
   if (m.role === 'system') {
-    if (typeof m.content !== 'string') throw new InvalidArgumentError(`${f}.content`, 'a string (system messages are text only)', m.content);
+    if (typeof m.content !== 'string')
+      throw new InvalidArgumentError(`${f}.content`, 'a string (system messages are text only)', m.content);
     return;
   }
   if (m.role !== 'tool' && typeof m.content === 'string') return;
@@ -258,7 +276,8 @@ function storable(x: unknown, f: string, path: Set<object>): void {
       throw new InvalidArgumentError(f, 'serializable data (no functions or symbols)', x);
   }
   if (x === null || ArrayBuffer.isView(x) || x instanceof ArrayBuffer || x instanceof Date) {
-    if (ArrayBuffer.isView(x) && x instanceof DataView) throw new InvalidArgumentError(f, 'a typed array, not a DataView', x);
+    if (ArrayBuffer.isView(x) && x instanceof DataView)
+      throw new InvalidArgumentError(f, 'a typed array, not a DataView', x);
     return;
   }
   if (path.has(x)) throw new InvalidArgumentError(f, 'acyclic data', x);
@@ -383,7 +402,11 @@ export function appendRecoveryNote(ctx: AgentContext, text: string): AgentContex
     case 'langgraph': {
       const messages = lgMessages(ctx.checkpoint);
       if (messages === undefined) {
-        throw new ContextFormatUnsupportedError(ctx.format, 'add a recovery note to', 'the checkpoint has no channel_values.messages array');
+        throw new ContextFormatUnsupportedError(
+          ctx.format,
+          'add a recovery note to',
+          'the checkpoint has no channel_values.messages array',
+        );
       }
       return rebuild(ctx, [...messages, langGraphNote(messages, text)]);
     }
@@ -416,10 +439,16 @@ function noteAnthropic(messages: AnthropicMessage[], text: string): AnthropicMes
     last?.role === 'assistant' && Array.isArray(last.content)
       ? last.content.filter((b) => b.type === 'tool_use').map((b) => b.id as string)
       : [];
-  const results: AnthropicBlock[] = pendingIds.map((id) => ({ type: 'tool_result', tool_use_id: id, is_error: true, content: INTERRUPTED_TOOL_RESULT }));
+  const results: AnthropicBlock[] = pendingIds.map((id) => ({
+    type: 'tool_result',
+    tool_use_id: id,
+    is_error: true,
+    content: INTERRUPTED_TOOL_RESULT,
+  }));
   const note: AnthropicBlock = { type: 'text', text };
   if (last?.role === 'user') {
-    const blocks: AnthropicBlock[] = typeof last.content === 'string' ? [{ type: 'text', text: last.content }] : [...last.content];
+    const blocks: AnthropicBlock[] =
+      typeof last.content === 'string' ? [{ type: 'text', text: last.content }] : [...last.content];
     out[out.length - 1] = { ...last, content: [...blocks, note] };
   } else {
     out.push({ role: 'user', content: [...results, note] });
@@ -430,9 +459,12 @@ function noteAnthropic(messages: AnthropicMessage[], text: string): AnthropicMes
 function noteAiSdk(messages: AiSdkMessage[], text: string): AiSdkMessage[] {
   const out = [...messages];
   const answered = new Set<unknown>();
-  for (const m of out) if (Array.isArray(m.content)) for (const p of m.content) if (p.type === 'tool-result') answered.add(p.toolCallId);
+  for (const m of out)
+    if (Array.isArray(m.content)) for (const p of m.content) if (p.type === 'tool-result') answered.add(p.toolCallId);
   const lastAssistant = trailingCaller(out, 'tool');
-  const pending = Array.isArray(lastAssistant?.content) ? lastAssistant.content.filter((p) => p.type === 'tool-call' && !answered.has(p.toolCallId)) : [];
+  const pending = Array.isArray(lastAssistant?.content)
+    ? lastAssistant.content.filter((p) => p.type === 'tool-call' && !answered.has(p.toolCallId))
+    : [];
   if (pending.length > 0) {
     out.push({
       role: 'tool',
@@ -469,9 +501,15 @@ function noteResponses(items: OpenAIResponsesItem[], text: string): OpenAIRespon
 function langGraphNote(messages: unknown[], text: string): unknown {
   const sample = messages.find((m) => typeof m === 'object' && m !== null) as Obj | undefined;
   if (sample?.lc === 1 && sample.type === 'constructor') {
-    return { lc: 1, type: 'constructor', id: ['langchain_core', 'messages', 'HumanMessage'], kwargs: { content: text, additional_kwargs: {}, response_metadata: {} } };
+    return {
+      lc: 1,
+      type: 'constructor',
+      id: ['langchain_core', 'messages', 'HumanMessage'],
+      kwargs: { content: text, additional_kwargs: {}, response_metadata: {} },
+    };
   }
-  if (sample !== undefined && typeof sample.type === 'string' && sample.role === undefined) return { type: 'human', content: text };
+  if (sample !== undefined && typeof sample.type === 'string' && sample.role === undefined)
+    return { type: 'human', content: text };
   return { role: 'user', content: text };
 }
 

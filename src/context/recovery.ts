@@ -76,12 +76,18 @@ const MAX_JSON = 300;
 export function buildRecoverySummary(input: RecoveryInput): RecoverySummary {
   if (typeof input !== 'object' || input === null) throw new InvalidArgumentError('input', 'an object', input);
   const target = input.targetCheckpoint;
-  if (typeof target?.id !== 'string' || target.id === '') throw new InvalidArgumentError('input.targetCheckpoint.id', 'a non-empty string', target?.id);
-  for (const [field, v] of [['staleObservations', input.staleObservations], ['effectsAfter', input.effectsAfter], ['staleVerdicts', input.staleVerdicts]] as const) {
+  if (typeof target?.id !== 'string' || target.id === '')
+    throw new InvalidArgumentError('input.targetCheckpoint.id', 'a non-empty string', target?.id);
+  for (const [field, v] of [
+    ['staleObservations', input.staleObservations],
+    ['effectsAfter', input.effectsAfter],
+    ['staleVerdicts', input.staleVerdicts],
+  ] as const) {
     if (!Array.isArray(v)) throw new InvalidArgumentError(`input.${field}`, 'an array', v);
   }
   const lessons = input.lessons ?? [];
-  if (!Array.isArray(lessons) || lessons.some((l) => typeof l !== 'string')) throw new InvalidArgumentError('input.lessons', 'an array of strings', input.lessons);
+  if (!Array.isArray(lessons) || lessons.some((l) => typeof l !== 'string'))
+    throw new InvalidArgumentError('input.lessons', 'an array of strings', input.lessons);
 
   const observations = [...input.staleObservations].sort((a, b) => a.seq - b.seq);
   const commandsRun = observations
@@ -90,7 +96,8 @@ export function buildRecoverySummary(input: RecoveryInput): RecoverySummary {
 
   const files = new Map<string, FileTouched>();
   for (const o of observations) {
-    const how = o.kind === 'file-read' ? 'read' : o.kind === 'file-write' ? 'write' : o.kind === 'file-list' ? 'list' : undefined;
+    const how =
+      o.kind === 'file-read' ? 'read' : o.kind === 'file-write' ? 'write' : o.kind === 'file-list' ? 'list' : undefined;
     if (how === undefined) continue;
     const f = files.get(o.subject) ?? { path: o.subject, how: [] };
     if (!f.how.includes(how)) f.how.push(how);
@@ -100,18 +107,18 @@ export function buildRecoverySummary(input: RecoveryInput): RecoverySummary {
   const effectsCommitted = [...input.effectsAfter]
     .sort((a, b) => a.seq - b.seq)
     .filter((e) => e.status !== 'failed')
-    .map(
-      (e): EffectSummary => ({
-        effectId: e.id,
-        kind: e.kind,
-        input: e.input,
-        output: e.output,
-        status: e.status,
-        reversibility: e.reversibility,
-        compensates: e.compensatesId,
-      }),
-    );
-  const irreversibleEffects = effectsCommitted.filter((e) => e.reversibility === 'irreversible' && e.compensates === null);
+    .map((e): EffectSummary => ({
+      effectId: e.id,
+      kind: e.kind,
+      input: e.input,
+      output: e.output,
+      status: e.status,
+      reversibility: e.reversibility,
+      compensates: e.compensatesId,
+    }));
+  const irreversibleEffects = effectsCommitted.filter(
+    (e) => e.reversibility === 'irreversible' && e.compensates === null,
+  );
 
   const structured: RecoveryStructured = {
     targetCheckpoint: { id: target.id, label: target.label ?? null },
@@ -120,7 +127,12 @@ export function buildRecoverySummary(input: RecoveryInput): RecoverySummary {
     filesTouched: [...files.values()],
     effectsCommitted,
     irreversibleEffects,
-    staleVerdicts: input.staleVerdicts.map((v) => ({ path: v.path, verdict: v.verdict, contentHash: v.contentHash, currentHash: v.currentHash ?? null })),
+    staleVerdicts: input.staleVerdicts.map((v) => ({
+      path: v.path,
+      verdict: v.verdict,
+      contentHash: v.contentHash,
+      currentHash: v.currentHash ?? null,
+    })),
     lessons,
   };
   return { structured, text: renderText(structured) };
@@ -128,7 +140,10 @@ export function buildRecoverySummary(input: RecoveryInput): RecoverySummary {
 
 function renderText(s: RecoveryStructured): string {
   const lines: string[] = ['<lockstep-recovery>'];
-  const where = s.targetCheckpoint.label === null ? s.targetCheckpoint.id : `${s.targetCheckpoint.id} ("${s.targetCheckpoint.label}")`;
+  const where =
+    s.targetCheckpoint.label === null
+      ? s.targetCheckpoint.id
+      : `${s.targetCheckpoint.id} ("${s.targetCheckpoint.label}")`;
   lines.push(
     `The sandbox was rolled back: its files and processes are exactly as they were at checkpoint ${where}, ` +
       `and this conversation continues from that point. Work done after it was undone inside the sandbox, not outside it.`,
@@ -142,7 +157,12 @@ function renderText(s: RecoveryStructured): string {
       return `ran \`${oneLine(c.command)}\`${exit}${c.summary === null ? '' : `: ${oneLine(c.summary)}`}`;
     });
     bullets(lines, s.filesTouched, (f) => `${f.how.join('/')} ${f.path}`);
-    bullets(lines, s.staleVerdicts, (v) => `verdict "${v.verdict}" on ${v.path} no longer applies: the file ${v.currentHash === null ? 'is gone' : 'has different content now'}`);
+    bullets(
+      lines,
+      s.staleVerdicts,
+      (v) =>
+        `verdict "${v.verdict}" on ${v.path} no longer applies: the file ${v.currentHash === null ? 'is gone' : 'has different content now'}`,
+    );
   }
 
   const done = s.effectsCommitted.filter((e) => e.reversibility !== 'sandbox-local');
@@ -154,7 +174,11 @@ function renderText(s: RecoveryStructured): string {
   const compensable = done.filter((e) => e.reversibility === 'compensable');
   if (compensable.length > 0) {
     lines.push('', 'Happened outside the sandbox and can only be taken back by compensation:');
-    bullets(lines, compensable, (e) => `${describeEffect(e)}${e.status === 'compensated' ? ' — since compensated' : ' — still in effect'}`);
+    bullets(
+      lines,
+      compensable,
+      (e) => `${describeEffect(e)}${e.status === 'compensated' ? ' — since compensated' : ' — still in effect'}`,
+    );
   }
   const compensations = done.filter((e) => e.compensates !== null);
   if (compensations.length > 0) {
@@ -163,7 +187,13 @@ function renderText(s: RecoveryStructured): string {
   }
   const local = s.effectsCommitted.filter((e) => e.reversibility === 'sandbox-local');
   if (local.length > 0) {
-    lines.push('', `Undone by the rollback (may be done again if still needed): ${local.map((e) => e.kind).slice(0, MAX_LISTED).join(', ')}${local.length > MAX_LISTED ? ', …' : ''}`);
+    lines.push(
+      '',
+      `Undone by the rollback (may be done again if still needed): ${local
+        .map((e) => e.kind)
+        .slice(0, MAX_LISTED)
+        .join(', ')}${local.length > MAX_LISTED ? ', …' : ''}`,
+    );
   }
 
   if (s.lessons.length > 0) {

@@ -148,7 +148,14 @@ export class EffectOutcomeUnknownError extends LockstepError {
       'EFFECT_OUTCOME_UNKNOWN',
       `Effect ${effect.id} (${effect.kind}) is ${effect.status}: it may already have happened. ` +
         `Check the outside world and settle it with resolveUnknown() before trying again.`,
-      { details: { effectId: effect.id, kind: effect.kind, status: effect.status, idempotencyKey: effect.idempotencyKey } },
+      {
+        details: {
+          effectId: effect.id,
+          kind: effect.kind,
+          status: effect.status,
+          idempotencyKey: effect.idempotencyKey,
+        },
+      },
     );
     this.effect = effect;
   }
@@ -220,16 +227,25 @@ export class EffectLedger {
         VALUES (@id, @lineage_id, @sandbox_id, @branch_id, @epoch_checkpoint_id, @kind, @input, @reversibility, @scope,
          @idempotency_key, @tool_call_id, @compensation, 'pending', @attempt, @compensates_id, @created_at)`),
       nextCommitOrder: db.prepare(`SELECT coalesce(max(commit_order), 0) + 1 FROM agent_effects`).pluck(),
-      settleCommitted: db.prepare(`UPDATE agent_effects SET status = 'committed', output = ?, error = ?, definite = NULL,
+      settleCommitted:
+        db.prepare(`UPDATE agent_effects SET status = 'committed', output = ?, error = ?, definite = NULL,
         commit_order = ?, settled_at = ? WHERE id = ?`),
-      settleFailed: db.prepare(`UPDATE agent_effects SET status = ?, definite = ?, error = ?, settled_at = ? WHERE id = ?`),
+      settleFailed: db.prepare(
+        `UPDATE agent_effects SET status = ?, definite = ?, error = ?, settled_at = ? WHERE id = ?`,
+      ),
       markCompensated: db.prepare(`UPDATE agent_effects SET status = 'compensated', compensated_by = ? WHERE id = ?`),
-      runnersPending: db.prepare(`SELECT DISTINCT runner FROM agent_effects WHERE status = 'pending' AND runner IS NOT NULL`).pluck(),
-      recover: db.prepare(`UPDATE agent_effects SET status = 'unknown', error = ? WHERE status = 'pending' AND runner = ? RETURNING *`),
+      runnersPending: db
+        .prepare(`SELECT DISTINCT runner FROM agent_effects WHERE status = 'pending' AND runner IS NOT NULL`)
+        .pluck(),
+      recover: db.prepare(
+        `UPDATE agent_effects SET status = 'unknown', error = ? WHERE status = 'pending' AND runner = ? RETURNING *`,
+      ),
       setRunner: db.prepare(`UPDATE agent_effects SET runner = ? WHERE id = ?`),
       seal: db.prepare(`UPDATE agent_effects SET sealed_by = ?
         WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`),
-      abandon: db.prepare(`UPDATE agent_effects SET abandoned_by = ? WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`),
+      abandon: db.prepare(
+        `UPDATE agent_effects SET abandoned_by = ? WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`,
+      ),
       cursor: db.prepare(`SELECT coalesce(max(seq), 0) FROM agent_effects WHERE sandbox_id = ?`).pluck(),
       timeline: db.prepare(`SELECT * FROM agent_effects WHERE sandbox_id = ?
         UNION SELECT e.* FROM agent_effects e JOIN agent_effect_views v ON v.effect_id = e.id WHERE v.sandbox_id = ?
@@ -273,10 +289,17 @@ export class EffectLedger {
    * retried); otherwise the outcome is unknown and the effect will not be retried blindly.
    */
   fail(effectId: string, err: unknown, opts: { definite: boolean }): void {
-    if (typeof opts?.definite !== 'boolean') throw new InvalidArgumentError('opts.definite', 'a boolean', opts?.definite);
+    if (typeof opts?.definite !== 'boolean')
+      throw new InvalidArgumentError('opts.definite', 'a boolean', opts?.definite);
     this.db.transaction(() => {
       this.unsettled(effectId);
-      this.stmt.settleFailed.run(opts.definite ? 'failed' : 'unknown', opts.definite ? 1 : 0, JSON.stringify(errorInfo(err)), this.clock(), effectId);
+      this.stmt.settleFailed.run(
+        opts.definite ? 'failed' : 'unknown',
+        opts.definite ? 1 : 0,
+        JSON.stringify(errorInfo(err)),
+        this.clock(),
+        effectId,
+      );
     })();
   }
 
@@ -284,7 +307,11 @@ export class EffectLedger {
    * begin → (replayed ? recorded output : fn() → commit). A throw from fn is recorded as an
    * unknown outcome unless the error carries `definite: true`, then rethrown.
    */
-  async run<T extends JsonValue | undefined | void>(ctx: EffectContext, spec: EffectSpec, fn: () => T | Promise<T>): Promise<T> {
+  async run<T extends JsonValue | undefined | void>(
+    ctx: EffectContext,
+    spec: EffectSpec,
+    fn: () => T | Promise<T>,
+  ): Promise<T> {
     const b = this.db.transaction(() => {
       const r = this.begin(ctx, spec);
       if (!r.replayed) this.stmt.setRunner.run(currentRunner(), r.effectId);
@@ -305,13 +332,23 @@ export class EffectLedger {
   /** Settles an unknown effect after an operator checked whether it happened. */
   resolveUnknown(effectId: string, resolution: Resolution): EffectRecord {
     if (resolution?.outcome !== 'committed' && resolution?.outcome !== 'failed') {
-      throw new InvalidArgumentError('resolution.outcome', "'committed' or 'failed'", (resolution as { outcome?: unknown })?.outcome);
+      throw new InvalidArgumentError(
+        'resolution.outcome',
+        "'committed' or 'failed'",
+        (resolution as { outcome?: unknown })?.outcome,
+      );
     }
-    const outputJson = resolution.outcome === 'committed' && resolution.output !== undefined ? jsonText(resolution.output, 'resolution.output') : null;
+    const outputJson =
+      resolution.outcome === 'committed' && resolution.output !== undefined
+        ? jsonText(resolution.output, 'resolution.output')
+        : null;
     return this.db.transaction(() => {
       const row = this.row(effectId);
       if (row.status !== 'unknown') {
-        throw new InvalidStateError('EFFECT_NOT_UNKNOWN', `Effect ${effectId} is ${row.status}, not unknown`, { effectId, status: row.status });
+        throw new InvalidStateError('EFFECT_NOT_UNKNOWN', `Effect ${effectId} is ${row.status}, not unknown`, {
+          effectId,
+          status: row.status,
+        });
       }
       if (resolution.outcome === 'committed') this.settleCommitted(row, outputJson, null);
       else this.stmt.settleFailed.run('failed', 1, row.error, this.clock(), effectId);
@@ -325,7 +362,10 @@ export class EffectLedger {
    * caller and stay pending until it settles them.
    */
   recoverAfterCrash(isRunnerAlive: (runner: string) => boolean = runnerAlive): EffectRecord[] {
-    const note = JSON.stringify({ name: 'Interrupted', message: 'The process running this effect stopped before its outcome was recorded' });
+    const note = JSON.stringify({
+      name: 'Interrupted',
+      message: 'The process running this effect stopped before its outcome was recorded',
+    });
     const out: EffectRecord[] = [];
     for (const runner of this.stmt.runnersPending.all() as string[]) {
       if (!isRunnerAlive(runner)) out.push(...(this.stmt.recover.all(note, runner) as EffectRow[]).map(toRecord));
@@ -348,7 +388,11 @@ export class EffectLedger {
    * unsealed ones, and ones sealed by a checkpoint that is not an ancestor-or-self of the
    * target. Includes effects inherited from a fork parent. Every status is returned.
    */
-  effectsAfter(sandboxId: string, targetCheckpointId: string, isAncestorOrSelf: (checkpointId: string) => boolean): EffectRecord[] {
+  effectsAfter(
+    sandboxId: string,
+    targetCheckpointId: string,
+    isAncestorOrSelf: (checkpointId: string) => boolean,
+  ): EffectRecord[] {
     nonEmpty(targetCheckpointId, 'targetCheckpointId');
     const anc = memo(isAncestorOrSelf);
     const rows = this.stmt.timeline.all(nonEmpty(sandboxId, 'sandboxId'), sandboxId) as EffectRow[];
@@ -359,7 +403,12 @@ export class EffectLedger {
    * effectsAfter(), and marks the unsealed ones abandoned so a later checkpoint on the new
    * timeline does not seal them into it. Call in the rollback transaction.
    */
-  applyRollback(sandboxId: string, targetCheckpointId: string, isAncestorOrSelf: (checkpointId: string) => boolean, rollbackId: string): EffectRecord[] {
+  applyRollback(
+    sandboxId: string,
+    targetCheckpointId: string,
+    isAncestorOrSelf: (checkpointId: string) => boolean,
+    rollbackId: string,
+  ): EffectRecord[] {
     return this.db.transaction(() => {
       const after = this.effectsAfter(sandboxId, targetCheckpointId, isAncestorOrSelf);
       this.stmt.abandon.run(nonEmpty(rollbackId, 'rollbackId'), sandboxId);
@@ -372,13 +421,21 @@ export class EffectLedger {
    * so a rollback of the fork past its fork point reports them. Idempotency needs no help: forks
    * share the lineage id, and lineage-scoped keys ignore the branch.
    */
-  inheritForFork(parentSandboxId: string, checkpointId: string, childSandboxId: string, isAncestorOrSelf: (checkpointId: string) => boolean): number {
+  inheritForFork(
+    parentSandboxId: string,
+    checkpointId: string,
+    childSandboxId: string,
+    isAncestorOrSelf: (checkpointId: string) => boolean,
+  ): number {
     nonEmpty(checkpointId, 'checkpointId');
     nonEmpty(childSandboxId, 'childSandboxId');
     const anc = memo(isAncestorOrSelf);
     return this.db.transaction(() => {
       let n = 0;
-      for (const r of this.stmt.timeline.all(nonEmpty(parentSandboxId, 'parentSandboxId'), parentSandboxId) as EffectRow[]) {
+      for (const r of this.stmt.timeline.all(
+        nonEmpty(parentSandboxId, 'parentSandboxId'),
+        parentSandboxId,
+      ) as EffectRow[]) {
         if (r.sealed_by !== null && anc(r.sealed_by)) n += this.stmt.addView.run(childSandboxId, r.id).changes;
       }
       return n;
@@ -399,28 +456,47 @@ export class EffectLedger {
     if (Array.isArray(target)) {
       effects = target.map((id, i) => toRecord(this.row(nonEmpty(id, `target[${i}]`))));
       for (const e of effects) {
-        const ok = e.reversibility === 'compensable' && e.compensatesId === null && (e.status === 'committed' || e.status === 'compensated');
+        const ok =
+          e.reversibility === 'compensable' &&
+          e.compensatesId === null &&
+          (e.status === 'committed' || e.status === 'compensated');
         if (!ok) {
-          throw new InvalidStateError('EFFECT_NOT_COMPENSABLE', `Effect ${e.id} (${e.kind}) is ${e.reversibility} and ${e.status}; only committed compensable effects can be compensated`, {
-            effectId: e.id,
-            reversibility: e.reversibility,
-            status: e.status,
-          });
+          throw new InvalidStateError(
+            'EFFECT_NOT_COMPENSABLE',
+            `Effect ${e.id} (${e.kind}) is ${e.reversibility} and ${e.status}; only committed compensable effects can be compensated`,
+            {
+              effectId: e.id,
+              reversibility: e.reversibility,
+              status: e.status,
+            },
+          );
         }
       }
     } else if (typeof target === 'object' && target !== null && 'after' in target) {
       const a = target.after;
       effects = this.effectsAfter(a.sandboxId, a.targetCheckpointId, a.isAncestorOrSelf).filter(
-        (e) => e.reversibility === 'compensable' && e.compensatesId === null && (e.status === 'committed' || e.status === 'compensated'),
+        (e) =>
+          e.reversibility === 'compensable' &&
+          e.compensatesId === null &&
+          (e.status === 'committed' || e.status === 'compensated'),
       );
     } else {
-      throw new InvalidArgumentError('target', 'an array of effect ids or { after: { sandboxId, targetCheckpointId, isAncestorOrSelf } }', target);
+      throw new InvalidArgumentError(
+        'target',
+        'an array of effect ids or { after: { sandboxId, targetCheckpointId, isAncestorOrSelf } }',
+        target,
+      );
     }
     effects.sort((x, y) => (y.commitOrder ?? 0) - (x.commitOrder ?? 0));
 
     const results: CompensationResult[] = [];
     for (const e of effects) {
-      const ctx: EffectContext = { sandboxId: e.sandboxId, lineageId: e.lineageId, branchId: e.branchId, epochCheckpointId: e.epochCheckpointId };
+      const ctx: EffectContext = {
+        sandboxId: e.sandboxId,
+        lineageId: e.lineageId,
+        branchId: e.branchId,
+        epochCheckpointId: e.epochCheckpointId,
+      };
       const spec: EffectSpec = {
         kind: e.compensation!.kind,
         input: e.compensation!.input,
@@ -441,7 +517,12 @@ export class EffectLedger {
         throw err;
       }
       this.commitFromRun(b.effectId, output as JsonValue | undefined);
-      results.push({ effectId: e.id, compensationId: b.effectId, output: output as JsonValue | undefined, replayed: false });
+      results.push({
+        effectId: e.id,
+        compensationId: b.effectId,
+        output: output as JsonValue | undefined,
+        replayed: false,
+      });
     }
     return results;
   }
@@ -463,16 +544,27 @@ export class EffectLedger {
   private beginRow(ctx: EffectContext, spec: EffectSpec, compensatesId: string | null): BeginResult {
     const c = checkContext(ctx);
     const s = checkSpec(spec);
-    const idempotencyKey = deriveKey({ lineageId: c.lineageId, branchId: c.branchId, kind: s.kind, input: spec.input, scope: s.scope, ...(spec.key === undefined ? {} : { key: spec.key }) });
+    const idempotencyKey = deriveKey({
+      lineageId: c.lineageId,
+      branchId: c.branchId,
+      kind: s.kind,
+      input: spec.input,
+      scope: s.scope,
+      ...(spec.key === undefined ? {} : { key: spec.key }),
+    });
     return this.db.transaction((): BeginResult => {
       for (let tries = 0; ; tries++) {
         const live = this.stmt.live.get(idempotencyKey) as EffectRow | undefined;
         if (live !== undefined) {
           if (spec.key !== undefined && (live.kind !== s.kind || live.input !== s.inputJson)) {
-            throw new InvalidStateError('IDEMPOTENCY_KEY_CONFLICT', `Idempotency key ${JSON.stringify(spec.key)} was already used for a different effect (${live.id}, ${live.kind})`, {
-              effectId: live.id,
-              key: spec.key,
-            });
+            throw new InvalidStateError(
+              'IDEMPOTENCY_KEY_CONFLICT',
+              `Idempotency key ${JSON.stringify(spec.key)} was already used for a different effect (${live.id}, ${live.kind})`,
+              {
+                effectId: live.id,
+                key: spec.key,
+              },
+            );
           }
           if (live.status === 'committed') {
             return { replayed: true, effectId: live.id, idempotencyKey, output: parseOutput(live.output) };
@@ -519,13 +611,21 @@ export class EffectLedger {
       problem = err;
     }
     // The effect did happen even if its output cannot be recorded: commit it without output.
-    this.db.transaction(() => this.settleCommitted(this.unsettled(effectId), outputJson, problem === undefined ? null : errorInfo(problem)))();
+    this.db.transaction(() =>
+      this.settleCommitted(this.unsettled(effectId), outputJson, problem === undefined ? null : errorInfo(problem)),
+    )();
     if (problem !== undefined) throw problem;
   }
 
   private settleCommitted(row: EffectRow, outputJson: string | null, error: RecordedError | null): void {
     const order = this.stmt.nextCommitOrder.get() as number;
-    this.stmt.settleCommitted.run(outputJson, error === null ? null : JSON.stringify(error), order, this.clock(), row.id);
+    this.stmt.settleCommitted.run(
+      outputJson,
+      error === null ? null : JSON.stringify(error),
+      order,
+      this.clock(),
+      row.id,
+    );
     if (row.compensates_id !== null) this.stmt.markCompensated.run(row.id, row.compensates_id);
   }
 
@@ -533,7 +633,10 @@ export class EffectLedger {
     const row = this.row(effectId);
     // A commit may arrive after another process declared the attempt unknown: the truth wins.
     if (row.status !== 'pending' && row.status !== 'unknown') {
-      throw new InvalidStateError('EFFECT_ALREADY_SETTLED', `Effect ${effectId} is already ${row.status}`, { effectId, status: row.status });
+      throw new InvalidStateError('EFFECT_ALREADY_SETTLED', `Effect ${effectId} is already ${row.status}`, {
+        effectId,
+        status: row.status,
+      });
     }
     return row;
   }
@@ -594,22 +697,39 @@ function checkSpec(spec: EffectSpec) {
   if (typeof spec !== 'object' || spec === null) throw new InvalidArgumentError('spec', 'an object', spec);
   const kind = nonEmpty(spec.kind, 'spec.kind');
   if (!REVERSIBILITIES.includes(spec.reversibility)) {
-    throw new InvalidArgumentError('spec.reversibility', REVERSIBILITIES.map((r) => `'${r}'`).join(', '), spec.reversibility);
+    throw new InvalidArgumentError(
+      'spec.reversibility',
+      REVERSIBILITIES.map((r) => `'${r}'`).join(', '),
+      spec.reversibility,
+    );
   }
   const scope: EffectScope = spec.scope ?? (spec.reversibility === 'sandbox-local' ? 'branch' : 'lineage');
-  if (scope !== 'lineage' && scope !== 'branch') throw new InvalidArgumentError('spec.scope', "'lineage' or 'branch'", spec.scope);
+  if (scope !== 'lineage' && scope !== 'branch')
+    throw new InvalidArgumentError('spec.scope', "'lineage' or 'branch'", spec.scope);
   if (spec.reversibility === 'sandbox-local' && scope !== 'branch') {
-    throw new InvalidArgumentError('spec.scope', "'branch' for sandbox-local effects (a rollback undoes them, so a replay must run them again)", scope);
+    throw new InvalidArgumentError(
+      'spec.scope',
+      "'branch' for sandbox-local effects (a rollback undoes them, so a replay must run them again)",
+      scope,
+    );
   }
   if (spec.key !== undefined) nonEmpty(spec.key, 'spec.key');
   if (spec.toolCallId !== undefined) nonEmpty(spec.toolCallId, 'spec.toolCallId');
   let compensationJson: string | null = null;
   if (spec.reversibility === 'compensable') {
     const c = spec.compensation;
-    if (typeof c !== 'object' || c === null) throw new InvalidArgumentError('spec.compensation', 'an object { kind, input } for a compensable effect', c);
-    compensationJson = JSON.stringify({ kind: nonEmpty(c.kind, 'spec.compensation.kind'), input: JSON.parse(jsonText(c.input, 'spec.compensation.input')) });
+    if (typeof c !== 'object' || c === null)
+      throw new InvalidArgumentError('spec.compensation', 'an object { kind, input } for a compensable effect', c);
+    compensationJson = JSON.stringify({
+      kind: nonEmpty(c.kind, 'spec.compensation.kind'),
+      input: JSON.parse(jsonText(c.input, 'spec.compensation.input')),
+    });
   } else if (spec.compensation !== undefined) {
-    throw new InvalidArgumentError('spec.compensation', 'absent unless reversibility is compensable', spec.compensation);
+    throw new InvalidArgumentError(
+      'spec.compensation',
+      'absent unless reversibility is compensable',
+      spec.compensation,
+    );
   }
   return {
     kind,
@@ -664,7 +784,9 @@ function toRecord(r: EffectRow): EffectRecord {
 function errorInfo(err: unknown): RecordedError {
   if (err instanceof Error) {
     const code = (err as { code?: unknown }).code;
-    return typeof code === 'string' ? { name: err.name, message: err.message, code } : { name: err.name, message: err.message };
+    return typeof code === 'string'
+      ? { name: err.name, message: err.message, code }
+      : { name: err.name, message: err.message };
   }
   return { name: 'Error', message: String(err) };
 }
@@ -677,7 +799,6 @@ function nonEmpty(v: unknown, field: string): string {
   if (typeof v !== 'string' || v === '') throw new InvalidArgumentError(field, 'a non-empty string', v);
   return v;
 }
-
 
 /** This process as "pid:start-time" (the start time tells a reused pid apart). */
 export function currentRunner(): string {

@@ -62,7 +62,11 @@ function encode(v: unknown, f: string, path: Set<object>): string {
   } else {
     const proto = Object.getPrototypeOf(v);
     if (proto !== Object.prototype && proto !== null) {
-      throw new InvalidArgumentError(f, 'a plain JSON object', `an instance of ${v.constructor?.name ?? 'an unknown class'}`);
+      throw new InvalidArgumentError(
+        f,
+        'a plain JSON object',
+        `an instance of ${v.constructor?.name ?? 'an unknown class'}`,
+      );
     }
     const o = v as Record<string, unknown>;
     const parts: string[] = [];
@@ -84,14 +88,23 @@ function encode(v: unknown, f: string, path: Set<object>): string {
  */
 export function deriveKey(parts: KeyParts): string {
   nonEmpty(parts.lineageId, 'lineageId');
-  if (parts.scope !== 'lineage' && parts.scope !== 'branch') throw new InvalidArgumentError('scope', "'lineage' or 'branch'", parts.scope);
+  if (parts.scope !== 'lineage' && parts.scope !== 'branch')
+    throw new InvalidArgumentError('scope', "'lineage' or 'branch'", parts.scope);
   const branch = parts.scope === 'branch' ? nonEmpty(parts.branchId, 'branchId') : null;
   let json: string;
   if (parts.key !== undefined) {
     json = canonicalJson([KEY_DOMAIN, 'caller', parts.lineageId, parts.scope, branch, nonEmpty(parts.key, 'key')]);
   } else {
     const toolCallId = parts.toolCallId === undefined ? null : nonEmpty(parts.toolCallId, 'toolCallId');
-    const head = canonicalJson([KEY_DOMAIN, 'derived', parts.lineageId, parts.scope, branch, nonEmpty(parts.kind, 'kind'), toolCallId]);
+    const head = canonicalJson([
+      KEY_DOMAIN,
+      'derived',
+      parts.lineageId,
+      parts.scope,
+      branch,
+      nonEmpty(parts.kind, 'kind'),
+      toolCallId,
+    ]);
     // Encoded on its own so a bad value is reported as `input...`, the field the caller passed.
     json = `${head.slice(0, -1)},${canonicalJson(parts.input, 'input')}]`;
   }

@@ -103,7 +103,8 @@ async function waitFor(cond: () => boolean, timeoutMs: number, what: string): Pr
   const deadline = Date.now() + timeoutMs;
   let delay = 0;
   while (!cond()) {
-    if (Date.now() > deadline) throw new InvalidStateError('CGROUP_TIMEOUT', `Timed out after ${timeoutMs} ms waiting for ${what}`);
+    if (Date.now() > deadline)
+      throw new InvalidStateError('CGROUP_TIMEOUT', `Timed out after ${timeoutMs} ms waiting for ${what}`);
     await sleep(delay);
     delay = Math.min(delay + 1, 10);
   }
@@ -181,9 +182,11 @@ export class CgroupV1 implements CgroupDriver {
       fs.writeFileSync(path.join(this.dir('memory', name), 'memory.limit_in_bytes'), String(limits.memoryBytes));
     }
     if (limits.cpuWeight !== undefined || limits.cpuQuotaUs !== undefined) {
-      if (!this.cpuControl) throw new HostError('CGROUP_CONTROLLERS', `The cpu cgroup controller is not mounted under ${this.root}`);
+      if (!this.cpuControl)
+        throw new HostError('CGROUP_CONTROLLERS', `The cpu cgroup controller is not mounted under ${this.root}`);
       const cpu = this.dir('cpu', name);
-      if (limits.cpuWeight !== undefined) fs.writeFileSync(path.join(cpu, 'cpu.shares'), String(sharesForWeight(limits.cpuWeight)));
+      if (limits.cpuWeight !== undefined)
+        fs.writeFileSync(path.join(cpu, 'cpu.shares'), String(sharesForWeight(limits.cpuWeight)));
       if (limits.cpuQuotaUs !== undefined) {
         fs.writeFileSync(path.join(cpu, 'cpu.cfs_period_us'), String(CPU_PERIOD_US));
         fs.writeFileSync(path.join(cpu, 'cpu.cfs_quota_us'), String(limits.cpuQuotaUs));
@@ -192,7 +195,14 @@ export class CgroupV1 implements CgroupDriver {
     if (limits.ioWeight !== undefined) {
       const io = this.ioWeightSupport();
       if (!io.ok) throw new HostError('CGROUP_CONTROLLERS', `I/O weight unavailable: ${io.detail}`);
-      fs.writeFileSync(path.join(this.dir('blkio', name), io.file), String(io.file === 'blkio.weight' ? Math.max(10, Math.min(1000, limits.ioWeight)) : Math.max(1, Math.min(1000, limits.ioWeight))));
+      fs.writeFileSync(
+        path.join(this.dir('blkio', name), io.file),
+        String(
+          io.file === 'blkio.weight'
+            ? Math.max(10, Math.min(1000, limits.ioWeight))
+            : Math.max(1, Math.min(1000, limits.ioWeight)),
+        ),
+      );
     }
   }
 
@@ -207,14 +217,20 @@ export class CgroupV1 implements CgroupDriver {
 
   ioWeightSupport(): IoWeightSupport {
     const blkio = path.join(this.root, 'blkio');
-    if (!fs.existsSync(path.join(blkio, 'cgroup.procs'))) return { ok: false, detail: 'the blkio cgroup controller is not mounted' };
+    if (!fs.existsSync(path.join(blkio, 'cgroup.procs')))
+      return { ok: false, detail: 'the blkio cgroup controller is not mounted' };
     const bfq = bfqDevices(this.sysBlock);
     if (fs.existsSync(path.join(blkio, 'blkio.bfq.weight'))) {
-      if (bfq.length) return { ok: true, file: 'blkio.bfq.weight', detail: `blkio.bfq.weight on ${bfq.join(', ')} (BFQ)` };
+      if (bfq.length)
+        return { ok: true, file: 'blkio.bfq.weight', detail: `blkio.bfq.weight on ${bfq.join(', ')} (BFQ)` };
       return { ok: false, detail: 'blkio.bfq.weight exists but no block device uses the BFQ scheduler' };
     }
-    if (fs.existsSync(path.join(blkio, 'blkio.weight'))) return { ok: true, file: 'blkio.weight', detail: 'blkio.weight' };
-    return { ok: false, detail: 'this kernel\'s blkio (v1) hierarchy has no weight file (no blkio.weight or blkio.bfq.weight)' };
+    if (fs.existsSync(path.join(blkio, 'blkio.weight')))
+      return { ok: true, file: 'blkio.weight', detail: 'blkio.weight' };
+    return {
+      ok: false,
+      detail: "this kernel's blkio (v1) hierarchy has no weight file (no blkio.weight or blkio.bfq.weight)",
+    };
   }
 
   freezerPath(name: string): string {
@@ -224,7 +240,10 @@ export class CgroupV1 implements CgroupDriver {
   async freeze(name: string, timeoutMs = 5000): Promise<void> {
     const state = path.join(this.dir('freezer', name), 'freezer.state');
     fs.writeFileSync(state, 'FROZEN');
-    await undoOnFailure(waitFor(() => readTrim(state) === 'FROZEN', timeoutMs, `cgroup ${name} to freeze`), () => this.thaw(name));
+    await undoOnFailure(
+      waitFor(() => readTrim(state) === 'FROZEN', timeoutMs, `cgroup ${name} to freeze`),
+      () => this.thaw(name),
+    );
   }
 
   thaw(name: string): void {
@@ -266,7 +285,10 @@ export class CgroupV1 implements CgroupDriver {
 
   children(group: string): string[] {
     try {
-      return fs.readdirSync(this.dir('pids', group), { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+      return fs
+        .readdirSync(this.dir('pids', group), { withFileTypes: true })
+        .filter((d) => d.isDirectory())
+        .map((d) => d.name);
     } catch {
       return [];
     }
@@ -274,7 +296,9 @@ export class CgroupV1 implements CgroupDriver {
 
   oomKills(name: string): number {
     try {
-      const m = /oom_kill (\d+)/.exec(fs.readFileSync(path.join(this.dir('memory', name), 'memory.oom_control'), 'utf8'));
+      const m = /oom_kill (\d+)/.exec(
+        fs.readFileSync(path.join(this.dir('memory', name), 'memory.oom_control'), 'utf8'),
+      );
       return m ? Number(m[1]) : 0;
     } catch {
       return 0;
@@ -313,20 +337,27 @@ export class CgroupV2 implements CgroupDriver {
       try {
         fs.writeFileSync(path.join(cur, 'cgroup.subtree_control'), wanted.map((c) => `+${c}`).join(' '));
       } catch (e) {
-        throw new HostError('CGROUP_CONTROLLERS', `Cannot enable the ${wanted.join(', ')} controllers in ${cur}`, { cause: e });
+        throw new HostError('CGROUP_CONTROLLERS', `Cannot enable the ${wanted.join(', ')} controllers in ${cur}`, {
+          cause: e,
+        });
       }
       cur = path.join(cur, part);
       fs.mkdirSync(cur, { recursive: true, mode: 0o755 });
     }
     if (limits.cpuWeight !== undefined || limits.cpuQuotaUs !== undefined) {
-      if (!this.cpuControl) throw new HostError('CGROUP_CONTROLLERS', `The cpu controller is not available in ${this.root}`);
+      if (!this.cpuControl)
+        throw new HostError('CGROUP_CONTROLLERS', `The cpu controller is not available in ${this.root}`);
       if (limits.cpuWeight !== undefined) fs.writeFileSync(path.join(cur, 'cpu.weight'), String(limits.cpuWeight));
-      if (limits.cpuQuotaUs !== undefined) fs.writeFileSync(path.join(cur, 'cpu.max'), `${limits.cpuQuotaUs} ${CPU_PERIOD_US}`);
+      if (limits.cpuQuotaUs !== undefined)
+        fs.writeFileSync(path.join(cur, 'cpu.max'), `${limits.cpuQuotaUs} ${CPU_PERIOD_US}`);
     }
     if (limits.ioWeight !== undefined) {
       const io = this.ioWeightSupport();
       if (!io.ok) throw new HostError('CGROUP_CONTROLLERS', `I/O weight unavailable: ${io.detail}`);
-      fs.writeFileSync(path.join(cur, io.file), io.file === 'io.bfq.weight' ? String(Math.min(1000, limits.ioWeight)) : `default ${limits.ioWeight}`);
+      fs.writeFileSync(
+        path.join(cur, io.file),
+        io.file === 'io.bfq.weight' ? String(Math.min(1000, limits.ioWeight)) : `default ${limits.ioWeight}`,
+      );
     }
     if (limits.pids !== undefined) fs.writeFileSync(path.join(cur, 'pids.max'), String(limits.pids));
     if (limits.memoryBytes !== undefined) {
@@ -350,7 +381,10 @@ export class CgroupV2 implements CgroupDriver {
   async freeze(name: string, timeoutMs = 5000): Promise<void> {
     fs.writeFileSync(path.join(this.dir(name), 'cgroup.freeze'), '1');
     const events = path.join(this.dir(name), 'cgroup.events');
-    await undoOnFailure(waitFor(() => /frozen 1/.test(fs.readFileSync(events, 'utf8')), timeoutMs, `cgroup ${name} to freeze`), () => this.thaw(name));
+    await undoOnFailure(
+      waitFor(() => /frozen 1/.test(fs.readFileSync(events, 'utf8')), timeoutMs, `cgroup ${name} to freeze`),
+      () => this.thaw(name),
+    );
   }
 
   thaw(name: string): void {
@@ -381,7 +415,10 @@ export class CgroupV2 implements CgroupDriver {
 
   children(group: string): string[] {
     try {
-      return fs.readdirSync(this.dir(group), { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+      return fs
+        .readdirSync(this.dir(group), { withFileTypes: true })
+        .filter((d) => d.isDirectory())
+        .map((d) => d.name);
     } catch {
       return [];
     }
@@ -402,7 +439,11 @@ export class CgroupV2 implements CgroupDriver {
   }
 
   ioWeightSupport(): IoWeightSupport {
-    if (!this.available.includes('io')) return { ok: false, detail: `the io controller is not available in ${this.root} (bound to a v1 hierarchy, or not built)` };
+    if (!this.available.includes('io'))
+      return {
+        ok: false,
+        detail: `the io controller is not available in ${this.root} (bound to a v1 hierarchy, or not built)`,
+      };
     // io.weight only acts when io.cost is enabled on a device; io.bfq.weight only under BFQ.
     const bfq = bfqDevices(this.sysBlock);
     if (bfq.length) return { ok: true, file: 'io.bfq.weight', detail: `io.bfq.weight on ${bfq.join(', ')} (BFQ)` };
@@ -413,7 +454,11 @@ export class CgroupV2 implements CgroupDriver {
       /* no iocost */
     }
     if (/enable=1/.test(qos)) return { ok: true, file: 'io.weight', detail: 'io.weight (io.cost enabled)' };
-    return { ok: false, detail: 'no block device uses the BFQ scheduler and io.cost is not enabled, so an I/O weight would have no effect' };
+    return {
+      ok: false,
+      detail:
+        'no block device uses the BFQ scheduler and io.cost is not enabled, so an I/O weight would have no effect',
+    };
   }
 }
 

@@ -49,7 +49,10 @@ export class CriuService implements CriuClient {
   constructor(
     private readonly paths: StatePaths,
     private readonly supervisor: HelperClient,
-    private readonly options: { criuBinary: string; keepCriuLogs: boolean } = { criuBinary: criuBinary(), keepCriuLogs: envValue('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined },
+    private readonly options: { criuBinary: string; keepCriuLogs: boolean } = {
+      criuBinary: criuBinary(),
+      keepCriuLogs: envValue('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined,
+    },
     private readonly native: NativeBinding = loadNative(),
   ) {}
 
@@ -69,7 +72,9 @@ export class CriuService implements CriuClient {
         throw new HostError('CRIU_NOT_INSTALLED', `CRIU is not installed at ${bin}: ${SETUP_HINT}`);
       }
       fs.rmSync(this.paths.criuSocket, { force: true });
-      await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket], { isolatedRun: true });
+      await this.supervisor.daemon(this.paths.criuLog, [bin, 'service', '--address', this.paths.criuSocket], {
+        isolatedRun: true,
+      });
       // A deadline, not a count of polls: at load average 80 on 2 cores the
       // service once took longer to answer than 400 polls of 5 ms lasted.
       const deadline = Date.now() + 15_000;
@@ -77,10 +82,14 @@ export class CriuService implements CriuClient {
         await sleep(5);
         v = await serviceVersion(this.native, this.paths.criuSocket);
       }
-      if (v === undefined) throw new CriuError('CRIU_UNAVAILABLE', 'The CRIU service did not start', criuLogTail(this.paths.criuLog));
+      if (v === undefined)
+        throw new CriuError('CRIU_UNAVAILABLE', 'The CRIU service did not start', criuLogTail(this.paths.criuLog));
     }
     if (v < MIN_CRIU_VERSION) {
-      throw new HostError('CRIU_TOO_OLD', `CRIU ${formatVersion(v)} is too old: Lockstep needs 4.0 or later (Debian 12's 3.17 fails on current kernels; see docs)`);
+      throw new HostError(
+        'CRIU_TOO_OLD',
+        `CRIU ${formatVersion(v)} is too old: Lockstep needs 4.0 or later (Debian 12's 3.17 fails on current kernels; see docs)`,
+      );
     }
     this.verified = v;
     return v;
@@ -104,7 +113,12 @@ export class CriuService implements CriuClient {
     try {
       await this.call({ ...req, op: 'dump', logFile });
     } catch (e) {
-      throw new CriuError('CRIU_DUMP_FAILED', `CRIU could not dump process ${req.pid}: ${(e as Error).message}`, criuLogTail(path.join(req.imagesDir, logFile)), e);
+      throw new CriuError(
+        'CRIU_DUMP_FAILED',
+        `CRIU could not dump process ${req.pid}: ${(e as Error).message}`,
+        criuLogTail(path.join(req.imagesDir, logFile)),
+        e,
+      );
     }
   }
 
@@ -127,7 +141,12 @@ export class CriuService implements CriuClient {
       return await this.call({ ...req, op: 'restore', logFile, workDir });
     } catch (e) {
       const why = watch?.fired ? ' (the CRIU worker died; the tasks it had restored were killed)' : '';
-      throw new CriuError('CRIU_RESTORE_FAILED', `CRIU could not restore from ${req.imagesDir}${why}: ${(e as Error).message}`, criuLogTail(path.join(workDir, logFile)), e);
+      throw new CriuError(
+        'CRIU_RESTORE_FAILED',
+        `CRIU could not restore from ${req.imagesDir}${why}: ${(e as Error).message}`,
+        criuLogTail(path.join(workDir, logFile)),
+        e,
+      );
     } finally {
       watch?.stop();
       if (!this.options.keepCriuLogs) fs.rmSync(workDir, { recursive: true, force: true });

@@ -59,7 +59,11 @@ export function mountPropagation(mountPoint: string): 'shared' | 'slave' | 'priv
     const fields = line.split(' ');
     if (fields[4] !== mountPoint) continue;
     const optional = fields.slice(6, fields.indexOf('-'));
-    found = optional.some((f) => f.startsWith('shared:')) ? 'shared' : optional.some((f) => f.startsWith('master:')) ? 'slave' : 'private';
+    found = optional.some((f) => f.startsWith('shared:'))
+      ? 'shared'
+      : optional.some((f) => f.startsWith('master:'))
+        ? 'slave'
+        : 'private';
   }
   return found;
 }

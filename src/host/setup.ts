@@ -45,7 +45,11 @@ const provisionScript = () => path.join(projectRoot, 'scripts', 'provision-host.
 const buildScript = () => path.join(projectRoot, 'scripts', 'install.js');
 
 /** Runs a set-up script; its stderr lines go to progress (and are kept for the error). */
-function runScript(cmd: string, args: string[], progress: (line: string) => void): Promise<{ code: number; lines: string[] }> {
+function runScript(
+  cmd: string,
+  args: string[],
+  progress: (line: string) => void,
+): Promise<{ code: number; lines: string[] }> {
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, args, { cwd: projectRoot, stdio: ['ignore', 'ignore', 'pipe'] });
     const lines: string[] = [];
@@ -75,7 +79,8 @@ function normaliseImages(images: string[] | undefined): string[] {
   const recipes = listRecipes();
   for (const name of list) {
     validateImageName(name, '--images');
-    if (!recipes.includes(name)) throw new InvalidArgumentError('--images', `shipped recipes (${recipes.join(', ')})`, name);
+    if (!recipes.includes(name))
+      throw new InvalidArgumentError('--images', `shipped recipes (${recipes.join(', ')})`, name);
   }
   return [...new Set(list)];
 }
@@ -104,7 +109,9 @@ function readCatalog(file: string): { version: number; images: string[] } {
   const db = new Database(file, { readonly: true, fileMustExist: true });
   try {
     const version = db.pragma('user_version', { simple: true }) as number;
-    const images = (db.prepare('SELECT name FROM images WHERE deleted = 0').all() as { name: string }[]).map((r) => r.name);
+    const images = (db.prepare('SELECT name FROM images WHERE deleted = 0').all() as { name: string }[]).map(
+      (r) => r.name,
+    );
     return { version, images };
   } finally {
     db.close();
@@ -115,7 +122,8 @@ function readCatalog(file: string): { version: number; images: string[] } {
 export async function checkSetup(opts: SetupOptions = {}): Promise<SetupStep[]> {
   const steps: SetupStep[] = [];
   const fix = `run \`${SETUP_COMMAND}${opts.images ? ` --images ${opts.images.join(',')}` : ''}\` as root`;
-  const add = (name: string, ok: boolean, detail: string) => steps.push(ok ? { name, ok, detail } : { name, ok, detail, fix });
+  const add = (name: string, ok: boolean, detail: string) =>
+    steps.push(ok ? { name, ok, detail } : { name, ok, detail, fix });
   try {
     assertSupportedPlatform();
     add('platform', true, `${process.platform}-${process.arch}, Node ${process.version}`);
@@ -124,10 +132,20 @@ export async function checkSetup(opts: SetupOptions = {}): Promise<SetupStep[]> 
     return steps;
   }
   const root = process.getuid?.() === 0;
-  add('root', root, root ? 'running as root' : `running as uid ${process.getuid?.()}: the state directory and the set-up need root`);
+  add(
+    'root',
+    root,
+    root ? 'running as root' : `running as uid ${process.getuid?.()}: the state directory and the set-up need root`,
+  );
 
   const provision = await runScript('bash', [provisionScript(), '--check'], () => undefined);
-  add('host packages', provision.code === 0, provision.code === 0 ? 'host packages, CRIU 4.x and libcriu in /opt/lockstep' : provision.lines.filter(Boolean).join('; '));
+  add(
+    'host packages',
+    provision.code === 0,
+    provision.code === 0
+      ? 'host packages, CRIU 4.x and libcriu in /opt/lockstep'
+      : provision.lines.filter(Boolean).join('; '),
+  );
 
   const built = nativeBuilt();
   add('native build', built.ok, built.detail);
@@ -136,7 +154,11 @@ export async function checkSetup(opts: SetupOptions = {}): Promise<SetupStep[]> 
   if (opts.cacheOnly) {
     for (const name of images) {
       const done = fs.existsSync(path.join(buildCacheDir(), 'images', `${name}-${recipeHash(name)}`, '.complete'));
-      add(`image ${name}`, done, done ? `in the build cache ${buildCacheDir()}` : `not in the build cache ${buildCacheDir()}`);
+      add(
+        `image ${name}`,
+        done,
+        done ? `in the build cache ${buildCacheDir()}` : `not in the build cache ${buildCacheDir()}`,
+      );
     }
     return steps;
   }
@@ -149,12 +171,26 @@ export async function checkSetup(opts: SetupOptions = {}): Promise<SetupStep[]> 
     try {
       catalog = readCatalog(paths.catalog);
       const ok = catalog.version <= SCHEMA_VERSION;
-      add('state directory', ok, ok ? `${paths.home} (catalog schema ${catalog.version}${catalog.version < SCHEMA_VERSION ? `, migrated to ${SCHEMA_VERSION} on open` : ''})` : `${paths.home}: catalog schema ${catalog.version} is newer than ${SCHEMA_VERSION}: upgrade Lockstep`);
+      add(
+        'state directory',
+        ok,
+        ok
+          ? `${paths.home} (catalog schema ${catalog.version}${catalog.version < SCHEMA_VERSION ? `, migrated to ${SCHEMA_VERSION} on open` : ''})`
+          : `${paths.home}: catalog schema ${catalog.version} is newer than ${SCHEMA_VERSION}: upgrade Lockstep`,
+      );
     } catch (e) {
       add('state directory', false, `${paths.catalog}: ${(e as Error).message}`);
     }
     const store = fs.existsSync(paths.storeImage) || isBtrfs(paths.home);
-    add('layer store', store, store ? (fs.existsSync(paths.storeImage) ? `btrfs image ${paths.storeImage}` : `${paths.home} is on btrfs`) : `no ${paths.storeImage} and ${paths.home} is not on btrfs`);
+    add(
+      'layer store',
+      store,
+      store
+        ? fs.existsSync(paths.storeImage)
+          ? `btrfs image ${paths.storeImage}`
+          : `${paths.home} is on btrfs`
+        : `no ${paths.storeImage} and ${paths.home} is not on btrfs`,
+    );
   }
   for (const name of images) {
     const ok = catalog?.images.includes(name) ?? false;
@@ -176,25 +212,39 @@ export async function runSetup(opts: SetupOptions = {}): Promise<SetupStep[]> {
   };
 
   assertSupportedPlatform();
-  if (process.getuid?.() !== 0) throw new HostError('NOT_ROOT', `${SETUP_COMMAND} installs host packages and manages mounts: run it as root`);
+  if (process.getuid?.() !== 0)
+    throw new HostError('NOT_ROOT', `${SETUP_COMMAND} installs host packages and manages mounts: run it as root`);
   const images = normaliseImages(opts.images);
 
   await timed('host packages', async () => {
     const r = await runScript('bash', [provisionScript()], (l) => progress(`  ${l}`));
-    if (r.code !== 0) throw new HostError('HOST_PROVISIONING_FAILED', `scripts/provision-host.sh failed (exit ${r.code}): ${r.lines.filter(Boolean).slice(-5).join('; ')}`);
+    if (r.code !== 0)
+      throw new HostError(
+        'HOST_PROVISIONING_FAILED',
+        `scripts/provision-host.sh failed (exit ${r.code}): ${r.lines.filter(Boolean).slice(-5).join('; ')}`,
+      );
     return 'host packages, CRIU 4.x and libcriu in /opt/lockstep';
   });
 
   await timed('native build', async () => {
     const r = await runScript(process.execPath, [buildScript(), '--required'], (l) => progress(`  ${l}`));
-    if (r.code !== 0) throw new HostError('NATIVE_BUILD_FAILED', `Building the native parts failed: ${r.lines.filter(Boolean).slice(-3).join('; ')}`);
+    if (r.code !== 0)
+      throw new HostError(
+        'NATIVE_BUILD_FAILED',
+        `Building the native parts failed: ${r.lines.filter(Boolean).slice(-3).join('; ')}`,
+      );
     const built = nativeBuilt();
-    if (!built.ok) throw new HostError('NATIVE_BUILD_FAILED', `The native parts were built but do not load: ${built.detail}`);
+    if (!built.ok)
+      throw new HostError('NATIVE_BUILD_FAILED', `The native parts were built but do not load: ${built.detail}`);
     return built.detail;
   });
 
   if (opts.cacheOnly) {
-    for (const name of images) await timed(`image ${name}`, async () => `in the build cache: ${await ImageStore.cacheRecipe(name, (l) => progress(`  ${l}`))}`);
+    for (const name of images)
+      await timed(
+        `image ${name}`,
+        async () => `in the build cache: ${await ImageStore.cacheRecipe(name, (l) => progress(`  ${l}`))}`,
+      );
     return steps;
   }
 
@@ -205,7 +255,7 @@ export async function runSetup(opts: SetupOptions = {}): Promise<SetupStep[]> {
   await timed('state directory', async () => {
     ls = await Lockstep.open({ home: opts.home });
     const paths = new StatePaths(ls.home);
-    return `${ls.home}, layer store ${fs.existsSync(paths.storeImage) ? paths.storeImage : 'on the directory\'s own btrfs'}`;
+    return `${ls.home}, layer store ${fs.existsSync(paths.storeImage) ? paths.storeImage : "on the directory's own btrfs"}`;
   });
   try {
     for (const name of images) {

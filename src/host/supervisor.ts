@@ -21,7 +21,6 @@ import { HostError, SystemCallError, type NativeErrorLike } from '../errors.js';
 import type { StatePaths } from '../paths.js';
 import type { HelperClient } from '../ports.js';
 
-
 function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<string> {
   return new Promise((resolve, reject) => {
     const conn = net.connect(socket);
@@ -39,7 +38,13 @@ function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<
     });
     conn.on('error', (e) => {
       clearTimeout(timer);
-      reject(new HostError('SUPERVISOR_UNREACHABLE', `The supervisor at ${socket} dropped the request: ${(e as NodeJS.ErrnoException).code ?? e.message}`, { cause: e }));
+      reject(
+        new HostError(
+          'SUPERVISOR_UNREACHABLE',
+          `The supervisor at ${socket} dropped the request: ${(e as NodeJS.ErrnoException).code ?? e.message}`,
+          { cause: e },
+        ),
+      );
     });
   });
 }
@@ -62,7 +67,11 @@ export function parseHelperAnswer<T>(text: string, what: string): T {
   const obj = JSON.parse(line) as { error?: NativeErrorLike & { message?: string } } & T;
   if (obj.error) {
     const e = Object.assign(new Error(obj.error.message ?? 'failed'), obj.error) as NativeErrorLike;
-    throw new SystemCallError('HELPER_FAILED', `${what}: ${e.syscall} failed: ${e.code} (${e.message})${e.path ? `, path '${e.path}'` : ''}`, e);
+    throw new SystemCallError(
+      'HELPER_FAILED',
+      `${what}: ${e.syscall} failed: ${e.code} (${e.message})${e.path ? `, path '${e.path}'` : ''}`,
+      e,
+    );
   }
   return obj;
 }
@@ -79,11 +88,15 @@ export class Supervisor implements HelperClient {
     if (await canConnect(this.paths.supervisorSocket)) return;
     fs.mkdirSync(this.paths.run, { recursive: true, mode: 0o700 });
     const log = fs.openSync(this.paths.supervisorLog, 'a', 0o600);
-    const child = spawn(helperPath, ['supervise', '--socket', this.paths.supervisorSocket, '--pidfile', this.paths.supervisorPidfile], {
-      detached: true,
-      env: { ...process.env, LOCKSTEP_CRIU: this.criu },
-      stdio: ['ignore', log, log],
-    });
+    const child = spawn(
+      helperPath,
+      ['supervise', '--socket', this.paths.supervisorSocket, '--pidfile', this.paths.supervisorPidfile],
+      {
+        detached: true,
+        env: { ...process.env, LOCKSTEP_CRIU: this.criu },
+        stdio: ['ignore', log, log],
+      },
+    );
     child.unref();
     fs.closeSync(log);
     for (let i = 0; i < 200; i++) {

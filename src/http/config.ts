@@ -29,7 +29,11 @@ export class ConfigError extends LockstepError {
 }
 
 const port = z.number().int().min(0).max(65535);
-const bytes = z.number().int().min(1024).max(1024 * MiB);
+const bytes = z
+  .number()
+  .int()
+  .min(1024)
+  .max(1024 * MiB);
 
 /** The file's schema: every key optional, no unknown keys (a typo must not be ignored silently). */
 const FileSchema = z
@@ -94,7 +98,12 @@ export function parseConfigFile(text: string, file: string): ConfigFile {
     const issue = r.error.issues[0]!;
     const field = issue.path.join('.') || (issue.code === 'unrecognized_keys' ? '' : 'file');
     const keys = issue.code === 'unrecognized_keys' ? (issue as { keys: string[] }).keys : [];
-    if (keys.length) throw new ConfigError(file, [field, keys[0]].filter(Boolean).join('.'), `unknown setting ${[field, keys[0]].filter(Boolean).join('.')}`);
+    if (keys.length)
+      throw new ConfigError(
+        file,
+        [field, keys[0]].filter(Boolean).join('.'),
+        `unknown setting ${[field, keys[0]].filter(Boolean).join('.')}`,
+      );
     throw new ConfigError(file, field, `invalid ${field}: ${issue.message}`);
   }
   return r.data;
@@ -110,7 +119,8 @@ export function loadConfigFile(explicit: string | undefined): { file: string | u
   try {
     text = fs.readFileSync(file, 'utf8');
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT' && explicit === undefined) return { file: undefined, config: {} };
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT' && explicit === undefined)
+      return { file: undefined, config: {} };
     throw new ConfigError(file, 'config', `cannot read the configuration file: ${(e as Error).message}`, e);
   }
   return { file, config: parseConfigFile(text, file) };
@@ -126,15 +136,26 @@ export function readSecretFile(file: string, field: string): string {
   } catch (e) {
     throw new ConfigError(undefined, field, `cannot read ${field} ${file}: ${(e as Error).message}`, e);
   }
-  if ((st.mode & 0o077) !== 0) throw new ConfigError(undefined, field, `${field} ${file} is readable by other users (mode ${(st.mode & 0o777).toString(8)}): chmod 600 it`);
+  if ((st.mode & 0o077) !== 0)
+    throw new ConfigError(
+      undefined,
+      field,
+      `${field} ${file} is readable by other users (mode ${(st.mode & 0o777).toString(8)}): chmod 600 it`,
+    );
   const token = text.trim();
-  if (!token || /\s/.test(token)) throw new ConfigError(undefined, field, `${field} ${file} must hold one token on one line`);
+  if (!token || /\s/.test(token))
+    throw new ConfigError(undefined, field, `${field} ${file} must hold one token on one line`);
   return token;
 }
 
 function intSetting(value: string, field: string, min: number, max: number): number {
   const n = /^\d+$/.test(value.trim()) ? Number(value.trim()) : NaN;
-  if (!Number.isSafeInteger(n) || n < min || n > max) throw new ConfigError(undefined, field, `invalid ${field}: expected an integer from ${min} to ${max}, received ${JSON.stringify(value)}`);
+  if (!Number.isSafeInteger(n) || n < min || n > max)
+    throw new ConfigError(
+      undefined,
+      field,
+      `invalid ${field}: expected an integer from ${min} to ${max}, received ${JSON.stringify(value)}`,
+    );
   return n;
 }
 
@@ -145,27 +166,48 @@ function intSetting(value: string, field: string, min: number, max: number): num
 export function resolveServeConfig(flags: ServeFlags, env: NodeJS.ProcessEnv, file: ConfigFile): ServeConfig {
   const sources: ServeConfig['sources'] = {};
   function pick<T>(name: string, flag: T | undefined, envValue: T | undefined, fileValue: T | undefined, dflt: T): T {
-    if (flag !== undefined) return (sources[name] = 'flag'), flag;
-    if (envValue !== undefined && envValue !== '') return (sources[name] = 'env'), envValue;
-    if (fileValue !== undefined) return (sources[name] = 'file'), fileValue;
-    return (sources[name] = 'default'), dflt;
+    if (flag !== undefined) return ((sources[name] = 'flag'), flag);
+    if (envValue !== undefined && envValue !== '') return ((sources[name] = 'env'), envValue);
+    if (fileValue !== undefined) return ((sources[name] = 'file'), fileValue);
+    return ((sources[name] = 'default'), dflt);
   }
-  const num = (v: string | undefined, field: string, min: number, max: number) => (v === undefined || v === '' ? undefined : intSetting(v, field, min, max));
+  const num = (v: string | undefined, field: string, min: number, max: number) =>
+    v === undefined || v === '' ? undefined : intSetting(v, field, min, max);
 
   const host = pick('host', flags.host, env.LOCKSTEP_HOST, file.host, DEFAULT_HOST);
-  const port = pick('port', num(flags.port, '--port', 0, 65535), num(env.LOCKSTEP_PORT, 'LOCKSTEP_PORT', 0, 65535), file.port, DEFAULT_PORT);
+  const port = pick(
+    'port',
+    num(flags.port, '--port', 0, 65535),
+    num(env.LOCKSTEP_PORT, 'LOCKSTEP_PORT', 0, 65535),
+    file.port,
+    DEFAULT_PORT,
+  );
   const stateDirectory = pick('stateDirectory', flags.home, env.LOCKSTEP_HOME, file.stateDirectory, DEFAULT_HOME);
   const logLevel = pick('logLevel', flags['log-level'], env.LOCKSTEP_LOG_LEVEL, file.logLevel, 'info');
-  if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) throw new ConfigError(undefined, 'logLevel', `invalid log level ${JSON.stringify(logLevel)}: expected one of ${LOG_LEVELS.join(', ')}`);
-  const graceMs = pick('graceMs', num(flags['grace-ms'], '--grace-ms', 0, 3_600_000), num(env.LOCKSTEP_GRACE_MS, 'LOCKSTEP_GRACE_MS', 0, 3_600_000), file.graceMs, 30_000);
+  if (!(LOG_LEVELS as readonly string[]).includes(logLevel))
+    throw new ConfigError(
+      undefined,
+      'logLevel',
+      `invalid log level ${JSON.stringify(logLevel)}: expected one of ${LOG_LEVELS.join(', ')}`,
+    );
+  const graceMs = pick(
+    'graceMs',
+    num(flags['grace-ms'], '--grace-ms', 0, 3_600_000),
+    num(env.LOCKSTEP_GRACE_MS, 'LOCKSTEP_GRACE_MS', 0, 3_600_000),
+    file.graceMs,
+    30_000,
+  );
 
   // The metrics token: a value or a file at each level, the value first.
   const token = ((): { value?: string; source: 'flag' | 'env' | 'file' | 'default' } => {
     if (flags['metrics-token'] !== undefined) return { value: flags['metrics-token'], source: 'flag' };
-    if (flags['metrics-token-file'] !== undefined) return { value: readSecretFile(flags['metrics-token-file'], '--metrics-token-file'), source: 'flag' };
+    if (flags['metrics-token-file'] !== undefined)
+      return { value: readSecretFile(flags['metrics-token-file'], '--metrics-token-file'), source: 'flag' };
     if (env.LOCKSTEP_METRICS_TOKEN) return { value: env.LOCKSTEP_METRICS_TOKEN, source: 'env' };
-    if (env.LOCKSTEP_METRICS_TOKEN_FILE) return { value: readSecretFile(env.LOCKSTEP_METRICS_TOKEN_FILE, 'LOCKSTEP_METRICS_TOKEN_FILE'), source: 'env' };
-    if (file.metricsTokenFile !== undefined) return { value: readSecretFile(file.metricsTokenFile, 'metricsTokenFile'), source: 'file' };
+    if (env.LOCKSTEP_METRICS_TOKEN_FILE)
+      return { value: readSecretFile(env.LOCKSTEP_METRICS_TOKEN_FILE, 'LOCKSTEP_METRICS_TOKEN_FILE'), source: 'env' };
+    if (file.metricsTokenFile !== undefined)
+      return { value: readSecretFile(file.metricsTokenFile, 'metricsTokenFile'), source: 'file' };
     return { source: 'default' };
   })();
   const metricsToken = token.value;

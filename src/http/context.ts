@@ -82,8 +82,14 @@ export class ApiContext {
    * Runs a long operation tracked for graceful shutdown; its signal aborts on
    * shutdown past the deadline, or when the client goes away if `abortOnDisconnect`.
    */
-  operation<T>(kind: string, reply: FastifyReply, fn: (signal: AbortSignal) => Promise<T>, opts: { abortOnDisconnect?: boolean } = {}): Promise<T> {
-    if (this.operations.isDraining) throw new HttpError(503, 'SERVER_SHUTTING_DOWN', 'The server is shutting down; retry on its successor');
+  operation<T>(
+    kind: string,
+    reply: FastifyReply,
+    fn: (signal: AbortSignal) => Promise<T>,
+    opts: { abortOnDisconnect?: boolean } = {},
+  ): Promise<T> {
+    if (this.operations.isDraining)
+      throw new HttpError(503, 'SERVER_SHUTTING_DOWN', 'The server is shutting down; retry on its successor');
     let linked: AbortSignal | undefined;
     if (opts.abortOnDisconnect) {
       const c = new AbortController();

@@ -154,7 +154,10 @@ export function statusForCode(code: string, err?: unknown): number {
 
 /** Turns an ajv instance path ("/envs/FOO", "/cmd/1") into a field name ("envs.FOO", "cmd[1]"). */
 export function fieldName(instancePath: string, child?: string): string {
-  const parts = instancePath.split('/').slice(1).map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const parts = instancePath
+    .split('/')
+    .slice(1)
+    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
   if (child !== undefined) parts.push(child);
   let out = '';
   for (const p of parts) out += /^\d+$/.test(p) ? `[${p}]` : out ? `.${p}` : p;
@@ -171,9 +174,19 @@ interface AjvError {
 }
 
 /** The first schema violation as a field and a sentence. */
-export function describeValidation(errors: AjvError[], context: string | undefined): { field: string; message: string } {
+export function describeValidation(
+  errors: AjvError[],
+  context: string | undefined,
+): { field: string; message: string } {
   const e = errors[0]!;
-  const where = context === 'querystring' ? 'query parameter' : context === 'params' ? 'path parameter' : context === 'headers' ? 'header' : 'field';
+  const where =
+    context === 'querystring'
+      ? 'query parameter'
+      : context === 'params'
+        ? 'path parameter'
+        : context === 'headers'
+          ? 'header'
+          : 'field';
   if (e.keyword === 'required') {
     const field = fieldName(e.instancePath, String(e.params.missingProperty));
     return { field, message: `Missing required ${where} ${field}` };
@@ -186,9 +199,10 @@ export function describeValidation(errors: AjvError[], context: string | undefin
     const field = fieldName(e.instancePath, e.propertyName);
     return { field, message: `Invalid ${where} name ${field}: ${e.message ?? 'is not allowed'}` };
   }
-  const field = fieldName(e.instancePath) || (context === 'body' ? 'body' : context ?? 'input');
+  const field = fieldName(e.instancePath) || (context === 'body' ? 'body' : (context ?? 'input'));
   let message = e.message ?? 'is invalid';
-  if (e.keyword === 'enum' && Array.isArray(e.params.allowedValues)) message = `must be one of ${e.params.allowedValues.map((v) => JSON.stringify(v)).join(', ')}`;
+  if (e.keyword === 'enum' && Array.isArray(e.params.allowedValues))
+    message = `must be one of ${e.params.allowedValues.map((v) => JSON.stringify(v)).join(', ')}`;
   return { field, message: `Invalid ${where} ${field}: ${message}` };
 }
 
@@ -201,33 +215,110 @@ export function toErrorResponse(err: unknown): { status: number; body: ErrorBody
   }
   if (err instanceof LockstepError) {
     const status = statusForCode(err.code, err);
-    if (status >= 500) return { status, body: { error: { code: err.code, message: 'Internal error; the server log has the details' } }, internal: true };
+    if (status >= 500)
+      return {
+        status,
+        body: { error: { code: err.code, message: 'Internal error; the server log has the details' } },
+        internal: true,
+      };
     const field = typeof err.details.field === 'string' ? err.details.field : (err as { field?: unknown }).field;
-    return { status, body: { error: { code: err.code, message: err.message, ...(typeof field === 'string' ? { field } : {}) } }, internal: false };
+    return {
+      status,
+      body: { error: { code: err.code, message: err.message, ...(typeof field === 'string' ? { field } : {}) } },
+      internal: false,
+    };
   }
   switch (fe?.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return { status: 413, body: { error: { code: 'PAYLOAD_TOO_LARGE', message: 'The request body is larger than this route accepts', field: 'body' } }, internal: false };
+      return {
+        status: 413,
+        body: {
+          error: {
+            code: 'PAYLOAD_TOO_LARGE',
+            message: 'The request body is larger than this route accepts',
+            field: 'body',
+          },
+        },
+        internal: false,
+      };
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return { status: 415, body: { error: { code: 'UNSUPPORTED_MEDIA_TYPE', message: 'Unsupported Content-Type: send application/json (or application/octet-stream for file contents)', field: 'Content-Type' } }, internal: false };
+      return {
+        status: 415,
+        body: {
+          error: {
+            code: 'UNSUPPORTED_MEDIA_TYPE',
+            message: 'Unsupported Content-Type: send application/json (or application/octet-stream for file contents)',
+            field: 'Content-Type',
+          },
+        },
+        internal: false,
+      };
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
-      return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'The body is empty but Content-Type is application/json', field: 'body' } }, internal: false };
+      return {
+        status: 400,
+        body: {
+          error: {
+            code: 'INVALID_ARGUMENT',
+            message: 'The body is empty but Content-Type is application/json',
+            field: 'body',
+          },
+        },
+        internal: false,
+      };
     // Raised before routing (fastify's frameworkErrors), for the path itself.
     case 'FST_ERR_BAD_URL':
-      return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'The request path is not valid percent-encoding (a % must be followed by two hex digits)', field: 'url' } }, internal: false };
+      return {
+        status: 400,
+        body: {
+          error: {
+            code: 'INVALID_ARGUMENT',
+            message: 'The request path is not valid percent-encoding (a % must be followed by two hex digits)',
+            field: 'url',
+          },
+        },
+        internal: false,
+      };
     case 'FST_ERR_MAX_PARAM_LENGTH':
-      return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'A path parameter is longer than any id (at most 100 characters)', field: 'url' } }, internal: false };
+      return {
+        status: 400,
+        body: {
+          error: {
+            code: 'INVALID_ARGUMENT',
+            message: 'A path parameter is longer than any id (at most 100 characters)',
+            field: 'url',
+          },
+        },
+        internal: false,
+      };
     case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
-      return { status: 400, body: { error: { code: 'INVALID_ARGUMENT', message: 'Content-Length does not match the body', field: 'Content-Length' } }, internal: false };
+      return {
+        status: 400,
+        body: {
+          error: {
+            code: 'INVALID_ARGUMENT',
+            message: 'Content-Length does not match the body',
+            field: 'Content-Length',
+          },
+        },
+        internal: false,
+      };
   }
   if (err instanceof SyntaxError || fe?.code === 'FST_ERR_CTP_INVALID_JSON_BODY') {
-    return { status: 400, body: { error: { code: 'INVALID_JSON', message: 'The body is not valid JSON', field: 'body' } }, internal: false };
+    return {
+      status: 400,
+      body: { error: { code: 'INVALID_JSON', message: 'The body is not valid JSON', field: 'body' } },
+      internal: false,
+    };
   }
   const sc = fe?.statusCode;
   if (typeof sc === 'number' && sc >= 400 && sc < 500) {
     return { status: sc, body: { error: { code: 'BAD_REQUEST', message: fe.message } }, internal: false };
   }
-  return { status: 500, body: { error: { code: 'INTERNAL', message: 'Internal error; the server log has the details' } }, internal: true };
+  return {
+    status: 500,
+    body: { error: { code: 'INTERNAL', message: 'Internal error; the server log has the details' } },
+    internal: true,
+  };
 }
 
 /** Fastify error handler: the error body, logged with the request's bindings. */

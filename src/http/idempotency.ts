@@ -61,7 +61,9 @@ function canonical(v: unknown): string {
 
 export function validateIdempotencyKey(key: unknown): string {
   if (typeof key !== 'string' || !KEY.test(key)) {
-    throw new HttpError(400, 'INVALID_ARGUMENT', 'Invalid Idempotency-Key: expected 1-255 printable ASCII characters', { field: 'Idempotency-Key' });
+    throw new HttpError(400, 'INVALID_ARGUMENT', 'Invalid Idempotency-Key: expected 1-255 printable ASCII characters', {
+      field: 'Idempotency-Key',
+    });
   }
   return key;
 }
@@ -86,11 +88,19 @@ export class IdempotencyStore {
     const held = this.inFlight.get(id);
     if (held !== undefined) {
       if (held !== hash) throw reused(key);
-      throw new HttpError(409, 'IDEMPOTENCY_KEY_IN_PROGRESS', `A request with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`, { field: 'Idempotency-Key' });
+      throw new HttpError(
+        409,
+        'IDEMPOTENCY_KEY_IN_PROGRESS',
+        `A request with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`,
+        { field: 'Idempotency-Key' },
+      );
     }
-    const row = this.db.prepare('SELECT request_hash, status, body, streamed, created_at FROM http_idempotency WHERE tenant = ? AND key = ?').get(tenant, key) as
-      | { request_hash: string; status: number; body: string; streamed: number; created_at: number }
-      | undefined;
+    const row = this.db
+      .prepare(
+        'SELECT request_hash, status, body, streamed, created_at FROM http_idempotency WHERE tenant = ? AND key = ?',
+      )
+      .get(tenant, key) as
+      { request_hash: string; status: number; body: string; streamed: number; created_at: number } | undefined;
     if (row && row.created_at > this.clock() - IDEMPOTENCY_TTL_MS) {
       if (row.request_hash !== hash) throw reused(key);
       return { status: row.status, body: row.body, streamed: row.streamed === 1 };
@@ -102,7 +112,9 @@ export class IdempotencyStore {
   /** Stores the response of a claimed key. */
   store(tenant: string, key: string, hash: string, res: StoredResponse): void {
     this.db
-      .prepare('INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)')
+      .prepare(
+        'INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+      )
       .run(tenant, key, hash, res.status, res.body, res.streamed ? 1 : 0, this.clock());
   }
 
@@ -113,7 +125,8 @@ export class IdempotencyStore {
 
   /** Deletes expired responses; returns how many. */
   sweep(): number {
-    return this.db.prepare('DELETE FROM http_idempotency WHERE created_at <= ?').run(this.clock() - IDEMPOTENCY_TTL_MS).changes;
+    return this.db.prepare('DELETE FROM http_idempotency WHERE created_at <= ?').run(this.clock() - IDEMPOTENCY_TTL_MS)
+      .changes;
   }
 
   /** Forgets a tenant's keys (when the tenant is removed). */
@@ -123,5 +136,10 @@ export class IdempotencyStore {
 }
 
 function reused(key: string): HttpError {
-  return new HttpError(409, 'IDEMPOTENCY_KEY_REUSED', `Idempotency-Key ${JSON.stringify(key)} was already used for a different request`, { field: 'Idempotency-Key' });
+  return new HttpError(
+    409,
+    'IDEMPOTENCY_KEY_REUSED',
+    `Idempotency-Key ${JSON.stringify(key)} was already used for a different request`,
+    { field: 'Idempotency-Key' },
+  );
 }

@@ -1,5 +1,13 @@
 /** The HTTP API server. */
-export { createServer, DEFAULT_HOST, DEFAULT_PORT, type LockstepServer, type ServerOptions, type ShutdownOptions, type ShutdownReport } from './server.js';
+export {
+  createServer,
+  DEFAULT_HOST,
+  DEFAULT_PORT,
+  type LockstepServer,
+  type ServerOptions,
+  type ShutdownOptions,
+  type ShutdownReport,
+} from './server.js';
 export { HttpError, statusForCode, type ErrorBody } from './errors.js';
 export { migrateIdempotency, IDEMPOTENCY_TTL_MS } from './idempotency.js';
 export { ServerMetrics } from './metrics.js';

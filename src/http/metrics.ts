@@ -18,11 +18,40 @@ export class ServerMetrics {
 
   constructor(lockstep: Lockstep) {
     const registers = [this.registry];
-    this.checkpointSeconds = new Histogram({ name: 'lockstep_checkpoint_duration_seconds', help: 'Latency of checkpoints taken through the API', labelNames: ['outcome'], buckets: LATENCY_BUCKETS, registers });
-    this.rollbackSeconds = new Histogram({ name: 'lockstep_rollback_duration_seconds', help: 'Latency of rollbacks done through the API', labelNames: ['outcome'], buckets: LATENCY_BUCKETS, registers });
-    this.forkSeconds = new Histogram({ name: 'lockstep_fork_duration_seconds', help: 'Latency of fork requests (all forks of one request) done through the API', labelNames: ['outcome'], buckets: LATENCY_BUCKETS, registers });
-    this.requests = new Counter({ name: 'lockstep_http_requests_total', help: 'HTTP requests answered, by route and status', labelNames: ['method', 'route', 'status_code'], registers });
-    this.requestSeconds = new Histogram({ name: 'lockstep_http_request_duration_seconds', help: 'HTTP request latency, by route and status', labelNames: ['method', 'route', 'status_code'], buckets: LATENCY_BUCKETS, registers });
+    this.checkpointSeconds = new Histogram({
+      name: 'lockstep_checkpoint_duration_seconds',
+      help: 'Latency of checkpoints taken through the API',
+      labelNames: ['outcome'],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.rollbackSeconds = new Histogram({
+      name: 'lockstep_rollback_duration_seconds',
+      help: 'Latency of rollbacks done through the API',
+      labelNames: ['outcome'],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.forkSeconds = new Histogram({
+      name: 'lockstep_fork_duration_seconds',
+      help: 'Latency of fork requests (all forks of one request) done through the API',
+      labelNames: ['outcome'],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.requests = new Counter({
+      name: 'lockstep_http_requests_total',
+      help: 'HTTP requests answered, by route and status',
+      labelNames: ['method', 'route', 'status_code'],
+      registers,
+    });
+    this.requestSeconds = new Histogram({
+      name: 'lockstep_http_request_duration_seconds',
+      help: 'HTTP request latency, by route and status',
+      labelNames: ['method', 'route', 'status_code'],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
     new Gauge({
       name: 'lockstep_sandboxes',
       help: 'Sandboxes in the catalog, by state',

@@ -52,7 +52,8 @@ export class OperationTracker {
    */
   async drain(graceMs: number, abortWaitMs: number): Promise<{ aborted: string[]; abandoned: string[] }> {
     this.draining = true;
-    const settled = (): Promise<void> => Promise.allSettled([...this.ops].map((o) => o.done)).then(() => (this.ops.size ? settled() : undefined));
+    const settled = (): Promise<void> =>
+      Promise.allSettled([...this.ops].map((o) => o.done)).then(() => (this.ops.size ? settled() : undefined));
     if (await finishes(settled(), graceMs)) return { aborted: [], abandoned: [] };
     const aborted = [...this.ops].map((o) => o.kind);
     for (const o of this.ops) o.controller.abort(new Error('server shutting down'));

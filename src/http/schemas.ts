@@ -34,7 +34,7 @@ export function errors(...statuses: number[]): Record<number, Schema> {
 const STATUS_TEXT: Record<number, string> = {
   400: 'Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input)',
   401: 'Missing or unknown bearer token',
-  404: 'No such sandbox, checkpoint, effect or file for this tenant (another tenant\'s look exactly like missing ones)',
+  404: "No such sandbox, checkpoint, effect or file for this tenant (another tenant's look exactly like missing ones)",
   409: 'Conflict with the current state (busy, refused, outcome unknown, idempotency key reused or in progress, checkpoint corrupt)',
   413: 'Body too large',
   415: 'Unsupported Content-Type',
@@ -47,10 +47,21 @@ const STATUS_TEXT: Record<number, string> = {
 };
 
 const str = (maxLength: number, extra: Schema = {}): Schema => ({ type: 'string', minLength: 1, maxLength, ...extra });
-const int = (minimum: number, maximum: number, description?: string): Schema => ({ type: 'integer', minimum, maximum, ...(description ? { description } : {}) });
+const int = (minimum: number, maximum: number, description?: string): Schema => ({
+  type: 'integer',
+  minimum,
+  maximum,
+  ...(description ? { description } : {}),
+});
 const bool = (description: string): Schema => ({ type: 'boolean', description });
 const flag = (description: string): Schema => ({ type: 'string', enum: ['true', 'false'], description });
-const envs: Schema = { type: 'object', propertyNames: { pattern: ENV_NAME, maxLength: 256 }, additionalProperties: { type: 'string', maxLength: 131072 }, maxProperties: 256, description: 'Environment variables' };
+const envs: Schema = {
+  type: 'object',
+  propertyNames: { pattern: ENV_NAME, maxLength: 256 },
+  additionalProperties: { type: 'string', maxLength: 131072 },
+  maxProperties: 256,
+  description: 'Environment variables',
+};
 const toolCallId = str(200, { description: "The agent's tool-call id, recorded with the observation" });
 const anyJson: Schema = { description: 'Any JSON value' };
 
@@ -58,10 +69,33 @@ export const sandboxId = str(64, { pattern: '^sbx_[a-z0-9]+$', description: 'San
 export const checkpointId = str(64, { pattern: '^ckpt_[a-z0-9]+$', description: 'Checkpoint id' });
 export const effectId = str(64, { pattern: '^eff_[0-9a-f]+$', description: 'Effect id' });
 
-export const sandboxParams: Schema = { type: 'object', properties: { id: sandboxId }, required: ['id'], additionalProperties: false };
-export const checkpointParams: Schema = { type: 'object', properties: { id: sandboxId, ckpt: checkpointId }, required: ['id', 'ckpt'], additionalProperties: false };
-export const effectParams: Schema = { type: 'object', properties: { id: sandboxId, effectId }, required: ['id', 'effectId'], additionalProperties: false };
-export const pidParams: Schema = { type: 'object', properties: { id: sandboxId, pid: { type: 'string', pattern: '^[1-9][0-9]{0,8}$', description: 'pid inside the sandbox' } }, required: ['id', 'pid'], additionalProperties: false };
+export const sandboxParams: Schema = {
+  type: 'object',
+  properties: { id: sandboxId },
+  required: ['id'],
+  additionalProperties: false,
+};
+export const checkpointParams: Schema = {
+  type: 'object',
+  properties: { id: sandboxId, ckpt: checkpointId },
+  required: ['id', 'ckpt'],
+  additionalProperties: false,
+};
+export const effectParams: Schema = {
+  type: 'object',
+  properties: { id: sandboxId, effectId },
+  required: ['id', 'effectId'],
+  additionalProperties: false,
+};
+export const pidParams: Schema = {
+  type: 'object',
+  properties: {
+    id: sandboxId,
+    pid: { type: 'string', pattern: '^[1-9][0-9]{0,8}$', description: 'pid inside the sandbox' },
+  },
+  required: ['id', 'pid'],
+  additionalProperties: false,
+};
 
 const obj = (properties: Record<string, Schema>, required: string[] = [], description?: string): Schema => ({
   type: 'object',
@@ -77,13 +111,35 @@ export const createBody = obj({
   image: str(64, { pattern: '^[a-z0-9][a-z0-9._-]*$', description: 'Image name (default "base")' }),
   memoryMb: int(LIMITS.memoryMb.min, LIMITS.memoryMb.max, `Memory limit in MiB (default ${LIMITS.memoryMb.default})`),
   pids: int(LIMITS.pids.min, LIMITS.pids.max, `Most processes (default ${LIMITS.pids.default})`),
-  cpuWeight: int(LIMITS.cpuWeight.min, LIMITS.cpuWeight.max, `Relative CPU weight, cgroup v2 scale (default ${LIMITS.cpuWeight.default} or the tenant's default; v1 cpu.shares = weight * 1024 / 100)`),
-  cpus: { type: 'number', minimum: LIMITS.cpus.min, maximum: LIMITS.cpus.max, description: 'Hard CPU cap in CPUs, at most two decimals (0.5 = half a core); default none' },
-  ioWeight: int(LIMITS.ioWeight.min, LIMITS.ioWeight.max, 'Relative I/O weight; 422 LIMIT_UNSUPPORTED where no I/O scheduler honours one (see lockstep doctor)'),
-  diskMb: int(LIMITS.diskMb.min, LIMITS.diskMb.max, 'Disk quota of the writable layer in MiB (writes past it fail with EDQUOT); default none'),
+  cpuWeight: int(
+    LIMITS.cpuWeight.min,
+    LIMITS.cpuWeight.max,
+    `Relative CPU weight, cgroup v2 scale (default ${LIMITS.cpuWeight.default} or the tenant's default; v1 cpu.shares = weight * 1024 / 100)`,
+  ),
+  cpus: {
+    type: 'number',
+    minimum: LIMITS.cpus.min,
+    maximum: LIMITS.cpus.max,
+    description: 'Hard CPU cap in CPUs, at most two decimals (0.5 = half a core); default none',
+  },
+  ioWeight: int(
+    LIMITS.ioWeight.min,
+    LIMITS.ioWeight.max,
+    'Relative I/O weight; 422 LIMIT_UNSUPPORTED where no I/O scheduler honours one (see lockstep doctor)',
+  ),
+  diskMb: int(
+    LIMITS.diskMb.min,
+    LIMITS.diskMb.max,
+    'Disk quota of the writable layer in MiB (writes past it fail with EDQUOT); default none',
+  ),
   envs,
   timeoutMs: int(1000, 30 * 24 * 3600 * 1000, 'Lifetime: the sandbox is removed this long after creation'),
-  metadata: { type: 'object', additionalProperties: { type: 'string', maxLength: 1024 }, maxProperties: 64, description: 'Free-form string labels' },
+  metadata: {
+    type: 'object',
+    additionalProperties: { type: 'string', maxLength: 1024 },
+    maxProperties: 64,
+    description: 'Free-form string labels',
+  },
 });
 
 export const runBody = obj(
@@ -91,7 +147,13 @@ export const runBody = obj(
     cmd: {
       oneOf: [
         str(131072, { description: 'Run through /bin/sh -c' }),
-        { type: 'array', items: { type: 'string', maxLength: 131072 }, minItems: 1, maxItems: 4096, description: 'argv, run directly' },
+        {
+          type: 'array',
+          items: { type: 'string', maxLength: 131072 },
+          minItems: 1,
+          maxItems: 4096,
+          description: 'argv, run directly',
+        },
       ],
     },
     cwd: str(4096, { pattern: '^/', description: 'Working directory (default /workspace)' }),
@@ -104,12 +166,27 @@ export const runBody = obj(
 );
 
 export const waitBody = obj({ timeoutMs: int(1, 24 * 3600 * 1000) });
-export const killBody = obj({ signal: { type: 'string', enum: ['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2'] } });
+export const killBody = obj({
+  signal: { type: 'string', enum: ['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2'] },
+});
 
 export const pathQuery = (extra: Record<string, Schema> = {}): Schema =>
-  obj({ path: str(4096, { description: 'Path inside the sandbox (relative paths are under /workspace)' }), toolCallId, ...extra }, ['path']);
+  obj(
+    {
+      path: str(4096, { description: 'Path inside the sandbox (relative paths are under /workspace)' }),
+      toolCallId,
+      ...extra,
+    },
+    ['path'],
+  );
 
-export const readQuery = pathQuery({ encoding: { type: 'string', enum: ['utf8', 'base64'], description: 'Default: utf8 when the bytes are valid UTF-8, else base64' } });
+export const readQuery = pathQuery({
+  encoding: {
+    type: 'string',
+    enum: ['utf8', 'base64'],
+    description: 'Default: utf8 when the bytes are valid UTF-8, else base64',
+  },
+});
 export const existsQuery = obj({ path: str(4096) }, ['path']);
 
 export const writeJsonBody = obj(
@@ -136,7 +213,11 @@ export const checkpointBody = obj({
 export const rollbackBody = obj(
   {
     checkpointId,
-    policy: { type: 'string', enum: ['warn', 'refuse'], description: '"refuse" blocks the rollback when irreversible effects happened after the checkpoint (409)' },
+    policy: {
+      type: 'string',
+      enum: ['warn', 'refuse'],
+      description: '"refuse" blocks the rollback when irreversible effects happened after the checkpoint (409)',
+    },
     failure: { type: 'string', maxLength: 4000, description: 'Why the abandoned attempt failed' },
     lessons: { type: 'array', items: { type: 'string', maxLength: 2000 }, maxItems: 100 },
     withRecoverySummary: bool('Include recoverySummary and contextWithRecovery (default true)'),
@@ -165,13 +246,18 @@ export const effectCommitBody = obj({ output: anyJson });
 export const effectFailBody = obj(
   {
     error: {
-      oneOf: [{ type: 'string', maxLength: 4000 }, obj({ name: str(200), message: { type: 'string', maxLength: 4000 }, code: str(200) }, ['message'])],
+      oneOf: [
+        { type: 'string', maxLength: 4000 },
+        obj({ name: str(200), message: { type: 'string', maxLength: 4000 }, code: str(200) }, ['message']),
+      ],
     },
     definite: bool('True if the effect certainly did not happen (it may then be retried)'),
   },
   ['error', 'definite'],
 );
-export const effectResolveBody = obj({ outcome: { type: 'string', enum: ['committed', 'failed'] }, output: anyJson }, ['outcome']);
+export const effectResolveBody = obj({ outcome: { type: 'string', enum: ['committed', 'failed'] }, output: anyJson }, [
+  'outcome',
+]);
 
 export const verdictBody = obj({ path: str(4096), verdict: str(500), toolCallId }, ['path', 'verdict']);
 export const observationsQuery = obj({ includeStale: flag('Include observations a rollback made stale') });
@@ -179,7 +265,12 @@ export const verdictsQuery = obj({ stale: flag('Only verdicts whose file changed
 
 // ---------------------------------------------------------------- outputs (documentation)
 
-const loose = (description: string, properties: Record<string, Schema> = {}): Schema => ({ type: 'object', description, properties, additionalProperties: true });
+const loose = (description: string, properties: Record<string, Schema> = {}): Schema => ({
+  type: 'object',
+  description,
+  properties,
+  additionalProperties: true,
+});
 
 export const sandboxInfo = loose('A sandbox', {
   id: { type: 'string' },
@@ -209,20 +300,40 @@ export const runResult = loose('The finished command (or {pid} for background)',
   observationId: { type: 'string' },
   pid: { type: 'integer' },
 });
-export const checkpointInfo = loose('A checkpoint', { id: { type: 'string' }, parentId: { type: ['string', 'null'] }, label: { type: ['string', 'null'] }, contextId: { type: ['string', 'null'] }, createdAt: { type: 'string' } });
-export const rollbackReport = loose('The rollback report: restored process, context at the checkpoint, stale observations, effects after, recovery summary', {
-  checkpointId: { type: 'string' },
-  branchId: { type: 'string' },
-  context: {},
-  contextWithRecovery: {},
-  staleObservations: { type: 'array', items: { type: 'object', additionalProperties: true } },
-  effectsAfter: { type: 'array', items: { type: 'object', additionalProperties: true } },
-  staleVerdicts: { type: 'array', items: { type: 'object', additionalProperties: true } },
-  warnings: { type: 'array', items: { type: 'object', additionalProperties: true } },
-  recoverySummary: { type: 'object', additionalProperties: true },
+export const checkpointInfo = loose('A checkpoint', {
+  id: { type: 'string' },
+  parentId: { type: ['string', 'null'] },
+  label: { type: ['string', 'null'] },
+  contextId: { type: ['string', 'null'] },
+  createdAt: { type: 'string' },
 });
-export const forkResult = loose('Forks started, and errors of those that failed', { ids: { type: 'array', items: { type: 'string' } }, errors: { type: 'array', items: { type: 'object', additionalProperties: true } } });
-export const effectRecord = loose('A ledger row', { id: { type: 'string' }, kind: { type: 'string' }, status: { type: 'string' }, idempotencyKey: { type: 'string' } });
-export const beginResult = loose('Run the effect now (replayed: false), or what it returned last time (replayed: true)', { replayed: { type: 'boolean' }, effectId: { type: 'string' }, output: {} });
+export const rollbackReport = loose(
+  'The rollback report: restored process, context at the checkpoint, stale observations, effects after, recovery summary',
+  {
+    checkpointId: { type: 'string' },
+    branchId: { type: 'string' },
+    context: {},
+    contextWithRecovery: {},
+    staleObservations: { type: 'array', items: { type: 'object', additionalProperties: true } },
+    effectsAfter: { type: 'array', items: { type: 'object', additionalProperties: true } },
+    staleVerdicts: { type: 'array', items: { type: 'object', additionalProperties: true } },
+    warnings: { type: 'array', items: { type: 'object', additionalProperties: true } },
+    recoverySummary: { type: 'object', additionalProperties: true },
+  },
+);
+export const forkResult = loose('Forks started, and errors of those that failed', {
+  ids: { type: 'array', items: { type: 'string' } },
+  errors: { type: 'array', items: { type: 'object', additionalProperties: true } },
+});
+export const effectRecord = loose('A ledger row', {
+  id: { type: 'string' },
+  kind: { type: 'string' },
+  status: { type: 'string' },
+  idempotencyKey: { type: 'string' },
+});
+export const beginResult = loose(
+  'Run the effect now (replayed: false), or what it returned last time (replayed: true)',
+  { replayed: { type: 'boolean' }, effectId: { type: 'string' }, output: {} },
+);
 export const arrayOf = (items: Schema, description: string): Schema => ({ type: 'array', items, description });
 export const anyObject = (description: string): Schema => loose(description);

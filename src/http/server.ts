@@ -138,7 +138,13 @@ export function createServer(opts: ServerOptions): LockstepServer {
     ajv: {
       // Reject what does not fit instead of quietly fixing it: no type
       // coercion, no stripping of unknown properties.
-      customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false, allowUnionTypes: true },
+      customOptions: {
+        removeAdditional: false,
+        coerceTypes: false,
+        useDefaults: false,
+        allErrors: false,
+        allowUnionTypes: true,
+      },
     },
   }) as unknown as FastifyInstance;
 
@@ -153,7 +159,9 @@ export function createServer(opts: ServerOptions): LockstepServer {
   app.setSerializerCompiler(() => (data) => JSON.stringify(data));
   app.setErrorHandler(errorHandler);
   app.setNotFoundHandler((req, reply) => {
-    void reply.code(404).send({ error: { code: 'ROUTE_NOT_FOUND', message: `No route ${req.method} ${req.url.split('?')[0]}` } });
+    void reply
+      .code(404)
+      .send({ error: { code: 'ROUTE_NOT_FOUND', message: `No route ${req.method} ${req.url.split('?')[0]}` } });
   });
 
   let draining = false;
@@ -168,7 +176,11 @@ export function createServer(opts: ServerOptions): LockstepServer {
     if (draining) void reply.header('connection', 'close');
   });
   app.addHook('onResponse', async (req, reply) => {
-    const labels = { method: req.method, route: req.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) };
+    const labels = {
+      method: req.method,
+      route: req.routeOptions.url ?? 'unmatched',
+      status_code: String(reply.statusCode),
+    };
     metrics.requests.inc(labels);
     metrics.requestSeconds.observe(labels, reply.elapsedTime / 1000);
   });
@@ -186,7 +198,17 @@ export function createServer(opts: ServerOptions): LockstepServer {
       },
       components: { securitySchemes: { bearerAuth: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearerAuth: [] }],
-      tags: ['sandboxes', 'commands', 'files', 'checkpoints', 'effects', 'observations', 'verdicts', 'images', 'tenant'].map((name) => ({ name })),
+      tags: [
+        'sandboxes',
+        'commands',
+        'files',
+        'checkpoints',
+        'effects',
+        'observations',
+        'verdicts',
+        'images',
+        'tenant',
+      ].map((name) => ({ name })),
     },
   });
   void app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { validatorUrl: null, deepLinking: true } });
@@ -194,7 +216,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
   app.get('/healthz', { schema: { hide: true } }, async () => ({ ok: true, draining, version }));
   app.get('/metrics', { schema: { hide: true } }, async (req, reply) => {
-    if (metricsDigest !== undefined && !sameSecret(metricsDigest, bearer(req))) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
+    if (metricsDigest !== undefined && !sameSecret(metricsDigest, bearer(req)))
+      throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <metrics token>');
     return reply.type(metrics.registry.contentType).send(await metrics.registry.metrics());
   });
 
@@ -202,7 +225,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
     async (v1) => {
       v1.addHook('onRequest', async (req, reply) => {
         const tenant = authenticate(db, bearer(req));
-        if (!tenant) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
+        if (!tenant)
+          throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
         ctx.setState(req, { tenant });
         // reply.log writes the "request completed" line: bind it too.
         req.log = reply.log = req.log.child({ tenant: tenant.name, tenantId: tenant.id });
@@ -259,7 +283,11 @@ export function createServer(opts: ServerOptions): LockstepServer {
       app.log.info('shutting down: no new requests; waiting for operations in flight');
       const closing = app.close();
       const report = await operations.drain(o.graceMs ?? 30_000, o.abortWaitMs ?? 10_000);
-      if (report.aborted.length) app.log.warn({ aborted: report.aborted, abandoned: report.abandoned }, 'aborted operations still running at the deadline');
+      if (report.aborted.length)
+        app.log.warn(
+          { aborted: report.aborted, abandoned: report.abandoned },
+          'aborted operations still running at the deadline',
+        );
       // Requests that are not tracked operations are quick; a connection
       // still open after this is a client holding on to a finished stream.
       const timer = setTimeout(() => app.server.closeAllConnections(), 2000).unref();
@@ -287,7 +315,11 @@ async function claimIdempotency(ctx: ApiContext, req: FastifyRequest, reply: Fas
       state.replay = stored;
       return;
     }
-    void reply.code(stored.status).header('idempotent-replayed', 'true').type('application/json; charset=utf-8').send(stored.body);
+    void reply
+      .code(stored.status)
+      .header('idempotent-replayed', 'true')
+      .type('application/json; charset=utf-8')
+      .send(stored.body);
     return;
   }
   state.idempotency = { key, hash, stored: false };
@@ -302,7 +334,11 @@ function settleIdempotency(ctx: ApiContext, req: FastifyRequest, reply: FastifyR
     // A stream: the route stores and releases when it ends.
     if (reply.statusCode < 300) return;
   } else if (reply.statusCode >= 200 && reply.statusCode < 300) {
-    ctx.idempotency.store(s.tenant.id, idem.key, idem.hash, { status: reply.statusCode, body: payload.toString(), streamed: false });
+    ctx.idempotency.store(s.tenant.id, idem.key, idem.hash, {
+      status: reply.statusCode,
+      body: payload.toString(),
+      streamed: false,
+    });
   }
   idem.stored = true;
   ctx.idempotency.release(s.tenant.id, idem.key);

@@ -57,7 +57,11 @@ export class DockerEngine implements DockerPort {
       throw new HostError('DOCKER_IMAGE_NOT_FOUND', `Docker has no image ${JSON.stringify(ref)}`, { cause: e });
     }
     // A created (never started) container gives the flattened filesystem.
-    const container = await this.docker.createContainer({ Image: ref, Cmd: ['/bin/true'], Labels: { 'dev.lockstep.import': ref } });
+    const container = await this.docker.createContainer({
+      Image: ref,
+      Cmd: ['/bin/true'],
+      Labels: { 'dev.lockstep.import': ref },
+    });
     try {
       const stream = (await container.export()) as unknown as Readable;
       // Symlinks are made last, as GNU tar does: while extracting, no path on
@@ -88,11 +92,17 @@ export class DockerEngine implements DockerPort {
     const stream = await this.docker.importImage(pack as unknown as NodeJS.ReadableStream, { repo, tag });
     // The engine reports progress as JSON lines; an error arrives in-band.
     await new Promise<void>((resolve, reject) => {
-      this.docker.modem.followProgress(stream as NodeJS.ReadableStream, (err: Error | null, out: { error?: string }[]) => {
-        const inband = out?.find((o) => o.error);
-        if (err || inband) reject(new HostError('DOCKER_IMPORT_FAILED', `Docker could not import ${ref}: ${err?.message ?? inband?.error}`));
-        else resolve();
-      });
+      this.docker.modem.followProgress(
+        stream as NodeJS.ReadableStream,
+        (err: Error | null, out: { error?: string }[]) => {
+          const inband = out?.find((o) => o.error);
+          if (err || inband)
+            reject(
+              new HostError('DOCKER_IMPORT_FAILED', `Docker could not import ${ref}: ${err?.message ?? inband?.error}`),
+            );
+          else resolve();
+        },
+      );
     });
   }
 }

@@ -14,7 +14,14 @@ import { createHash } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { native, projectRoot } from '../native/binding.js';
-import { AlreadyExistsError, HostError, InvalidArgumentError, InvalidStateError, NotFoundError, SETUP_COMMAND } from '../errors.js';
+import {
+  AlreadyExistsError,
+  HostError,
+  InvalidArgumentError,
+  InvalidStateError,
+  NotFoundError,
+  SETUP_COMMAND,
+} from '../errors.js';
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
 import { resolveHome, type StatePaths } from '../paths.js';
 import type { DockerPort } from './docker.js';
@@ -29,7 +36,11 @@ export const buildCacheDir = () => envValue('LOCKSTEP_CACHE') ?? DEFAULTS.cacheD
 /** Rejects names that could escape the images folder or confuse a shell. */
 export function validateImageName(name: unknown, field = 'image'): string {
   if (typeof name !== 'string' || !IMAGE_NAME.test(name) || name.includes('..')) {
-    throw new InvalidArgumentError(field, 'a name of 1-63 characters from a-z, 0-9, ".", "_" and "-" (no "/" or "..")', name);
+    throw new InvalidArgumentError(
+      field,
+      'a name of 1-63 characters from a-z, 0-9, ".", "_" and "-" (no "/" or "..")',
+      name,
+    );
   }
   return name;
 }
@@ -80,9 +91,20 @@ function dirSize(dir: string): number {
  */
 function unknownImage(name: string, installed: string[] | undefined): NotFoundError {
   const recipes = listRecipes();
-  const have = installed === undefined ? 'it is not a shipped recipe' : installed.length ? `installed here: ${installed.join(', ')}` : 'no image is installed here';
-  const build = recipes.length ? `build a shipped recipe (${recipes.join(', ')}) with \`lockstep image build NAME\`, ` : '';
-  return new NotFoundError('image', name, `${have} (\`lockstep image ls\`); ${build}or import one with \`lockstep image import docker:REF --name ${name}\``);
+  const have =
+    installed === undefined
+      ? 'it is not a shipped recipe'
+      : installed.length
+        ? `installed here: ${installed.join(', ')}`
+        : 'no image is installed here';
+  const build = recipes.length
+    ? `build a shipped recipe (${recipes.join(', ')}) with \`lockstep image build NAME\`, `
+    : '';
+  return new NotFoundError(
+    'image',
+    name,
+    `${have} (\`lockstep image ls\`); ${build}or import one with \`lockstep image import docker:REF --name ${name}\``,
+  );
 }
 
 export type ProgressFn = (message: string) => void;
@@ -105,9 +127,16 @@ export class ImageStore {
     // A shipped recipe that was never built into this state directory: that is set-up, not a typo.
     if (listRecipes().includes(name)) {
       const home = this.paths.home === resolveHome() ? '' : ` --home ${this.paths.home}`;
-      throw new NotFoundError('image', name, `it is a shipped recipe not built in ${this.paths.home} yet: run \`${SETUP_COMMAND} --images ${name}${home}\` as root (or \`lockstep image build ${name}\`)`);
+      throw new NotFoundError(
+        'image',
+        name,
+        `it is a shipped recipe not built in ${this.paths.home} yet: run \`${SETUP_COMMAND} --images ${name}${home}\` as root (or \`lockstep image build ${name}\`)`,
+      );
     }
-    throw unknownImage(name, this.list().map((i) => i.name));
+    throw unknownImage(
+      name,
+      this.list().map((i) => i.name),
+    );
   }
 
   has(name: string): boolean {
@@ -118,7 +147,11 @@ export class ImageStore {
   /** Builds NAME from sandbox-images/NAME (or the build cache). */
   async build(name: string, opts: { progress?: ProgressFn; force?: boolean } = {}): Promise<ImageRow> {
     validateImageName(name);
-    if (!listRecipes().includes(name)) throw unknownImage(name, this.list().map((i) => i.name));
+    if (!listRecipes().includes(name))
+      throw unknownImage(
+        name,
+        this.list().map((i) => i.name),
+      );
     if (this.has(name) && !opts.force) throw new AlreadyExistsError('image', name);
     const progress = opts.progress ?? (() => undefined);
     const hash = recipeHash(name);
@@ -200,11 +233,19 @@ export class ImageStore {
       await fill(rootfs);
       const final = this.paths.image(name);
       if (fs.existsSync(final)) {
-        if (this.catalog.imageReferences(name) > 0) throw new InvalidStateError('IMAGE_IN_USE', `Image ${name} is in use and cannot be replaced`);
+        if (this.catalog.imageReferences(name) > 0)
+          throw new InvalidStateError('IMAGE_IN_USE', `Image ${name} is in use and cannot be replaced`);
         fs.rmSync(final, { recursive: true, force: true });
       }
       fs.renameSync(tmp, final);
-      const row: ImageRow = { name, rootfs: this.paths.imageRootfs(name), source, size_bytes: dirSize(this.paths.imageRootfs(name)), created_at: Date.now(), deleted: 0 };
+      const row: ImageRow = {
+        name,
+        rootfs: this.paths.imageRootfs(name),
+        source,
+        size_bytes: dirSize(this.paths.imageRootfs(name)),
+        created_at: Date.now(),
+        deleted: 0,
+      };
       this.catalog.putImage(row);
       return row;
     } catch (e) {
@@ -256,7 +297,9 @@ async function buildIntoCache(name: string, progress: ProgressFn, hash = recipeH
       const rootfs = path.join(tmp, 'rootfs');
       fs.mkdirSync(rootfs, { mode: 0o755 });
       progress(`building image ${name} from sandbox-images/${name}/build.sh (first time only)`);
-      const child = execFile('bash', [path.join(recipesDir(), name, 'build.sh'), rootfs], { maxBuffer: 64 * 1024 * 1024 });
+      const child = execFile('bash', [path.join(recipesDir(), name, 'build.sh'), rootfs], {
+        maxBuffer: 64 * 1024 * 1024,
+      });
       child.stderr?.on('data', (d: Buffer) => {
         for (const line of String(d).split('\n')) if (line.trim()) progress(line.trim());
       });

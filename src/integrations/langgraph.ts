@@ -48,7 +48,10 @@ import { createLogger, type Logger } from '../log.js';
 export type RunnableConfig = Parameters<BaseCheckpointSaver['put']>[0];
 
 /** What the saver uses of a sandbox; a `Sandbox` has all of it (unit tests pass fakes). */
-export type SaverSandbox = Pick<Sandbox, 'id' | 'checkpoint' | 'rollback' | 'checkpoints' | 'info' | 'context' | 'deleteCheckpoint'>;
+export type SaverSandbox = Pick<
+  Sandbox,
+  'id' | 'checkpoint' | 'rollback' | 'checkpoints' | 'info' | 'context' | 'deleteCheckpoint'
+>;
 
 /** What the saver uses of a Lockstep manager in per-thread mode. */
 export interface SaverLockstep {
@@ -179,7 +182,12 @@ export class LockstepSaver extends BaseCheckpointSaver {
       db ??= engine?.catalog.db;
       log ??= engine?.log;
     }
-    if (!db) throw new InvalidArgumentError('db', 'a Lockstep Sandbox or Lockstep manager (or, in tests, a catalog database)', db);
+    if (!db)
+      throw new InvalidArgumentError(
+        'db',
+        'a Lockstep Sandbox or Lockstep manager (or, in tests, a catalog database)',
+        db,
+      );
     this.db = db;
     this.log = (log ?? createLogger()).child({ component: 'langgraph' });
     this.db.exec(SCHEMA);
@@ -195,11 +203,17 @@ export class LockstepSaver extends BaseCheckpointSaver {
    * graph's checkpoint as its context. If the parent checkpoint is not where
    * the sandbox is (time travel), rolls the sandbox back to it first.
    */
-  override async put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, _newVersions: ChannelVersions): Promise<RunnableConfig> {
+  override async put(
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    _newVersions: ChannelVersions,
+  ): Promise<RunnableConfig> {
     const threadId = requireThreadId(config, 'put');
     const ns = namespaceOf(config);
     const parentId = checkpointIdOf(config);
-    if (typeof checkpoint?.id !== 'string' || checkpoint.id === '') throw new InvalidArgumentError('checkpoint.id', 'a non-empty string', checkpoint?.id);
+    if (typeof checkpoint?.id !== 'string' || checkpoint.id === '')
+      throw new InvalidArgumentError('checkpoint.id', 'a non-empty string', checkpoint?.id);
     if (isRunConfig(config)) requireSyncDurability(config);
     const [cp, md] = await Promise.all([this.toPlain(checkpoint), this.toPlain(metadata)]);
     const returned = { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
@@ -223,23 +237,50 @@ export class LockstepSaver extends BaseCheckpointSaver {
   }
 
   /** Stores the writes of one task against the checkpoint in config; getTuple returns them as pendingWrites. */
-  override async putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string, taskPath?: string): Promise<void> {
+  override async putWrites(
+    config: RunnableConfig,
+    writes: PendingWrite[],
+    taskId: string,
+    taskPath?: string,
+  ): Promise<void> {
     const threadId = requireThreadId(config, 'putWrites');
     const ns = namespaceOf(config);
     const checkpointId = checkpointIdOf(config);
-    if (checkpointId === undefined) throw new InvalidArgumentError('config.configurable.checkpoint_id', 'the id of the checkpoint the writes belong to', checkpointId);
-    if (typeof taskId !== 'string' || taskId === '') throw new InvalidArgumentError('taskId', 'a non-empty string', taskId);
+    if (checkpointId === undefined)
+      throw new InvalidArgumentError(
+        'config.configurable.checkpoint_id',
+        'the id of the checkpoint the writes belong to',
+        checkpointId,
+      );
+    if (typeof taskId !== 'string' || taskId === '')
+      throw new InvalidArgumentError('taskId', 'a non-empty string', taskId);
     if (!Array.isArray(writes)) throw new InvalidArgumentError('writes', 'an array of [channel, value] pairs', writes);
-    const encoded = await Promise.all(writes.map(async ([channel, value]) => [channel, ...(await this.serde.dumpsTyped(value))] as const));
+    const encoded = await Promise.all(
+      writes.map(async ([channel, value]) => [channel, ...(await this.serde.dumpsTyped(value))] as const),
+    );
     const store = () => {
-      const replace = this.db.prepare(`INSERT OR REPLACE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`);
-      const ignore = this.db.prepare(`INSERT OR IGNORE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`);
+      const replace = this.db.prepare(
+        `INSERT OR REPLACE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      );
+      const ignore = this.db.prepare(
+        `INSERT OR IGNORE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      );
       this.db.transaction(() => {
         encoded.forEach(([channel, type, bytes], i) => {
           // Special writes (error, interrupt, resume) have fixed negative slots and
           // replace what was there; a task's ordinary writes are kept from the first attempt.
           const idx = WRITES_IDX_MAP[channel] ?? i;
-          (idx < 0 ? replace : ignore).run(threadId, ns, checkpointId, taskId, idx, channel, type, Buffer.from(bytes), taskPath ?? '');
+          (idx < 0 ? replace : ignore).run(
+            threadId,
+            ns,
+            checkpointId,
+            taskId,
+            idx,
+            channel,
+            type,
+            Buffer.from(bytes),
+            taskPath ?? '',
+          );
         });
       })();
     };
@@ -252,12 +293,16 @@ export class LockstepSaver extends BaseCheckpointSaver {
       if (this.followTimeTravel && ns === '') {
         const at = this.position(sandbox, threadId, ns);
         if (at !== checkpointId) {
-          throw new InvalidStateError('LANGGRAPH_SANDBOX_DIVERGED', `Writes of task ${taskId} belong to LangGraph checkpoint ${checkpointId}, but sandbox ${sandbox.id} is at ${at ?? 'no checkpoint'} of this thread: the task ran against other files`, {
-            threadId,
-            checkpointNs: ns,
-            checkpointId,
-            sandboxCheckpointId: at,
-          });
+          throw new InvalidStateError(
+            'LANGGRAPH_SANDBOX_DIVERGED',
+            `Writes of task ${taskId} belong to LangGraph checkpoint ${checkpointId}, but sandbox ${sandbox.id} is at ${at ?? 'no checkpoint'} of this thread: the task ran against other files`,
+            {
+              threadId,
+              checkpointNs: ns,
+              checkpointId,
+              sandboxCheckpointId: at,
+            },
+          );
         }
       }
       store();
@@ -291,7 +336,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
   override async *list(config: RunnableConfig, options: CheckpointListOptions = {}): AsyncGenerator<CheckpointTuple> {
     const { before, filter } = options;
     let limit = options.limit;
-    if (limit !== undefined && (!Number.isInteger(limit) || limit < 0)) throw new InvalidArgumentError('options.limit', 'a non-negative integer', limit);
+    if (limit !== undefined && (!Number.isInteger(limit) || limit < 0))
+      throw new InvalidArgumentError('options.limit', 'a non-negative integer', limit);
     const threadId = config.configurable?.thread_id;
     const rows = this.select({
       threadId: typeof threadId === 'string' && threadId !== '' ? threadId : undefined,
@@ -313,7 +359,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
 
   /** Deletes the thread's checkpoints (their Lockstep checkpoints too, freeing layers and process images) and writes. The sandbox stays. */
   override async deleteThread(threadId: string): Promise<void> {
-    if (typeof threadId !== 'string' || threadId === '') throw new InvalidArgumentError('threadId', 'a non-empty string', threadId);
+    if (typeof threadId !== 'string' || threadId === '')
+      throw new InvalidArgumentError('threadId', 'a non-empty string', threadId);
     const rows = this.select({ threadId });
     const bySandbox = new Map<string, IndexRow[]>();
     for (const r of rows) bySandbox.set(r.sandbox_id, [...(bySandbox.get(r.sandbox_id) ?? []), r]);
@@ -327,7 +374,9 @@ export class LockstepSaver extends BaseCheckpointSaver {
         }
       });
     }
-    const del = this.db.prepare('DELETE FROM langgraph_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?');
+    const del = this.db.prepare(
+      'DELETE FROM langgraph_checkpoints WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ?',
+    );
     this.db.transaction(() => {
       for (const r of rows) del.run(r.thread_id, r.checkpoint_ns, r.checkpoint_id);
       this.db
@@ -354,7 +403,10 @@ export class LockstepSaver extends BaseCheckpointSaver {
     const at = this.position(sandbox, target.thread_id, target.checkpoint_ns);
     if (at === target.checkpoint_id) return;
     const log = this.log.child({ sandboxId: sandbox.id, checkpointId: target.lockstep_checkpoint_id });
-    log.info({ threadId: target.thread_id, checkpointNs: target.checkpoint_ns, from: at, to: target.checkpoint_id }, 'LangGraph continues from an earlier checkpoint; rolling the sandbox back');
+    log.info(
+      { threadId: target.thread_id, checkpointNs: target.checkpoint_ns, from: at, to: target.checkpoint_id },
+      'LangGraph continues from an earlier checkpoint; rolling the sandbox back',
+    );
     let report: RollbackReport | undefined;
     try {
       report = await sandbox.rollback(target.lockstep_checkpoint_id, this.rollbackOptions);
@@ -363,7 +415,12 @@ export class LockstepSaver extends BaseCheckpointSaver {
       // to when a langgraph context has no channel_values.messages to add a
       // recovery note to (AgentState.report). The sandbox did move, so the
       // graph may go on; only the report is missing. Remove once fixed there.
-      if (!(e instanceof LockstepError && e.code === 'CONTEXT_FORMAT_UNSUPPORTED' && sandbox.info().headCheckpointId === target.lockstep_checkpoint_id)) throw e;
+      if (!(
+        e instanceof LockstepError &&
+        e.code === 'CONTEXT_FORMAT_UNSUPPORTED' &&
+        sandbox.info().headCheckpointId === target.lockstep_checkpoint_id
+      ))
+        throw e;
       log.warn({ err: e }, 'sandbox rolled back, but Lockstep could not build the rollback report');
     }
     await this.onTimeTravel?.({
@@ -384,9 +441,13 @@ export class LockstepSaver extends BaseCheckpointSaver {
    */
   private position(sandbox: SaverSandbox, threadId: string, ns: string): string | undefined {
     const ours = new Map(
-      (this.db.prepare('SELECT lockstep_checkpoint_id AS l, checkpoint_id AS c FROM langgraph_checkpoints WHERE sandbox_id = ? AND thread_id = ? AND checkpoint_ns = ?').all(sandbox.id, threadId, ns) as { l: string; c: string }[]).map(
-        (r) => [r.l, r.c],
-      ),
+      (
+        this.db
+          .prepare(
+            'SELECT lockstep_checkpoint_id AS l, checkpoint_id AS c FROM langgraph_checkpoints WHERE sandbox_id = ? AND thread_id = ? AND checkpoint_ns = ?',
+          )
+          .all(sandbox.id, threadId, ns) as { l: string; c: string }[]
+      ).map((r) => [r.l, r.c]),
     );
     if (ours.size === 0) return undefined;
     const parents = new Map(sandbox.checkpoints().map((c) => [c.id, c.parentId]));
@@ -402,10 +463,14 @@ export class LockstepSaver extends BaseCheckpointSaver {
   private async tuple(row: IndexRow): Promise<CheckpointTuple> {
     const ctx = this.sandboxOf(row.sandbox_id).context(row.lockstep_checkpoint_id);
     if (!ctx || ctx.format !== 'langgraph') {
-      throw new InvalidStateError('LANGGRAPH_CONTEXT_MISSING', `Lockstep checkpoint ${row.lockstep_checkpoint_id} holds no LangGraph context for checkpoint ${row.checkpoint_id}`, {
-        checkpointId: row.checkpoint_id,
-        lockstepCheckpointId: row.lockstep_checkpoint_id,
-      });
+      throw new InvalidStateError(
+        'LANGGRAPH_CONTEXT_MISSING',
+        `Lockstep checkpoint ${row.lockstep_checkpoint_id} holds no LangGraph context for checkpoint ${row.checkpoint_id}`,
+        {
+          checkpointId: row.checkpoint_id,
+          lockstepCheckpointId: row.lockstep_checkpoint_id,
+        },
+      );
     }
     const [checkpoint, metadata, pendingWrites] = await Promise.all([
       this.fromPlain(ctx.checkpoint) as Promise<Checkpoint>,
@@ -413,13 +478,21 @@ export class LockstepSaver extends BaseCheckpointSaver {
       this.pendingWrites(row),
     ]);
     const tuple: CheckpointTuple = {
-      config: { configurable: { thread_id: row.thread_id, checkpoint_ns: row.checkpoint_ns, checkpoint_id: row.checkpoint_id } },
+      config: {
+        configurable: { thread_id: row.thread_id, checkpoint_ns: row.checkpoint_ns, checkpoint_id: row.checkpoint_id },
+      },
       checkpoint,
       pendingWrites,
     };
     if (metadata !== undefined) tuple.metadata = metadata;
     if (row.parent_checkpoint_id !== null) {
-      tuple.parentConfig = { configurable: { thread_id: row.thread_id, checkpoint_ns: row.checkpoint_ns, checkpoint_id: row.parent_checkpoint_id } };
+      tuple.parentConfig = {
+        configurable: {
+          thread_id: row.thread_id,
+          checkpoint_ns: row.checkpoint_ns,
+          checkpoint_id: row.parent_checkpoint_id,
+        },
+      };
     }
     return tuple;
   }
@@ -427,13 +500,35 @@ export class LockstepSaver extends BaseCheckpointSaver {
   /** Writes in LangGraph's writesSortKey order (task path, task id, idx): SQLite's binary collation of UTF-8 is code-point order. */
   private async pendingWrites(row: IndexRow): Promise<CheckpointPendingWrite[]> {
     const rows = this.db
-      .prepare('SELECT task_id, channel, type, value FROM langgraph_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? ORDER BY task_path, task_id, idx')
-      .all(row.thread_id, row.checkpoint_ns, row.checkpoint_id) as { task_id: string; channel: string; type: string; value: Buffer }[];
-    return Promise.all(rows.map(async (w) => [w.task_id, w.channel, await this.serde.loadsTyped(w.type, new Uint8Array(w.value))] as CheckpointPendingWrite));
+      .prepare(
+        'SELECT task_id, channel, type, value FROM langgraph_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? ORDER BY task_path, task_id, idx',
+      )
+      .all(row.thread_id, row.checkpoint_ns, row.checkpoint_id) as {
+      task_id: string;
+      channel: string;
+      type: string;
+      value: Buffer;
+    }[];
+    return Promise.all(
+      rows.map(
+        async (w) =>
+          [
+            w.task_id,
+            w.channel,
+            await this.serde.loadsTyped(w.type, new Uint8Array(w.value)),
+          ] as CheckpointPendingWrite,
+      ),
+    );
   }
 
   /** Index rows whose Lockstep checkpoint still exists, newest LangGraph id first, within this saver's scope. */
-  private select(q: { threadId?: string | undefined; ns?: string | undefined; id?: string | undefined; before?: string | undefined; limit?: number | undefined }): IndexRow[] {
+  private select(q: {
+    threadId?: string | undefined;
+    ns?: string | undefined;
+    id?: string | undefined;
+    before?: string | undefined;
+    limit?: number | undefined;
+  }): IndexRow[] {
     const where: string[] = [];
     const params: unknown[] = [];
     const add = (sql: string, v: unknown) => {
@@ -466,7 +561,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
     const newest = this.select({ threadId, limit: 1 })[0];
     if (newest) return this.sandboxOf(newest.sandbox_id);
     const sandbox = await this.sandboxFor!(threadId);
-    if (typeof sandbox?.id !== 'string' || typeof sandbox.checkpoint !== 'function') throw new InvalidArgumentError('sandboxFor(threadId)', 'a Sandbox', sandbox);
+    if (typeof sandbox?.id !== 'string' || typeof sandbox.checkpoint !== 'function')
+      throw new InvalidArgumentError('sandboxFor(threadId)', 'a Sandbox', sandbox);
     return sandbox;
   }
 
@@ -500,31 +596,43 @@ export class LockstepSaver extends BaseCheckpointSaver {
 
   private async fromPlain(plain: Obj): Promise<unknown> {
     const wrapped = plain[SERDE_KEY] as { type?: unknown; data?: unknown } | undefined;
-    if (wrapped && typeof wrapped.type === 'string' && wrapped.data instanceof Uint8Array) return this.serde.loadsTyped(wrapped.type, wrapped.data);
+    if (wrapped && typeof wrapped.type === 'string' && wrapped.data instanceof Uint8Array)
+      return this.serde.loadsTyped(wrapped.type, wrapped.data);
     return this.serde.loadsTyped('json', JSON.stringify(plain));
   }
 }
 
 function validateOptions(o: LockstepSaverOptions): LockstepSaverOptions {
-  if (typeof o !== 'object' || o === null) throw new InvalidArgumentError('options', '{ sandbox } or { lockstep, sandboxFor }', o);
+  if (typeof o !== 'object' || o === null)
+    throw new InvalidArgumentError('options', '{ sandbox } or { lockstep, sandboxFor }', o);
   const single = 'sandbox' in o && o.sandbox !== undefined;
   const perThread = 'lockstep' in o || 'sandboxFor' in o;
-  if (single === perThread) throw new InvalidArgumentError('options', 'either { sandbox } or { lockstep, sandboxFor }', o);
-  if (single && typeof (o as SingleSandboxOptions).sandbox?.checkpoint !== 'function') throw new InvalidArgumentError('options.sandbox', 'a Sandbox', (o as SingleSandboxOptions).sandbox);
+  if (single === perThread)
+    throw new InvalidArgumentError('options', 'either { sandbox } or { lockstep, sandboxFor }', o);
+  if (single && typeof (o as SingleSandboxOptions).sandbox?.checkpoint !== 'function')
+    throw new InvalidArgumentError('options.sandbox', 'a Sandbox', (o as SingleSandboxOptions).sandbox);
   if (perThread) {
     const p = o as PerThreadOptions;
-    if (typeof p.lockstep?.get !== 'function') throw new InvalidArgumentError('options.lockstep', 'a Lockstep manager', p.lockstep);
-    if (typeof p.sandboxFor !== 'function') throw new InvalidArgumentError('options.sandboxFor', 'a function (threadId) => Sandbox', p.sandboxFor);
+    if (typeof p.lockstep?.get !== 'function')
+      throw new InvalidArgumentError('options.lockstep', 'a Lockstep manager', p.lockstep);
+    if (typeof p.sandboxFor !== 'function')
+      throw new InvalidArgumentError('options.sandboxFor', 'a function (threadId) => Sandbox', p.sandboxFor);
   }
-  if (o.followTimeTravel !== undefined && typeof o.followTimeTravel !== 'boolean') throw new InvalidArgumentError('options.followTimeTravel', 'a boolean', o.followTimeTravel);
-  if (o.onTimeTravel !== undefined && typeof o.onTimeTravel !== 'function') throw new InvalidArgumentError('options.onTimeTravel', 'a function', o.onTimeTravel);
+  if (o.followTimeTravel !== undefined && typeof o.followTimeTravel !== 'boolean')
+    throw new InvalidArgumentError('options.followTimeTravel', 'a boolean', o.followTimeTravel);
+  if (o.onTimeTravel !== undefined && typeof o.onTimeTravel !== 'function')
+    throw new InvalidArgumentError('options.onTimeTravel', 'a function', o.onTimeTravel);
   return o;
 }
 
 function requireThreadId(config: RunnableConfig, op: string): string {
   const id: unknown = config?.configurable?.thread_id;
   if (typeof id !== 'string' || id === '') {
-    throw new InvalidArgumentError('config.configurable.thread_id', `a non-empty string for ${op} (invoke the graph with { configurable: { thread_id } })`, id);
+    throw new InvalidArgumentError(
+      'config.configurable.thread_id',
+      `a non-empty string for ${op} (invoke the graph with { configurable: { thread_id } })`,
+      id,
+    );
   }
   return id;
 }
@@ -557,7 +665,8 @@ function isRunConfig(config: RunnableConfig): boolean {
  * getTuple, before any node runs.
  */
 function requireSyncDurability(config: RunnableConfig): void {
-  const durability: unknown = (config as { durability?: unknown }).durability ?? config.configurable?.__pregel_durability;
+  const durability: unknown =
+    (config as { durability?: unknown }).durability ?? config.configurable?.__pregel_durability;
   if (durability !== 'sync') {
     throw new InvalidArgumentError(
       'config.durability',

@@ -18,7 +18,6 @@ import { resolveConfig, type LockstepConfig } from '../config.js';
 /** The settings the store reads (LOCKSTEP_STORE_GIB, LOCKSTEP_DISK_QUOTA). */
 type StoreConfig = Pick<LockstepConfig, 'storeGib' | 'diskQuota'>;
 
-
 function isBtrfs(p: string): boolean {
   try {
     return native().filesystemType(p) === FS_MAGIC.btrfs;
@@ -87,7 +86,9 @@ export class LayerStore {
         execFileSync('mkfs.btrfs', ['-q', '-f', storeImage + '.tmp'], { stdio: ['ignore', 'ignore', 'pipe'] });
       } catch (e) {
         fs.rmSync(storeImage + '.tmp', { force: true });
-        throw new HostError('BTRFS_UNAVAILABLE', `mkfs.btrfs failed (btrfs-progs is not installed?): ${SETUP_HINT}`, { cause: e });
+        throw new HostError('BTRFS_UNAVAILABLE', `mkfs.btrfs failed (btrfs-progs is not installed?): ${SETUP_HINT}`, {
+          cause: e,
+        });
       }
       fs.renameSync(storeImage + '.tmp', storeImage);
     }
@@ -95,7 +96,11 @@ export class LayerStore {
       execFileSync('mount', ['-o', 'loop,noatime', storeImage, store], { stdio: ['ignore', 'ignore', 'pipe'] });
     } catch (e) {
       const stderr = String((e as { stderr?: Buffer }).stderr ?? '');
-      throw new HostError('LAYER_STORE_MOUNT_FAILED', `Cannot loop-mount the layer store ${storeImage} at ${store}: ${stderr.trim()}`, { cause: e });
+      throw new HostError(
+        'LAYER_STORE_MOUNT_FAILED',
+        `Cannot loop-mount the layer store ${storeImage} at ${store}: ${stderr.trim()}`,
+        { cause: e },
+      );
     }
     fs.chmodSync(store, 0o700);
   }
@@ -223,7 +228,9 @@ export class LayerStore {
 
   /** Freezes the current writable layer of a sandbox into a read-only layer (O(1)). */
   async snapshotUpper(sandboxId: string, layerId: string): Promise<void> {
-    await wrap('snapshotting the writable layer', () => native().subvolumeSnapshot(this.paths.upper(sandboxId), this.paths.layer(layerId), true));
+    await wrap('snapshotting the writable layer', () =>
+      native().subvolumeSnapshot(this.paths.upper(sandboxId), this.paths.layer(layerId), true),
+    );
   }
 
   /**
@@ -235,7 +242,9 @@ export class LayerStore {
   async resetUpperTo(sandboxId: string, layerId: string): Promise<void> {
     await this.deleteUpper(sandboxId);
     const upper = this.paths.upper(sandboxId);
-    await wrap('restoring the writable layer', () => native().subvolumeSnapshot(this.paths.layer(layerId), upper, false));
+    await wrap('restoring the writable layer', () =>
+      native().subvolumeSnapshot(this.paths.layer(layerId), upper, false),
+    );
     if (this.quotasEnabled()) wrapSync('lifting the inherited quota', () => native().qgroupLimit(upper, 0));
   }
 

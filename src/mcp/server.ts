@@ -62,14 +62,28 @@ async function tool(fn: () => Promise<unknown> | unknown): Promise<CallToolResul
   } catch (e) {
     if (!(e instanceof LockstepError)) throw e;
     const field = typeof e.details.field === 'string' ? { field: e.details.field } : {};
-    return { isError: true, content: [{ type: 'text', text: JSON.stringify({ error: { code: e.code, message: e.message, ...field } }, null, 2) }] };
+    return {
+      isError: true,
+      content: [
+        { type: 'text', text: JSON.stringify({ error: { code: e.code, message: e.message, ...field } }, null, 2) },
+      ],
+    };
   }
 }
 
-const toolCallId = z.string().min(1).max(200).optional().describe("Your tool-call id, recorded with the observation for provenance");
+const toolCallId = z
+  .string()
+  .min(1)
+  .max(200)
+  .optional()
+  .describe('Your tool-call id, recorded with the observation for provenance');
 const path = z.string().min(1).max(4096).describe('Path inside the sandbox; relative paths are under /workspace');
 
-const sandboxIdArg = z.string().regex(/^sbx_[a-z0-9]+$/).max(64).describe('The sandbox to act on (from create_sandbox or list_sandboxes)');
+const sandboxIdArg = z
+  .string()
+  .regex(/^sbx_[a-z0-9]+$/)
+  .max(64)
+  .describe('The sandbox to act on (from create_sandbox or list_sandboxes)');
 
 /** Annotations: [readOnly, destructive, idempotent]; openWorld is false for every tool (see the top of this file). */
 function hints(readOnlyHint: boolean, destructiveHint: boolean, idempotentHint: boolean): ToolAnnotations {
@@ -80,12 +94,14 @@ function hints(readOnlyHint: boolean, destructiveHint: boolean, idempotentHint: 
 export function createMcpServer(opts: McpServerOptions): McpServer {
   const ls = opts.lockstep;
   const scope = opts.tenant;
-  if ((opts.sandboxId === undefined) === (scope === undefined)) throw new InvalidArgumentError('sandboxId', 'exactly one of sandboxId and tenant', opts.sandboxId);
+  if ((opts.sandboxId === undefined) === (scope === undefined))
+    throw new InvalidArgumentError('sandboxId', 'exactly one of sandboxId and tenant', opts.sandboxId);
   // In a tenant's session every sandbox tool takes the id; on stdio there is
   // one sandbox and no such argument. The cast keeps the tools' argument
   // types inferred; sandbox() reads the id only in a tenant's session.
   const target = (scope ? { sandboxId: sandboxIdArg } : {}) as { sandboxId: typeof sandboxIdArg };
-  const sandbox = (args: { sandboxId?: string }): Sandbox => (scope ? ls.get(args.sandboxId!, scope.id) : ls.get(opts.sandboxId!));
+  const sandbox = (args: { sandboxId?: string }): Sandbox =>
+    scope ? ls.get(args.sandboxId!, scope.id) : ls.get(opts.sandboxId!);
   const instructions = scope
     ? 'Tools act on Lockstep sandboxes: create_sandbox makes one, and every other tool names its sandboxId. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.'
     : `Tools act on the Lockstep sandbox ${opts.sandboxId}. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.`;
@@ -95,10 +111,21 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     server.registerTool(
       'create_sandbox',
       {
-        description: 'Create and start a sandbox (a Linux machine of its own with copy-on-write files); returns its id and limits.',
+        description:
+          'Create and start a sandbox (a Linux machine of its own with copy-on-write files); returns its id and limits.',
         inputSchema: {
-          image: z.string().regex(/^[a-z0-9][a-z0-9._-]*$/).max(64).optional().describe('Image name (default "base")'),
-          memoryMb: z.number().int().min(16).max(1024 * 1024).optional(),
+          image: z
+            .string()
+            .regex(/^[a-z0-9][a-z0-9._-]*$/)
+            .max(64)
+            .optional()
+            .describe('Image name (default "base")'),
+          memoryMb: z
+            .number()
+            .int()
+            .min(16)
+            .max(1024 * 1024)
+            .optional(),
           // As over REST (64 labels), less the createdBy label added here.
           metadata: z
             .record(z.string().max(200), z.string().max(1024))
@@ -108,7 +135,10 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         },
         annotations: hints(false, false, false),
       },
-      ({ image, memoryMb, metadata }) => tool(async () => scope.present((await scope.create({ image, memoryMb, metadata: { ...metadata, createdBy: 'mcp' } })).info())),
+      ({ image, memoryMb, metadata }) =>
+        tool(async () =>
+          scope.present((await scope.create({ image, memoryMb, metadata: { ...metadata, createdBy: 'mcp' } })).info()),
+        ),
     );
     server.registerTool(
       'list_sandboxes',
@@ -117,7 +147,11 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     );
     server.registerTool(
       'kill_sandbox',
-      { description: 'Remove a sandbox with its processes, files and checkpoints.', inputSchema: { sandboxId: sandboxIdArg }, annotations: hints(false, true, true) },
+      {
+        description: 'Remove a sandbox with its processes, files and checkpoints.',
+        inputSchema: { sandboxId: sandboxIdArg },
+        annotations: hints(false, true, true),
+      },
       ({ sandboxId }) =>
         tool(async () => {
           await ls.remove(sandboxId, scope.id);
@@ -129,18 +163,25 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
   server.registerTool(
     'run_command',
     {
-      description: 'Run a command in the sandbox and wait for it. A string runs through /bin/sh -c; an array runs directly. Returns exitCode, stdout, stderr.',
+      description:
+        'Run a command in the sandbox and wait for it. A string runs through /bin/sh -c; an array runs directly. Returns exitCode, stdout, stderr.',
       inputSchema: {
         cmd: z.union([z.string().min(1), z.array(z.string()).min(1)]).describe('Shell command line, or argv'),
         cwd: z.string().startsWith('/').optional().describe('Working directory (default /workspace)'),
         envs: z.record(z.string(), z.string()).optional().describe('Extra environment variables'),
-        timeoutMs: z.number().int().positive().max(24 * 3600 * 1000).optional(),
+        timeoutMs: z
+          .number()
+          .int()
+          .positive()
+          .max(24 * 3600 * 1000)
+          .optional(),
         toolCallId,
         ...target,
       },
       annotations: hints(false, true, false),
     },
-    ({ cmd, cwd, envs, timeoutMs, toolCallId: tc, ...a }) => tool(() => sandbox(a).commands.run(cmd, { cwd, envs, timeoutMs, toolCallId: tc })),
+    ({ cmd, cwd, envs, timeoutMs, toolCallId: tc, ...a }) =>
+      tool(() => sandbox(a).commands.run(cmd, { cwd, envs, timeoutMs, toolCallId: tc })),
   );
 
   server.registerTool(
@@ -154,7 +195,14 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       tool(async () => {
         const r = await sandbox(a).files.read(p, { toolCallId: tc });
         const enc = encoding ?? (Buffer.from(r.content.toString('utf8'), 'utf8').equals(r.content) ? 'utf8' : 'base64');
-        return { path: p, content: r.content.toString(enc), encoding: enc, sha256: r.sha256, bytes: r.content.length, observationId: r.observationId };
+        return {
+          path: p,
+          content: r.content.toString(enc),
+          encoding: enc,
+          sha256: r.sha256,
+          bytes: r.content.length,
+          observationId: r.observationId,
+        };
       }),
   );
 
@@ -162,15 +210,29 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     'write_file',
     {
       description: 'Write a file in the sandbox (parent directories are created).',
-      inputSchema: { path, content: z.string().max(16 * 1024 * 1024), encoding: z.enum(['utf8', 'base64']).optional().describe('Encoding of content (default utf8)'), toolCallId, ...target },
+      inputSchema: {
+        path,
+        content: z.string().max(16 * 1024 * 1024),
+        encoding: z.enum(['utf8', 'base64']).optional().describe('Encoding of content (default utf8)'),
+        toolCallId,
+        ...target,
+      },
       annotations: hints(false, true, true),
     },
-    ({ path: p, content, encoding, toolCallId: tc, ...a }) => tool(async () => ({ path: p, ...(await sandbox(a).files.write(p, Buffer.from(content, encoding ?? 'utf8'), { toolCallId: tc })) })),
+    ({ path: p, content, encoding, toolCallId: tc, ...a }) =>
+      tool(async () => ({
+        path: p,
+        ...(await sandbox(a).files.write(p, Buffer.from(content, encoding ?? 'utf8'), { toolCallId: tc })),
+      })),
   );
 
   server.registerTool(
     'list_files',
-    { description: 'List a directory of the sandbox.', inputSchema: { path: path.default('/workspace'), toolCallId, ...target }, annotations: hints(true, false, true) },
+    {
+      description: 'List a directory of the sandbox.',
+      inputSchema: { path: path.default('/workspace'), toolCallId, ...target },
+      annotations: hints(true, false, true),
+    },
     ({ path: p, toolCallId: tc, ...a }) =>
       tool(async () => {
         const entries = await sandbox(a).files.list(p, { toolCallId: tc });
@@ -181,10 +243,16 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
   server.registerTool(
     'checkpoint',
     {
-      description: "Checkpoint the sandbox's files and processes, with your context if you give it, so that you can roll back to this point.",
+      description:
+        "Checkpoint the sandbox's files and processes, with your context if you give it, so that you can roll back to this point.",
       inputSchema: {
         label: z.string().max(200).optional(),
-        context: z.union([z.record(z.string(), z.unknown()), z.array(z.unknown())]).optional().describe(`Your context: {format: ${CONTEXT_FORMATS.join('|')}, ...}, or with contextFormat just the messages array`),
+        context: z
+          .union([z.record(z.string(), z.unknown()), z.array(z.unknown())])
+          .optional()
+          .describe(
+            `Your context: {format: ${CONTEXT_FORMATS.join('|')}, ...}, or with contextFormat just the messages array`,
+          ),
         contextFormat: z.enum(CONTEXT_FORMATS as [string, ...string[]]).optional(),
         ...target,
       },
@@ -205,7 +273,10 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         'the effects after the checkpoint that the rollback cannot undo, and a recovery summary to continue from.',
       inputSchema: {
         checkpointId: z.string().min(1),
-        policy: z.enum(['warn', 'refuse']).optional().describe('"refuse": do not roll back if irreversible effects happened since'),
+        policy: z
+          .enum(['warn', 'refuse'])
+          .optional()
+          .describe('"refuse": do not roll back if irreversible effects happened since'),
         failure: z.string().max(4000).optional().describe('Why the abandoned attempt failed'),
         lessons: z.array(z.string().max(2000)).max(100).optional().describe('What you learnt that stays true'),
         ...target,
@@ -213,14 +284,19 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       // Destructive: what changed since the checkpoint is discarded.
       annotations: hints(false, true, false),
     },
-    ({ checkpointId, policy, failure, lessons, ...a }) => tool(async () => rollbackToWire(await sandbox(a).rollback(checkpointId, { policy, failure, lessons }), true)),
+    ({ checkpointId, policy, failure, lessons, ...a }) =>
+      tool(async () => rollbackToWire(await sandbox(a).rollback(checkpointId, { policy, failure, lessons }), true)),
   );
 
   server.registerTool(
     'fork',
     {
       description: 'Start independent sandboxes from a checkpoint; returns their ids.',
-      inputSchema: { checkpointId: z.string().min(1), count: z.number().int().min(1).max(MAX_FORKS).optional(), ...target },
+      inputSchema: {
+        checkpointId: z.string().min(1),
+        count: z.number().int().min(1).max(MAX_FORKS).optional(),
+        ...target,
+      },
       annotations: hints(false, false, false),
     },
     ({ checkpointId, count, ...a }) =>
@@ -245,8 +321,14 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         input: z.any().describe('What the effect was asked to do (JSON)'),
         key: z.string().min(1).max(200).describe('Idempotency key: the same key means the same effect'),
         output: z.any().optional().describe('What the effect returned (JSON)'),
-        reversibility: z.enum(['sandbox-local', 'compensable', 'irreversible']).optional().describe('Default irreversible'),
-        compensation: z.object({ kind: z.string().min(1), input: z.any() }).optional().describe('For compensable effects: the action that takes it back'),
+        reversibility: z
+          .enum(['sandbox-local', 'compensable', 'irreversible'])
+          .optional()
+          .describe('Default irreversible'),
+        compensation: z
+          .object({ kind: z.string().min(1), input: z.any() })
+          .optional()
+          .describe('For compensable effects: the action that takes it back'),
         ...target,
       },
       // Idempotent: the same key records nothing new.
@@ -260,7 +342,9 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
           input: (input ?? null) as JsonValue,
           key,
           reversibility: reversibility ?? 'irreversible',
-          ...(compensation ? { compensation: { kind: compensation.kind, input: (compensation.input ?? null) as JsonValue } } : {}),
+          ...(compensation
+            ? { compensation: { kind: compensation.kind, input: (compensation.input ?? null) as JsonValue } }
+            : {}),
         });
         if (b.replayed) return { replayed: true, effectId: b.effectId, output: b.output ?? null };
         effects.commit(b.effectId, output as JsonValue | undefined);
@@ -268,7 +352,15 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       }),
   );
 
-  server.registerTool('list_checkpoints', { description: "The sandbox's checkpoints, oldest first.", inputSchema: { ...target }, annotations: hints(true, false, true) }, (a: { sandboxId?: string }) => tool(() => sandbox(a).checkpoints()));
+  server.registerTool(
+    'list_checkpoints',
+    {
+      description: "The sandbox's checkpoints, oldest first.",
+      inputSchema: { ...target },
+      annotations: hints(true, false, true),
+    },
+    (a: { sandboxId?: string }) => tool(() => sandbox(a).checkpoints()),
+  );
 
   return server;
 }

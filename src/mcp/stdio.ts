@@ -31,7 +31,11 @@ export async function runMcpStdio(opts: McpStdioOptions = {}): Promise<void> {
     if (opts.sandboxId !== undefined) {
       sandboxId = ls.get(opts.sandboxId).id;
     } else {
-      const sb = await ls.create({ image: opts.image, memoryMb: opts.memoryMb, metadata: { createdBy: 'lockstep mcp' } });
+      const sb = await ls.create({
+        image: opts.image,
+        memoryMb: opts.memoryMb,
+        metadata: { createdBy: 'lockstep mcp' },
+      });
       sandboxId = sb.id;
       owned.push(sb.id);
     }
@@ -40,7 +44,11 @@ export async function runMcpStdio(opts: McpStdioOptions = {}): Promise<void> {
     throw e;
   }
   const ownsSandbox = owned.length > 0;
-  const server = createMcpServer({ lockstep: ls, sandboxId, onFork: (ids) => (ownsSandbox ? owned.push(...ids) : undefined) });
+  const server = createMcpServer({
+    lockstep: ls,
+    sandboxId,
+    onFork: (ids) => (ownsSandbox ? owned.push(...ids) : undefined),
+  });
   const stdin = (opts.stdin ?? process.stdin) as NodeJS.ReadStream;
   const transport = new StdioServerTransport(stdin, (opts.stdout ?? process.stdout) as NodeJS.WriteStream);
 
@@ -62,7 +70,8 @@ export async function runMcpStdio(opts: McpStdioOptions = {}): Promise<void> {
   // Forks first, then the sandbox they came from.
   for (const id of owned.reverse()) {
     await ls.remove(id).catch((err: unknown) => {
-      if ((err as { code?: string }).code !== 'SANDBOX_NOT_FOUND') log.warn({ err, sandboxId: id }, 'could not remove a sandbox this session created');
+      if ((err as { code?: string }).code !== 'SANDBOX_NOT_FOUND')
+        log.warn({ err, sandboxId: id }, 'could not remove a sandbox this session created');
     });
   }
   await ls.close();

@@ -80,7 +80,13 @@ export interface NativeBinding {
   subvolumeDelete(path: string): Promise<boolean>;
   syncFilesystem(path: string): Promise<void>;
   /** BTRFS_IOC_GET_SUBVOL_INFO of the subvolume rooted at path (synchronous: O(1)); uuid in hex. */
-  subvolumeInfo(path: string): { uuid: string; generation: number; ctransid: number; otransid: number; readonly: boolean };
+  subvolumeInfo(path: string): {
+    uuid: string;
+    generation: number;
+    ctransid: number;
+    otransid: number;
+    readonly: boolean;
+  };
   /** openat2 below root (RESOLVE_BENEATH | NO_MAGICLINKS | NO_XDEV), on libuv's pool. */
   openBeneath(root: string, relativePath: string, flags: number, mode?: number): Promise<number>;
   /** The same, synchronous: only for the image importer (no sandbox exists yet). */
@@ -145,9 +151,13 @@ export const installNotePath = path.join(projectRoot, 'build', 'install-skipped.
 /** Linux on x86_64 is the one platform Lockstep runs on (CRIU, overlayfs, btrfs, its helpers). */
 export function assertSupportedPlatform(platform: string = process.platform, arch: string = process.arch): void {
   if (platform !== 'linux' || arch !== 'x64') {
-    throw new HostError('UNSUPPORTED_PLATFORM', `Lockstep runs on Linux x86_64 only (this is ${platform}-${arch}): it needs CRIU, overlayfs, btrfs and Linux namespaces`, {
-      details: { platform, arch },
-    });
+    throw new HostError(
+      'UNSUPPORTED_PLATFORM',
+      `Lockstep runs on Linux x86_64 only (this is ${platform}-${arch}): it needs CRIU, overlayfs, btrfs and Linux namespaces`,
+      {
+        details: { platform, arch },
+      },
+    );
   }
 }
 
@@ -165,14 +175,20 @@ export function native(): NativeBinding {
     } catch {
       /* no note: never installed through npm, or built and removed since */
     }
-    throw new HostError('NATIVE_NOT_BUILT', `The native addon is not built${why}; ${file} is missing: ${SETUP_HINT}`, { details: { path: file } });
+    throw new HostError('NATIVE_NOT_BUILT', `The native addon is not built${why}; ${file} is missing: ${SETUP_HINT}`, {
+      details: { path: file },
+    });
   }
   const require = createRequire(import.meta.url);
   try {
     cached = require(file) as NativeBinding;
   } catch (e) {
     // Typically libcriu.so.2 missing (the private CRIU prefix was removed) or a build from another host.
-    throw new HostError('NATIVE_LOAD_FAILED', `The native addon ${file} does not load: ${(e as Error).message.split('\n')[0]}; ${SETUP_HINT}`, { cause: e, details: { path: file } });
+    throw new HostError(
+      'NATIVE_LOAD_FAILED',
+      `The native addon ${file} does not load: ${(e as Error).message.split('\n')[0]}; ${SETUP_HINT}`,
+      { cause: e, details: { path: file } },
+    );
   }
   return cached;
 }

@@ -24,7 +24,13 @@ type Database = BetterSqlite3.Database;
 export type ObservationKind = 'command' | 'file-read' | 'file-write' | 'file-list' | 'verdict';
 
 /** Every observation kind. */
-export const OBSERVATION_KINDS: readonly ObservationKind[] = ['command', 'file-read', 'file-write', 'file-list', 'verdict'];
+export const OBSERVATION_KINDS: readonly ObservationKind[] = [
+  'command',
+  'file-read',
+  'file-write',
+  'file-list',
+  'verdict',
+];
 
 /** What record() needs. */
 export interface ObservationInput {
@@ -109,12 +115,18 @@ export class ObservationLog {
       // Stale unsealed observations belong to an abandoned timeline and must never be sealed.
       seal: db.prepare(`UPDATE agent_observations SET sealed_by = ?
         WHERE sandbox_id = ? AND sealed_by IS NULL AND stale_rollback_id IS NULL`),
-      live: db.prepare(`SELECT * FROM agent_observations WHERE sandbox_id = ? AND stale_rollback_id IS NULL ORDER BY seq`),
+      live: db.prepare(
+        `SELECT * FROM agent_observations WHERE sandbox_id = ? AND stale_rollback_id IS NULL ORDER BY seq`,
+      ),
       staleSealed: db.prepare(`SELECT * FROM agent_observations
         WHERE sandbox_id = ? AND stale_rollback_id IS NOT NULL AND sealed_by IS NOT NULL`),
-      markStale: db.prepare(`UPDATE agent_observations SET stale_rollback_id = ?, stale_at = ? WHERE id = ? AND stale_rollback_id IS NULL`),
+      markStale: db.prepare(
+        `UPDATE agent_observations SET stale_rollback_id = ?, stale_at = ? WHERE id = ? AND stale_rollback_id IS NULL`,
+      ),
       revive: db.prepare(`UPDATE agent_observations SET stale_rollback_id = NULL, stale_at = NULL WHERE id = ?`),
-      origins: db.prepare(`SELECT inherited_from FROM agent_observations WHERE sandbox_id = ? AND inherited_from IS NOT NULL`).pluck(),
+      origins: db
+        .prepare(`SELECT inherited_from FROM agent_observations WHERE sandbox_id = ? AND inherited_from IS NOT NULL`)
+        .pluck(),
     };
   }
 
@@ -171,7 +183,11 @@ export class ObservationLog {
    * Observations that stop being true when the sandbox rolls back to the target: not already
    * stale, and unsealed or sealed by a checkpoint that is not an ancestor-or-self of the target.
    */
-  staleAfterRollback(sandboxId: string, targetCheckpointId: string, isAncestorOrSelf: (sealedBy: string) => boolean): Observation[] {
+  staleAfterRollback(
+    sandboxId: string,
+    targetCheckpointId: string,
+    isAncestorOrSelf: (sealedBy: string) => boolean,
+  ): Observation[] {
     nonEmpty(targetCheckpointId, 'targetCheckpointId');
     const anc = memo(isAncestorOrSelf);
     const rows = this.stmt.live.all(nonEmpty(sandboxId, 'sandboxId')) as ObservationRow[];
@@ -183,7 +199,9 @@ export class ObservationLog {
     if (!Array.isArray(ids)) throw new InvalidArgumentError('ids', 'an array of observation ids', ids);
     nonEmpty(rollbackId, 'rollbackId');
     const now = this.clock();
-    return this.db.transaction(() => ids.reduce((n, id, i) => n + this.stmt.markStale.run(rollbackId, now, nonEmpty(id, `ids[${i}]`)).changes, 0))();
+    return this.db.transaction(() =>
+      ids.reduce((n, id, i) => n + this.stmt.markStale.run(rollbackId, now, nonEmpty(id, `ids[${i}]`)).changes, 0),
+    )();
   }
 
   /**
@@ -192,7 +210,12 @@ export class ObservationLog {
    * made stale that are sealed into the target's history (rolling "forward" to a checkpoint
    * of an abandoned timeline). Returns the newly stale observations.
    */
-  applyRollback(sandboxId: string, targetCheckpointId: string, isAncestorOrSelf: (sealedBy: string) => boolean, rollbackId: string): Observation[] {
+  applyRollback(
+    sandboxId: string,
+    targetCheckpointId: string,
+    isAncestorOrSelf: (sealedBy: string) => boolean,
+    rollbackId: string,
+  ): Observation[] {
     nonEmpty(rollbackId, 'rollbackId');
     const anc = memo(isAncestorOrSelf);
     return this.db.transaction(() => {
@@ -275,4 +298,3 @@ function nonEmpty(v: unknown, field: string): string {
 function optional(v: unknown, field: string): string | null {
   return v === undefined || v === null ? null : nonEmpty(v, field);
 }
-

@@ -103,9 +103,13 @@ export class VerdictLog {
         VALUES (@id, @sandbox_id, @branch_id, @path, @content_hash, @verdict, @tool_call_id, @observation_id, @inherited_from, @sealed_by, @created_at)
         RETURNING *`),
       bySandbox: db.prepare(`SELECT * FROM agent_verdicts WHERE sandbox_id = ? ORDER BY seq`),
-      origins: db.prepare(`SELECT inherited_from FROM agent_verdicts WHERE sandbox_id = ? AND inherited_from IS NOT NULL`).pluck(),
+      origins: db
+        .prepare(`SELECT inherited_from FROM agent_verdicts WHERE sandbox_id = ? AND inherited_from IS NOT NULL`)
+        .pluck(),
       // Abandoned unsealed verdicts belong to a timeline nobody is on any more: never seal them.
-      seal: db.prepare(`UPDATE agent_verdicts SET sealed_by = ? WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`),
+      seal: db.prepare(
+        `UPDATE agent_verdicts SET sealed_by = ? WHERE sandbox_id = ? AND sealed_by IS NULL AND abandoned_by IS NULL`,
+      ),
       abandon: db.prepare(`UPDATE agent_verdicts SET abandoned_by = ? WHERE id = ?`),
       restore: db.prepare(`UPDATE agent_verdicts SET abandoned_by = NULL WHERE id = ?`),
     };
@@ -155,7 +159,11 @@ export class VerdictLog {
    * the others that were on the timeline until now are abandoned. Returns both sets; judge them
    * with staleAfterRollback() once the target's files are in place.
    */
-  applyRollback(sandboxId: string, isAncestorOrSelf: (checkpointId: string) => boolean, rollbackId: string): VerdictTimelines {
+  applyRollback(
+    sandboxId: string,
+    isAncestorOrSelf: (checkpointId: string) => boolean,
+    rollbackId: string,
+  ): VerdictTimelines {
     nonEmpty(rollbackId, 'rollbackId');
     const anc = memo(isAncestorOrSelf);
     return this.db.transaction(() => {
@@ -176,7 +184,10 @@ export class VerdictLog {
 
   /** Of the verdicts a rollback restored or abandoned, those that do not hold on the restored bytes, in seq order. */
   staleAfterRollback(timelines: VerdictTimelines, currentHashOf: CurrentHashOf): StaleVerdict[] {
-    return judge([...timelines.restored, ...timelines.abandoned].sort((a, b) => a.seq - b.seq), currentHashOf);
+    return judge(
+      [...timelines.restored, ...timelines.abandoned].sort((a, b) => a.seq - b.seq),
+      currentHashOf,
+    );
   }
 
   /** The latest verdict `verdict` on `path` that still matches the file's content, or null. */
@@ -184,7 +195,9 @@ export class VerdictLog {
     nonEmpty(path, 'path');
     nonEmpty(verdict, 'verdict');
     if (currentHash === null) return null;
-    const matching = this.list(sandboxId).filter((v) => v.path === path && v.verdict === verdict && v.contentHash === currentHash);
+    const matching = this.list(sandboxId).filter(
+      (v) => v.path === path && v.verdict === verdict && v.contentHash === currentHash,
+    );
     return matching.at(-1) ?? null;
   }
 
@@ -193,7 +206,12 @@ export class VerdictLog {
    * (sealed by an ancestor-or-self of it), keeping the seal, as observations do: the fork's
    * timeline is that history. Idempotent; returns how many were copied.
    */
-  inheritForFork(parentSandboxId: string, childSandboxId: string, childBranchId: string, isAncestorOrSelf: (checkpointId: string) => boolean): number {
+  inheritForFork(
+    parentSandboxId: string,
+    childSandboxId: string,
+    childBranchId: string,
+    isAncestorOrSelf: (checkpointId: string) => boolean,
+  ): number {
     nonEmpty(parentSandboxId, 'parentSandboxId');
     nonEmpty(childSandboxId, 'childSandboxId');
     nonEmpty(childBranchId, 'childBranchId');
@@ -205,7 +223,13 @@ export class VerdictLog {
         const origin = r.inherited_from ?? r.id;
         if (r.sealed_by === null || !anc(r.sealed_by) || have.has(origin)) continue;
         const { seq: _seq, abandoned_by: _abandonedBy, ...facts } = r;
-        this.stmt.insert.get({ ...facts, id: `vrd_${randomBytes(10).toString('hex')}`, sandbox_id: childSandboxId, branch_id: childBranchId, inherited_from: origin });
+        this.stmt.insert.get({
+          ...facts,
+          id: `vrd_${randomBytes(10).toString('hex')}`,
+          sandbox_id: childSandboxId,
+          branch_id: childBranchId,
+          inherited_from: origin,
+        });
         n++;
       }
       return n;
@@ -258,4 +282,3 @@ function memoHash(fn: CurrentHashOf): CurrentHashOf {
     return cache.get(path)!;
   };
 }
-

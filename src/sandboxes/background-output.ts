@@ -66,14 +66,26 @@ async function readWhole(files: SandboxFiles, path: string): Promise<{ bytes: Bu
 }
 
 /** Reads what the command wrote after `from`. */
-export async function readOutput(files: SandboxFiles, pid: number, from: OutputOffsets = { stdout: 0, stderr: 0 }): Promise<OutputChunk> {
-  const [out, err] = await Promise.all([readWhole(files, `${OUTPUT_DIR}/${pid}.stdout`), readWhole(files, `${OUTPUT_DIR}/${pid}.stderr`)]);
+export async function readOutput(
+  files: SandboxFiles,
+  pid: number,
+  from: OutputOffsets = { stdout: 0, stderr: 0 },
+): Promise<OutputChunk> {
+  const [out, err] = await Promise.all([
+    readWhole(files, `${OUTPUT_DIR}/${pid}.stdout`),
+    readWhole(files, `${OUTPUT_DIR}/${pid}.stderr`),
+  ]);
   const rewound = (out?.size ?? 0) < from.stdout || (err?.size ?? 0) < from.stderr;
   const start = rewound ? { stdout: 0, stderr: 0 } : from;
   const take = (f: { bytes: Buffer } | undefined, at: number) => wholeUtf8((f?.bytes ?? Buffer.alloc(0)).subarray(at));
   const o = take(out, start.stdout);
   const e = take(err, start.stderr);
-  return { stdout: o.toString('utf8'), stderr: e.toString('utf8'), offsets: { stdout: start.stdout + o.length, stderr: start.stderr + e.length }, rewound };
+  return {
+    stdout: o.toString('utf8'),
+    stderr: e.toString('utf8'),
+    offsets: { stdout: start.stdout + o.length, stderr: start.stderr + e.length },
+    rewound,
+  };
 }
 
 /** Pids of the background commands this sandbox has output files for, in order. */

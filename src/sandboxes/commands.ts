@@ -12,7 +12,13 @@ import { spawn } from 'node:child_process';
 import type { Readable, Writable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { helperPath } from '../native/binding.js';
-import { CommandAbortedError, InvalidArgumentError, InvalidStateError, SystemCallError, type NativeErrorLike } from '../errors.js';
+import {
+  CommandAbortedError,
+  InvalidArgumentError,
+  InvalidStateError,
+  SystemCallError,
+  type NativeErrorLike,
+} from '../errors.js';
 
 export interface RunOptions {
   cwd?: string | undefined;
@@ -55,24 +61,37 @@ const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const MAX_DEFAULT_OUTPUT = 16 * 1024 * 1024;
 
 /** Validates argv/env/cwd at the edge with messages that name the field. */
-export function validateCommand(argv: unknown, opts: { cwd?: unknown; env?: unknown; timeoutMs?: unknown } = {}): string[] {
-  if (!Array.isArray(argv) || argv.length === 0) throw new InvalidArgumentError('command', 'a non-empty array of strings', argv);
+export function validateCommand(
+  argv: unknown,
+  opts: { cwd?: unknown; env?: unknown; timeoutMs?: unknown } = {},
+): string[] {
+  if (!Array.isArray(argv) || argv.length === 0)
+    throw new InvalidArgumentError('command', 'a non-empty array of strings', argv);
   argv.forEach((a, i) => {
     if (typeof a !== 'string') throw new InvalidArgumentError(`command[${i}]`, 'a string', a);
     if (a.includes('\0')) throw new InvalidArgumentError(`command[${i}]`, 'a string without NUL bytes', a);
   });
-  if ((argv[0] as string).length === 0) throw new InvalidArgumentError('command[0]', 'a non-empty program name', argv[0]);
-  if (opts.cwd !== undefined && (typeof opts.cwd !== 'string' || !opts.cwd.startsWith('/') || opts.cwd.includes('\0'))) {
+  if ((argv[0] as string).length === 0)
+    throw new InvalidArgumentError('command[0]', 'a non-empty program name', argv[0]);
+  if (
+    opts.cwd !== undefined &&
+    (typeof opts.cwd !== 'string' || !opts.cwd.startsWith('/') || opts.cwd.includes('\0'))
+  ) {
     throw new InvalidArgumentError('cwd', 'an absolute path inside the sandbox', opts.cwd);
   }
   if (opts.env !== undefined) {
-    if (typeof opts.env !== 'object' || opts.env === null || Array.isArray(opts.env)) throw new InvalidArgumentError('env', 'an object of string values', opts.env);
+    if (typeof opts.env !== 'object' || opts.env === null || Array.isArray(opts.env))
+      throw new InvalidArgumentError('env', 'an object of string values', opts.env);
     for (const [k, v] of Object.entries(opts.env)) {
       if (!ENV_KEY.test(k)) throw new InvalidArgumentError(`env.${k}`, 'a name of letters, digits and "_"', k);
-      if (typeof v !== 'string' || v.includes('\0')) throw new InvalidArgumentError(`env.${k}`, 'a string without NUL bytes', v);
+      if (typeof v !== 'string' || v.includes('\0'))
+        throw new InvalidArgumentError(`env.${k}`, 'a string without NUL bytes', v);
     }
   }
-  if (opts.timeoutMs !== undefined && (typeof opts.timeoutMs !== 'number' || !Number.isFinite(opts.timeoutMs) || opts.timeoutMs <= 0)) {
+  if (
+    opts.timeoutMs !== undefined &&
+    (typeof opts.timeoutMs !== 'number' || !Number.isFinite(opts.timeoutMs) || opts.timeoutMs <= 0)
+  ) {
     throw new InvalidArgumentError('timeoutMs', 'a positive number of milliseconds', opts.timeoutMs);
   }
   return argv as string[];
@@ -90,8 +109,24 @@ const REQUEST_FD = 4;
  * Starts `lockstep-helper enter` with the request written to a pipe: argv
  * holds only the verb. stdio[3] is the status pipe, stdio[4] the request.
  */
-function spawnEnter(target: EnterTarget, options: string[], argv: string[], stdio: ['ignore', 'pipe' | 'ignore', 'pipe']) {
-  const request = ['--pid', String(target.initPid), '--start', String(target.initStart), '--status-fd', '3', ...options, ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]), '--', ...argv];
+function spawnEnter(
+  target: EnterTarget,
+  options: string[],
+  argv: string[],
+  stdio: ['ignore', 'pipe' | 'ignore', 'pipe'],
+) {
+  const request = [
+    '--pid',
+    String(target.initPid),
+    '--start',
+    String(target.initStart),
+    '--status-fd',
+    '3',
+    ...options,
+    ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]),
+    '--',
+    ...argv,
+  ];
   const child = spawn(helperPath, ['enter', '--request-fd', String(REQUEST_FD)], { stdio: [...stdio, 'pipe', 'pipe'] });
   const pipe = child.stdio[REQUEST_FD] as Writable;
   pipe.on('error', () => undefined); // the helper exited before reading it all: its status says why
@@ -102,7 +137,11 @@ function spawnEnter(target: EnterTarget, options: string[], argv: string[], stdi
 
 /** The helper could not pin the sandbox's init (it exited, or its pid now belongs to another process). */
 function notRunning(target: EnterTarget): InvalidStateError {
-  return new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${target.sandboxId} is not running (its init has exited)`, { sandboxId: target.sandboxId });
+  return new InvalidStateError(
+    'SANDBOX_NOT_RUNNING',
+    `Sandbox ${target.sandboxId} is not running (its init has exited)`,
+    { sandboxId: target.sandboxId },
+  );
 }
 
 function statusError(line: string): NativeErrorLike | undefined {
@@ -139,7 +178,11 @@ class Collector {
 /** Runs argv in the foreground inside the sandbox. */
 export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions = {}): Promise<RunResult> {
   const started = performance.now();
-  const child = spawnEnter(target, ['--cwd', opts.cwd ?? '/workspace', ...envArgs(target, opts.env)], argv, ['ignore', 'pipe', 'pipe']);
+  const child = spawnEnter(target, ['--cwd', opts.cwd ?? '/workspace', ...envArgs(target, opts.env)], argv, [
+    'ignore',
+    'pipe',
+    'pipe',
+  ]);
   const max = opts.maxOutputBytes ?? MAX_DEFAULT_OUTPUT;
   const out = new Collector(max);
   const err = new Collector(max);
@@ -173,7 +216,19 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
       timers.push(setTimeout(() => child.kill('SIGKILL'), killAfter + 1000));
     };
     if (opts.timeoutMs) {
-      timers.push(setTimeout(() => stop(new CommandAbortedError('COMMAND_TIMEOUT', `Command timed out after ${opts.timeoutMs} ms: ${argv.join(' ')}`, { timeoutMs: opts.timeoutMs })), opts.timeoutMs));
+      timers.push(
+        setTimeout(
+          () =>
+            stop(
+              new CommandAbortedError(
+                'COMMAND_TIMEOUT',
+                `Command timed out after ${opts.timeoutMs} ms: ${argv.join(' ')}`,
+                { timeoutMs: opts.timeoutMs },
+              ),
+            ),
+          opts.timeoutMs,
+        ),
+      );
     }
     const onAbort = () => stop(new CommandAbortedError('COMMAND_ABORTED', `Command aborted: ${argv.join(' ')}`));
     if (opts.signal?.aborted) onAbort();
@@ -200,7 +255,13 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
         return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
       }
       if (failure && exitCode === 125) {
-        return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
+        return reject(
+          new SystemCallError(
+            'SANDBOX_ENTER_FAILED',
+            `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`,
+            failure,
+          ),
+        );
       }
       let stderr = err.text();
       if (failure && failure.syscall === 'execve') {
@@ -209,7 +270,14 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
         opts.onStderr?.(msg);
       }
       const sig = exitCode > 128 && exitCode < 160 ? signalName(exitCode - 128) : undefined;
-      resolve({ exitCode, stdout: out.text(), stderr, signal: sig, truncated: out.truncated || err.truncated, durationMs: performance.now() - started });
+      resolve({
+        exitCode,
+        stdout: out.text(),
+        stderr,
+        signal: sig,
+        truncated: out.truncated || err.truncated,
+        durationMs: performance.now() - started,
+      });
     });
   });
 }
@@ -224,10 +292,23 @@ export interface SpawnOptions {
 
 /** Starts argv detached inside the sandbox (a child of its init); returns its pid inside the sandbox. */
 export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOptions = {}): Promise<number> {
-  for (const [field, p] of [['stdoutPath', opts.stdoutPath], ['stderrPath', opts.stderrPath]] as const) {
-    if (p !== undefined && (typeof p !== 'string' || !p.startsWith('/'))) throw new InvalidArgumentError(field, 'an absolute path inside the sandbox', p);
+  for (const [field, p] of [
+    ['stdoutPath', opts.stdoutPath],
+    ['stderrPath', opts.stderrPath],
+  ] as const) {
+    if (p !== undefined && (typeof p !== 'string' || !p.startsWith('/')))
+      throw new InvalidArgumentError(field, 'an absolute path inside the sandbox', p);
   }
-  const options = ['--detach', '--cwd', opts.cwd ?? '/workspace', '--stdout', opts.stdoutPath ?? '/dev/null', '--stderr', opts.stderrPath ?? opts.stdoutPath ?? '/dev/null', ...envArgs(target, opts.env)];
+  const options = [
+    '--detach',
+    '--cwd',
+    opts.cwd ?? '/workspace',
+    '--stdout',
+    opts.stdoutPath ?? '/dev/null',
+    '--stderr',
+    opts.stderrPath ?? opts.stdoutPath ?? '/dev/null',
+    ...envArgs(target, opts.env),
+  ];
   const child = spawnEnter(target, options, argv, ['ignore', 'ignore', 'pipe']);
   let status = '';
   let stderr = '';
@@ -240,18 +321,41 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
       const failure = lines.map(statusError).find(Boolean);
       if (failure) {
         if (failure.syscall === 'identity') return reject(notRunning(target));
-        if (failure.syscall === 'execve') return reject(new InvalidArgumentError('command[0]', 'a program that exists in the sandbox', argv[0]));
-        if (failure.syscall === 'chdir') return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
-        return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot start the process: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`, failure));
+        if (failure.syscall === 'execve')
+          return reject(new InvalidArgumentError('command[0]', 'a program that exists in the sandbox', argv[0]));
+        if (failure.syscall === 'chdir')
+          return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
+        return reject(
+          new SystemCallError(
+            'SANDBOX_ENTER_FAILED',
+            `Cannot start the process: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`,
+            failure,
+          ),
+        );
       }
       const pidLine = lines.map((l) => JSON.parse(l) as { nsPid?: number }).find((o) => o.nsPid);
-      if (!pidLine?.nsPid) return reject(new SystemCallError('SANDBOX_ENTER_FAILED', `Cannot start the process: ${stderr.trim() || 'no pid reported'}`, new Error(stderr) as NativeErrorLike));
+      if (!pidLine?.nsPid)
+        return reject(
+          new SystemCallError(
+            'SANDBOX_ENTER_FAILED',
+            `Cannot start the process: ${stderr.trim() || 'no pid reported'}`,
+            new Error(stderr) as NativeErrorLike,
+          ),
+        );
       resolve(pidLine.nsPid);
     });
   });
 }
 
-const SIGNALS: Record<number, string> = { 1: 'SIGHUP', 2: 'SIGINT', 6: 'SIGABRT', 9: 'SIGKILL', 11: 'SIGSEGV', 13: 'SIGPIPE', 15: 'SIGTERM' };
+const SIGNALS: Record<number, string> = {
+  1: 'SIGHUP',
+  2: 'SIGINT',
+  6: 'SIGABRT',
+  9: 'SIGKILL',
+  11: 'SIGSEGV',
+  13: 'SIGPIPE',
+  15: 'SIGTERM',
+};
 function signalName(n: number): string | undefined {
   return SIGNALS[n];
 }

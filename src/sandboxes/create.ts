@@ -60,8 +60,18 @@ export function limitsOf(row: SandboxRow): CgroupLimits {
 function cpuQuota(v: unknown): number | undefined {
   if (v === undefined || v === null) return undefined;
   const centis = typeof v === 'number' ? Math.round(v * 100) : NaN;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < LIMITS.cpus.min || v > LIMITS.cpus.max || Math.abs(centis - v * 100) > 1e-6) {
-    throw new InvalidArgumentError('cpus', `a number of CPUs from ${LIMITS.cpus.min} to ${LIMITS.cpus.max} with at most two decimals`, v);
+  if (
+    typeof v !== 'number' ||
+    !Number.isFinite(v) ||
+    v < LIMITS.cpus.min ||
+    v > LIMITS.cpus.max ||
+    Math.abs(centis - v * 100) > 1e-6
+  ) {
+    throw new InvalidArgumentError(
+      'cpus',
+      `a number of CPUs from ${LIMITS.cpus.min} to ${LIMITS.cpus.max} with at most two decimals`,
+      v,
+    );
   }
   return (centis * CPU_PERIOD_US) / 100;
 }
@@ -75,26 +85,58 @@ function intInRange(field: string, v: unknown, min: number, max: number, dflt: n
 }
 
 /** Validates create options at the edge. */
-export function validateCreateOptions(opts: CreateOptions): Required<Pick<CreateOptions, 'image' | 'memoryMb' | 'pids'>> & CreateOptions {
+export function validateCreateOptions(
+  opts: CreateOptions,
+): Required<Pick<CreateOptions, 'image' | 'memoryMb' | 'pids'>> & CreateOptions {
   const image = validateImageName(opts.image ?? 'base');
-  const memoryMb = intInRange('memoryMb', opts.memoryMb, LIMITS.memoryMb.min, LIMITS.memoryMb.max, LIMITS.memoryMb.default);
+  const memoryMb = intInRange(
+    'memoryMb',
+    opts.memoryMb,
+    LIMITS.memoryMb.min,
+    LIMITS.memoryMb.max,
+    LIMITS.memoryMb.default,
+  );
   const pids = intInRange('pids', opts.pids, LIMITS.pids.min, LIMITS.pids.max, LIMITS.pids.default);
-  const cpuWeight = intInRange('cpuWeight', opts.cpuWeight, LIMITS.cpuWeight.min, LIMITS.cpuWeight.max, LIMITS.cpuWeight.default);
+  const cpuWeight = intInRange(
+    'cpuWeight',
+    opts.cpuWeight,
+    LIMITS.cpuWeight.min,
+    LIMITS.cpuWeight.max,
+    LIMITS.cpuWeight.default,
+  );
   cpuQuota(opts.cpus);
   if (opts.ioWeight !== undefined) intInRange('ioWeight', opts.ioWeight, LIMITS.ioWeight.min, LIMITS.ioWeight.max, 0);
   if (opts.diskMb !== undefined) intInRange('diskMb', opts.diskMb, LIMITS.diskMb.min, LIMITS.diskMb.max, 0);
-  if (opts.timeoutMs !== undefined && (typeof opts.timeoutMs !== 'number' || !Number.isInteger(opts.timeoutMs) || opts.timeoutMs < 1000 || opts.timeoutMs > 30 * 24 * 3600 * 1000)) {
-    throw new InvalidArgumentError('timeoutMs', 'an integer number of milliseconds from 1000 to 30 days', opts.timeoutMs);
+  if (
+    opts.timeoutMs !== undefined &&
+    (typeof opts.timeoutMs !== 'number' ||
+      !Number.isInteger(opts.timeoutMs) ||
+      opts.timeoutMs < 1000 ||
+      opts.timeoutMs > 30 * 24 * 3600 * 1000)
+  ) {
+    throw new InvalidArgumentError(
+      'timeoutMs',
+      'an integer number of milliseconds from 1000 to 30 days',
+      opts.timeoutMs,
+    );
   }
-  if (opts.hostname !== undefined && (typeof opts.hostname !== 'string' || !/^[a-zA-Z0-9][a-zA-Z0-9-]{0,62}$/.test(opts.hostname))) {
+  if (
+    opts.hostname !== undefined &&
+    (typeof opts.hostname !== 'string' || !/^[a-zA-Z0-9][a-zA-Z0-9-]{0,62}$/.test(opts.hostname))
+  ) {
     throw new InvalidArgumentError('hostname', 'a host name of letters, digits and "-" (at most 63)', opts.hostname);
   }
-  for (const [field, obj] of [['envs', opts.envs], ['metadata', opts.metadata]] as const) {
+  for (const [field, obj] of [
+    ['envs', opts.envs],
+    ['metadata', opts.metadata],
+  ] as const) {
     if (obj === undefined) continue;
-    if (typeof obj !== 'object' || obj === null || Array.isArray(obj)) throw new InvalidArgumentError(field, 'an object of string values', obj);
+    if (typeof obj !== 'object' || obj === null || Array.isArray(obj))
+      throw new InvalidArgumentError(field, 'an object of string values', obj);
     for (const [k, v] of Object.entries(obj)) {
       if (typeof v !== 'string') throw new InvalidArgumentError(`${field}.${k}`, 'a string', v);
-      if (field === 'envs' && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new InvalidArgumentError(`envs.${k}`, 'a name of letters, digits and "_"', k);
+      if (field === 'envs' && !/^[A-Za-z_][A-Za-z0-9_]*$/.test(k))
+        throw new InvalidArgumentError(`envs.${k}`, 'a name of letters, digits and "_"', k);
     }
   }
   return { ...opts, image, memoryMb, pids, cpuWeight: opts.cpuWeight === undefined ? undefined : cpuWeight };
@@ -107,7 +149,10 @@ export function validateCreateOptions(opts: CreateOptions): Required<Pick<Create
  */
 function checkEnforceable(engine: Engine, opts: CreateOptions): void {
   if ((opts.cpuWeight !== undefined || opts.cpus !== undefined) && !engine.cgroups.cpuControl) {
-    throw new LimitUnsupportedError(opts.cpus !== undefined ? 'cpus' : 'cpuWeight', 'the cpu cgroup controller is not available on this host');
+    throw new LimitUnsupportedError(
+      opts.cpus !== undefined ? 'cpus' : 'cpuWeight',
+      'the cpu cgroup controller is not available on this host',
+    );
   }
   if (opts.ioWeight !== undefined) {
     const io = engine.cgroups.ioWeightSupport();
@@ -122,7 +167,8 @@ function checkEnforceable(engine: Engine, opts: CreateOptions): void {
 /** The CPU weight a tenant's sandbox gets when the request names none. */
 function defaultCpuWeight(engine: Engine, tenant: string | null | undefined): number {
   if (!tenant) return LIMITS.cpuWeight.default;
-  const row = engine.catalog.db.prepare('SELECT default_cpu_weight AS w FROM tenants WHERE name = ?').get(tenant) as { w: number | null } | undefined;
+  const row = engine.catalog.db.prepare('SELECT default_cpu_weight AS w FROM tenants WHERE name = ?').get(tenant) as
+    { w: number | null } | undefined;
   return row?.w ?? LIMITS.cpuWeight.default;
 }
 

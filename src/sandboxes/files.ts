@@ -27,7 +27,11 @@ import { InvalidArgumentError, LockstepError, SystemCallError, isNativeError } f
 /** A caller's path would leave the sandbox root. */
 export class PathEscapeError extends LockstepError {
   constructor(p: string) {
-    super('PATH_ESCAPES_SANDBOX', `Path ${JSON.stringify(p)} resolves outside the sandbox (through ".." or a symlink)`, { details: { field: 'path', path: p } });
+    super(
+      'PATH_ESCAPES_SANDBOX',
+      `Path ${JSON.stringify(p)} resolves outside the sandbox (through ".." or a symlink)`,
+      { details: { field: 'path', path: p } },
+    );
   }
 }
 
@@ -41,7 +45,10 @@ export class FileNotFoundError extends LockstepError {
 /** The path names a FIFO, a device, a socket or a symlink: the file API reads and writes only regular files. */
 export class FileTypeNotSupportedError extends LockstepError {
   constructor(p: string, type: string) {
-    const why = type === 'symlink' ? 'the file API does not follow a symlink at the end of a path' : 'the file API reads and writes only regular files';
+    const why =
+      type === 'symlink'
+        ? 'the file API does not follow a symlink at the end of a path'
+        : 'the file API reads and writes only regular files';
     super('FILE_TYPE_NOT_SUPPORTED', `${p} in the sandbox is a ${type}, not a regular file: ${why}`, {
       details: { field: 'path', path: p, type },
     });
@@ -51,14 +58,18 @@ export class FileTypeNotSupportedError extends LockstepError {
 /** A process in the sandbox holds a lease on the file; opening it now would wait for the lease to break. */
 export class FileBusyError extends LockstepError {
   constructor(p: string) {
-    super('FILE_BUSY', `${p} in the sandbox is leased by a process inside it; try again later`, { details: { field: 'path', path: p } });
+    super('FILE_BUSY', `${p} in the sandbox is leased by a process inside it; try again later`, {
+      details: { field: 'path', path: p },
+    });
   }
 }
 
 /** More bytes than the caller allowed for one file. */
 export class FileTooLargeError extends LockstepError {
   constructor(p: string, limit: number, what = 'this request') {
-    super('FILE_TOO_LARGE', `${p} is larger than ${what} accepts (${limit} bytes)`, { details: { field: 'path', path: p, limit } });
+    super('FILE_TOO_LARGE', `${p} is larger than ${what} accepts (${limit} bytes)`, {
+      details: { field: 'path', path: p, limit },
+    });
   }
 }
 
@@ -123,11 +134,22 @@ function mapError(e: unknown, p: string): never {
     if (code === 'EXDEV' || code === 'ELOOP') throw new PathEscapeError(p);
     if (code === 'ENOENT' || code === 'ENOTDIR') throw new FileNotFoundError(p);
     if (code === 'EISDIR') throw new InvalidArgumentError('path', 'a regular file, not a directory', p);
-    if (code === 'ENOTEMPTY') throw new InvalidArgumentError('path', 'an empty directory (pass recursive to remove a tree)', p);
+    if (code === 'ENOTEMPTY')
+      throw new InvalidArgumentError('path', 'an empty directory (pass recursive to remove a tree)', p);
     if (code === 'EAGAIN' || code === 'EWOULDBLOCK') throw new FileBusyError(p);
-    if (code === 'EDQUOT') throw new SystemCallError('DISK_QUOTA_EXCEEDED', `Cannot write ${p}: the sandbox's disk quota is used up`, e as Error);
-    if (code === 'ENOSPC') throw new SystemCallError('DISK_FULL', `Cannot write ${p}: the layer store is full`, e as Error);
-    throw new SystemCallError('FILE_ACCESS_FAILED', `Cannot access ${p} in the sandbox: ${(e as Error).message}`, e as Error);
+    if (code === 'EDQUOT')
+      throw new SystemCallError(
+        'DISK_QUOTA_EXCEEDED',
+        `Cannot write ${p}: the sandbox's disk quota is used up`,
+        e as Error,
+      );
+    if (code === 'ENOSPC')
+      throw new SystemCallError('DISK_FULL', `Cannot write ${p}: the layer store is full`, e as Error);
+    throw new SystemCallError(
+      'FILE_ACCESS_FAILED',
+      `Cannot access ${p} in the sandbox: ${(e as Error).message}`,
+      e as Error,
+    );
   }
   throw e;
 }
@@ -179,7 +201,12 @@ export class SandboxFiles {
   ) {}
 
   /** Opens a regular file (or, with O_DIRECTORY, a directory) for I/O; anything else is refused. */
-  private async openChecked(p: string, flags: number, under = this.root(), rel = sandboxRelative(p)): Promise<OpenedFile> {
+  private async openChecked(
+    p: string,
+    flags: number,
+    under = this.root(),
+    rel = sandboxRelative(p),
+  ): Promise<OpenedFile> {
     let opened: OpenedFile;
     try {
       opened = await native().openChecked(under, rel, flags);
@@ -205,7 +232,8 @@ export class SandboxFiles {
   private async openParent(p: string): Promise<[number, string]> {
     const rel = sandboxRelative(p);
     const leaf = path.posix.basename(rel);
-    if (!leaf || leaf === '.' || leaf === '..') throw new InvalidArgumentError('path', 'a path naming a file, not "/" or ".."', p);
+    if (!leaf || leaf === '.' || leaf === '..')
+      throw new InvalidArgumentError('path', 'a path naming a file, not "/" or ".."', p);
     const parent = path.posix.dirname(rel);
     return [await this.openDir(p, parent === '.' ? '' : parent), leaf];
   }
@@ -277,17 +305,27 @@ export class SandboxFiles {
   }
 
   async write(p: string, data: string | Uint8Array, opts: WriteOptions = {}): Promise<WriteResult> {
-    const buf = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    const buf =
+      typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
     return this.writeFrom(p, chunked(buf), opts);
   }
 
   /** Writes a file from a stream of bytes, chunk by chunk; the file changes only if the whole stream arrives. */
-  async writeStream(p: string, source: Readable | AsyncIterable<Uint8Array | string>, opts: WriteOptions = {}): Promise<WriteResult> {
+  async writeStream(
+    p: string,
+    source: Readable | AsyncIterable<Uint8Array | string>,
+    opts: WriteOptions = {},
+  ): Promise<WriteResult> {
     return this.writeFrom(p, source, opts);
   }
 
-  private async writeFrom(p: string, source: AsyncIterable<Uint8Array | string>, opts: WriteOptions): Promise<WriteResult> {
-    if (opts.mode !== undefined && (!Number.isInteger(opts.mode) || opts.mode < 0 || opts.mode > 0o7777)) throw new InvalidArgumentError('mode', 'permission bits from 0 to 0o7777', opts.mode);
+  private async writeFrom(
+    p: string,
+    source: AsyncIterable<Uint8Array | string>,
+    opts: WriteOptions,
+  ): Promise<WriteResult> {
+    if (opts.mode !== undefined && (!Number.isInteger(opts.mode) || opts.mode < 0 || opts.mode > 0o7777))
+      throw new InvalidArgumentError('mode', 'permission bits from 0 to 0o7777', opts.mode);
     const rel = sandboxRelative(p);
     if (opts.createParents !== false) await this.mkdir('/' + path.posix.dirname(rel));
     const [dirFd, leaf] = await this.openParent(p);
@@ -304,7 +342,12 @@ export class SandboxFiles {
       }
       const mode = opts.mode ?? existing?.mode ?? 0o644;
       try {
-        tmpFd = await native().openBeneath(viaFd(dirFd), tmp, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW, 0o600);
+        tmpFd = await native().openBeneath(
+          viaFd(dirFd),
+          tmp,
+          fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW,
+          0o600,
+        );
       } catch (e) {
         mapError(e, p);
       }
@@ -313,11 +356,15 @@ export class SandboxFiles {
       try {
         for await (const chunk of source) {
           opts.signal?.throwIfAborted();
-          const b = typeof chunk === 'string' ? Buffer.from(chunk) : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+          const b =
+            typeof chunk === 'string'
+              ? Buffer.from(chunk)
+              : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
           bytes += b.length;
           if (opts.maxBytes !== undefined && bytes > opts.maxBytes) throw new FileTooLargeError(p, opts.maxBytes);
           hash.update(b);
-          for (let off = 0; off < b.length; ) off += (await write(tmpFd, b, off, Math.min(CHUNK_BYTES, b.length - off))).bytesWritten;
+          for (let off = 0; off < b.length;)
+            off += (await write(tmpFd, b, off, Math.min(CHUNK_BYTES, b.length - off))).bytesWritten;
         }
         opts.signal?.throwIfAborted();
         // New files belong to the sandbox's root (with a user namespace, a host id); existing ones keep their owner.
@@ -346,7 +393,9 @@ export class SandboxFiles {
       if (part === '..') throw new PathEscapeError(p);
       const next = cur ? `${cur}/${part}` : part;
       try {
-        await closeQuietly(await native().openBeneath(this.root(), next, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY));
+        await closeQuietly(
+          await native().openBeneath(this.root(), next, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY),
+        );
       } catch (e) {
         if ((e as NodeJS.ErrnoException).code !== 'ENOENT') mapError(e, p);
         const parentFd = await this.openDir(p, cur);
@@ -375,7 +424,14 @@ export class SandboxFiles {
         const st = await fs.promises.lstat(`${base}/${name}`).catch(() => undefined);
         if (!st) continue; // removed by the sandbox while we listed
         const type = st.isFile() ? 'file' : st.isDirectory() ? 'directory' : st.isSymbolicLink() ? 'symlink' : 'other';
-        entries.push({ name, path: path.posix.join(abs, name), type, size: st.size, mode: st.mode & 0o7777, mtimeMs: st.mtimeMs });
+        entries.push({
+          name,
+          path: path.posix.join(abs, name),
+          type,
+          size: st.size,
+          mode: st.mode & 0o7777,
+          mtimeMs: st.mtimeMs,
+        });
       }
       return entries;
     } catch (e) {
@@ -389,7 +445,9 @@ export class SandboxFiles {
   async exists(p: string): Promise<boolean> {
     const rel = sandboxRelative(p);
     try {
-      await closeQuietly(await native().openBeneath(this.root(), rel, native().openFlags.O_PATH | fs.constants.O_NOFOLLOW));
+      await closeQuietly(
+        await native().openBeneath(this.root(), rel, native().openFlags.O_PATH | fs.constants.O_NOFOLLOW),
+      );
       return true;
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;

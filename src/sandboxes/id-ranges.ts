@@ -30,10 +30,22 @@ export const MAX_ID_RANGES = (0xffff0000 - FIRST_ID_BASE) / ID_RANGE_SIZE;
 export function openHomeForUserNamespaces(paths: StatePaths): void {
   for (let dir = path.dirname(paths.home); dir !== path.dirname(dir); dir = path.dirname(dir)) {
     if ((fs.statSync(dir).mode & 0o001) === 0) {
-      throw new HostError('HOME_NOT_SEARCHABLE', `User namespaces need every folder above the state directory to be searchable by others (o+x); ${dir} is not`);
+      throw new HostError(
+        'HOME_NOT_SEARCHABLE',
+        `User namespaces need every folder above the state directory to be searchable by others (o+x); ${dir} is not`,
+      );
     }
   }
-  for (const dir of [paths.home, paths.run, paths.sandboxesRun, paths.store, paths.uppers, paths.processImages, paths.scratch]) fs.chmodSync(dir, 0o711);
+  for (const dir of [
+    paths.home,
+    paths.run,
+    paths.sandboxesRun,
+    paths.store,
+    paths.uppers,
+    paths.processImages,
+    paths.scratch,
+  ])
+    fs.chmodSync(dir, 0o711);
 }
 
 /**
@@ -48,7 +60,10 @@ export function freeIdBase(catalog: Catalog): number {
     if (base === want) want += ID_RANGE_SIZE;
   }
   if ((want - FIRST_ID_BASE) / ID_RANGE_SIZE >= MAX_ID_RANGES) {
-    throw new HostError('ID_RANGES_EXHAUSTED', `Every one of the ${MAX_ID_RANGES} host id ranges for user namespaces is in use`);
+    throw new HostError(
+      'ID_RANGES_EXHAUSTED',
+      `Every one of the ${MAX_ID_RANGES} host id ranges for user namespaces is in use`,
+    );
   }
   return want;
 }

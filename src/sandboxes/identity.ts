@@ -15,7 +15,12 @@ import { InvalidStateError } from '../errors.js';
  * time is read on both sides of the membership check, so a pid that changed
  * hands in between is not taken for the init.
  */
-export function isInitOf(engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>, instance: string, pid: number | null, start: number | null): boolean {
+export function isInitOf(
+  engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>,
+  instance: string,
+  pid: number | null,
+  start: number | null,
+): boolean {
   if (pid === null || start === null) return false;
   if (engine.proc.startTime(pid) !== start) return false;
   if (!engine.cgroups.pids(engine.runtime.cgroupName(instance)).includes(pid)) return false;
@@ -25,6 +30,8 @@ export function isInitOf(engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>, i
 /** Throws SANDBOX_NOT_RUNNING unless the row's init is still the process it names (see isInitOf). */
 export function assertInit(engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>, row: SandboxRow): void {
   if (!isInitOf(engine, row.instance, row.init_pid, row.init_start)) {
-    throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running (its init has exited)`, { sandboxId: row.id });
+    throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running (its init has exited)`, {
+      sandboxId: row.id,
+    });
   }
 }

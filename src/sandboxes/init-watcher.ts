@@ -49,7 +49,8 @@ export class InitWatcher {
   track(row: SandboxRow): boolean {
     if (this.closing) return row.state === 'running';
     if (this.watch(row)) return true;
-    if (row.state === 'running' && row.init_pid !== null) this.settle(row.id, { pid: row.init_pid, start: row.init_start });
+    if (row.state === 'running' && row.init_pid !== null)
+      this.settle(row.id, { pid: row.init_pid, start: row.init_start });
     return false;
   }
 
@@ -121,13 +122,28 @@ export class InitWatcher {
         this.track(row);
         return;
       }
-      this.catalog.updateSandbox(sandboxId, { state: 'stopped', init_pid: null, init_start: null, standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null });
+      this.catalog.updateSandbox(sandboxId, {
+        state: 'stopped',
+        init_pid: null,
+        init_start: null,
+        standby_instance: null,
+        standby_checkpoint: null,
+        standby_pid: null,
+        standby_start: null,
+      });
       this.log.warn({ sandboxId, pid: exited.pid }, 'the sandbox init exited: sandbox stopped');
       // What outlived the init (an enter helper still in the cgroup, a warm standby) goes too.
-      await this.runtime.killProcesses(row.instance).catch((err) => this.log.warn({ err, sandboxId }, 'killing what was left of a stopped sandbox'));
-      if (row.standby_instance) await this.runtime.destroy(row.standby_instance).catch((err) => this.log.warn({ err, sandboxId }, 'removing the standby of a stopped sandbox'));
+      await this.runtime
+        .killProcesses(row.instance)
+        .catch((err) => this.log.warn({ err, sandboxId }, 'killing what was left of a stopped sandbox'));
+      if (row.standby_instance)
+        await this.runtime
+          .destroy(row.standby_instance)
+          .catch((err) => this.log.warn({ err, sandboxId }, 'removing the standby of a stopped sandbox'));
     });
-    const tracked: Promise<void> = work.catch((err) => this.log.warn({ err, sandboxId }, 'could not record that a sandbox init exited')).finally(() => this.settling.delete(tracked));
+    const tracked: Promise<void> = work
+      .catch((err) => this.log.warn({ err, sandboxId }, 'could not record that a sandbox init exited'))
+      .finally(() => this.settling.delete(tracked));
     this.settling.add(tracked);
   }
 }

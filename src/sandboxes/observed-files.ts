@@ -10,14 +10,27 @@ export class ObservedFiles {
     private readonly raw: SandboxFiles,
   ) {}
 
-  private record(kind: 'file-read' | 'file-write' | 'file-list', path: string, extra: { contentHash?: string; summary?: string }, p: Provenance): string | undefined {
+  private record(
+    kind: 'file-read' | 'file-write' | 'file-list',
+    path: string,
+    extra: { contentHash?: string; summary?: string },
+    p: Provenance,
+  ): string | undefined {
     if (p.observe === false) return undefined;
     const toolCallId = validateToolCallId(p.toolCallId);
-    return this.sandbox.engine.agent.observe(this.sandbox.row(), { kind, subject: path, ...extra, ...(toolCallId ? { toolCallId } : {}) }).id;
+    return this.sandbox.engine.agent.observe(this.sandbox.row(), {
+      kind,
+      subject: path,
+      ...extra,
+      ...(toolCallId ? { toolCallId } : {}),
+    }).id;
   }
 
   /** Reads a file; returns its bytes, their sha256 and the observation id. */
-  async read(path: string, p: Provenance & { maxBytes?: number | undefined } = {}): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
+  async read(
+    path: string,
+    p: Provenance & { maxBytes?: number | undefined } = {},
+  ): Promise<{ content: Buffer; sha256: string; observationId: string | undefined }> {
     const r = await this.raw.read(path, { maxBytes: p.maxBytes });
     return { ...r, observationId: this.record('file-read', path, { contentHash: r.sha256 }, p) };
   }
@@ -27,15 +40,29 @@ export class ObservedFiles {
    * is recorded as an observation (with the hash of what was delivered) when
    * the stream ends; `done` then gives the hash and the observation id.
    */
-  async readStream(path: string, p: Provenance = {}): Promise<Omit<FileReadStream, 'done'> & { done: Promise<{ sha256: string; bytes: number; observationId: string | undefined }> }> {
+  async readStream(
+    path: string,
+    p: Provenance = {},
+  ): Promise<
+    Omit<FileReadStream, 'done'> & {
+      done: Promise<{ sha256: string; bytes: number; observationId: string | undefined }>;
+    }
+  > {
     const validated = { toolCallId: validateToolCallId(p.toolCallId), observe: p.observe };
     const r = await this.raw.readStream(path);
-    const done = r.done.then((d) => ({ ...d, observationId: this.record('file-read', path, { contentHash: d.sha256 }, validated) }));
+    const done = r.done.then((d) => ({
+      ...d,
+      observationId: this.record('file-read', path, { contentHash: d.sha256 }, validated),
+    }));
     done.catch(() => undefined); // a stream the caller cuts off is not an unhandled rejection
     return { ...r, done };
   }
 
-  async write(path: string, data: string | Uint8Array, opts: { mode?: number } & Provenance = {}): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
+  async write(
+    path: string,
+    data: string | Uint8Array,
+    opts: { mode?: number } & Provenance = {},
+  ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
     const r = await this.raw.write(path, data, opts.mode !== undefined ? { mode: opts.mode } : {});
     return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
   }
@@ -47,13 +74,29 @@ export class ObservedFiles {
     opts: Pick<WriteOptions, 'mode' | 'maxBytes' | 'signal'> & Provenance = {},
   ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
     validateToolCallId(opts.toolCallId);
-    const r = await this.raw.writeStream(path, source, { mode: opts.mode, maxBytes: opts.maxBytes, signal: opts.signal });
+    const r = await this.raw.writeStream(path, source, {
+      mode: opts.mode,
+      maxBytes: opts.maxBytes,
+      signal: opts.signal,
+    });
     return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
   }
 
   async list(path: string, p: Provenance = {}): Promise<FileEntry[] & { observationId?: string }> {
     const entries = await this.raw.list(path);
-    return Object.assign(entries, { observationId: this.record('file-list', path, { summary: entries.map((e) => e.name).join(' ').slice(0, 500) }, p) });
+    return Object.assign(entries, {
+      observationId: this.record(
+        'file-list',
+        path,
+        {
+          summary: entries
+            .map((e) => e.name)
+            .join(' ')
+            .slice(0, 500),
+        },
+        p,
+      ),
+    });
   }
 
   async exists(path: string): Promise<boolean> {

@@ -126,9 +126,15 @@ export class SandboxRuntime {
         this.native.mountOverlay(target, lowers, upper, work);
       } catch (e) {
         // overlayfs makes its work directory in the writable layer at mount time.
-        if (isNativeError(e) && e.code === 'ENOSPC') throw new StoreFullError(`Cannot mount the sandbox root at ${target}`, e);
+        if (isNativeError(e) && e.code === 'ENOSPC')
+          throw new StoreFullError(`Cannot mount the sandbox root at ${target}`, e);
         if (isNativeError(e)) {
-          const hint = e.code === 'ELOOP' ? 'overlay directories may not overlap' : e.code === 'ENOENT' ? 'a layer directory is missing' : e.message;
+          const hint =
+            e.code === 'ELOOP'
+              ? 'overlay directories may not overlap'
+              : e.code === 'ENOENT'
+                ? 'a layer directory is missing'
+                : e.message;
           throw new SystemCallError('OVERLAY_MOUNT_FAILED', `Cannot mount the sandbox root at ${target}: ${hint}`, e);
         }
         throw e;
@@ -166,7 +172,8 @@ export class SandboxRuntime {
     const answer = await this.supervisor.run(argv);
     const { pid } = parseHelperAnswer<{ pid: number }>(answer, `starting sandbox ${host.id}`);
     const start = this.proc.startTime(pid);
-    if (start === undefined) throw new HostError('SANDBOX_INIT_DIED', `The init of sandbox ${host.id} exited right after it started`);
+    if (start === undefined)
+      throw new HostError('SANDBOX_INIT_DIED', `The init of sandbox ${host.id} exited right after it started`);
     return { pid, start };
   }
 

@@ -4,8 +4,22 @@ import os from 'node:os';
 import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
 import { namespacePid, sleep } from '../host/proc.js';
-import { runCommand, spawnDetached, validateCommand, type RunOptions, type RunResult, type SpawnOptions } from './commands.js';
-import { EXIT_DIR, backgroundPids, backgroundWrapper, readOutput, type OutputChunk, type OutputOffsets } from './background-output.js';
+import {
+  runCommand,
+  spawnDetached,
+  validateCommand,
+  type RunOptions,
+  type RunResult,
+  type SpawnOptions,
+} from './commands.js';
+import {
+  EXIT_DIR,
+  backgroundPids,
+  backgroundWrapper,
+  readOutput,
+  type OutputChunk,
+  type OutputOffsets,
+} from './background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
 
 /** A command's result plus the id of the observation it was recorded as. */
@@ -24,13 +38,24 @@ export class SandboxCommands {
    * was recorded as, tagged with the branch, the checkpoint epoch and the
    * tool-call id.
    */
-  run(cmd: string | string[], opts: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background: true }): Promise<CommandHandle>;
-  run(cmd: string | string[], opts?: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: false | undefined }): Promise<ObservedRunResult>;
-  async run(cmd: string | string[], options: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: boolean | undefined } = {}): Promise<ObservedRunResult | CommandHandle> {
+  run(
+    cmd: string | string[],
+    opts: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background: true },
+  ): Promise<CommandHandle>;
+  run(
+    cmd: string | string[],
+    opts?: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background?: false | undefined },
+  ): Promise<ObservedRunResult>;
+  async run(
+    cmd: string | string[],
+    options: RunOptions &
+      Provenance & { envs?: Record<string, string> | undefined; background?: boolean | undefined } = {},
+  ): Promise<ObservedRunResult | CommandHandle> {
     const opts = options.envs && !options.env ? { ...options, env: options.envs } : options;
     if (opts.background) return this.background(cmd, opts);
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
-    if (typeof cmd === 'string' && cmd.trim() === '') throw new InvalidArgumentError('command', 'a non-empty command', cmd);
+    if (typeof cmd === 'string' && cmd.trim() === '')
+      throw new InvalidArgumentError('command', 'a non-empty command', cmd);
     validateCommand(argv, opts);
     const toolCallId = validateToolCallId(opts.toolCallId);
     const row = this.sandbox.runningRow();
@@ -62,8 +87,10 @@ export class SandboxCommands {
 
   /** Reattaches to a background command by its pid (from run's handle or list()). */
   async connect(pid: number): Promise<CommandHandle> {
-    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
-    if (!(await backgroundPids(this.sandbox.files())).includes(pid)) throw new InvalidArgumentError('pid', 'the pid of a background command of this sandbox', pid);
+    if (!Number.isInteger(pid) || pid < 1)
+      throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
+    if (!(await backgroundPids(this.sandbox.files())).includes(pid))
+      throw new InvalidArgumentError('pid', 'the pid of a background command of this sandbox', pid);
     return new CommandHandle(this.sandbox, pid);
   }
 
@@ -81,7 +108,8 @@ export class SandboxCommands {
   /** Starts a background process that belongs to the sandbox (checkpoints capture it); returns its pid inside the sandbox. */
   async spawn(cmd: string | string[], opts: SpawnOptions = {}): Promise<number> {
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
-    if (typeof cmd === 'string' && cmd.trim() === '') throw new InvalidArgumentError('command', 'a non-empty command', cmd);
+    if (typeof cmd === 'string' && cmd.trim() === '')
+      throw new InvalidArgumentError('command', 'a non-empty command', cmd);
     validateCommand(argv, opts);
     return spawnDetached(this.sandbox.enterTarget(), argv, opts);
   }
@@ -118,8 +146,13 @@ export class CommandHandle {
   async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<{ exitCode: number | null }> {
     const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
     while (this.hostPid() !== undefined) {
-      if (opts.signal?.aborted) throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for background command ${this.pid}`);
-      if (Date.now() > deadline) throw new CommandAbortedError('COMMAND_TIMEOUT', `Background command ${this.pid} still running after ${opts.timeoutMs} ms`);
+      if (opts.signal?.aborted)
+        throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for background command ${this.pid}`);
+      if (Date.now() > deadline)
+        throw new CommandAbortedError(
+          'COMMAND_TIMEOUT',
+          `Background command ${this.pid} still running after ${opts.timeoutMs} ms`,
+        );
       await sleep(20);
     }
     const raw = this.sandbox.files();

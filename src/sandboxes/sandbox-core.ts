@@ -4,7 +4,6 @@ import { InvalidArgumentError, InvalidStateError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { SandboxFiles } from './files.js';
 
-
 /** Options every observed call takes: the agent's tool-call id, for provenance. */
 export interface Provenance {
   toolCallId?: string | undefined;
@@ -14,7 +13,8 @@ export interface Provenance {
 
 export function validateToolCallId(id: unknown): string | undefined {
   if (id === undefined) return undefined;
-  if (typeof id !== 'string' || id.length === 0 || id.length > 200) throw new InvalidArgumentError('toolCallId', 'a string of 1-200 characters', id);
+  if (typeof id !== 'string' || id.length === 0 || id.length > 200)
+    throw new InvalidArgumentError('toolCallId', 'a string of 1-200 characters', id);
   return id;
 }
 
@@ -37,7 +37,9 @@ export class SandboxCore {
   runningRow(): SandboxRow {
     const row = this.row();
     if (row.state !== 'running' || row.init_pid === null || row.init_start === null || !this.engine.inits.track(row)) {
-      throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${this.id} is not running (state: ${row.state})`, { sandboxId: this.id });
+      throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${this.id} is not running (state: ${row.state})`, {
+        sandboxId: this.id,
+      });
     }
     return row;
   }

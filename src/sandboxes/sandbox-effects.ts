@@ -1,6 +1,12 @@
 /** sandbox.effects: the effect ledger seen from one sandbox. */
 import { NotFoundError } from '../errors.js';
-import type { EffectRecord, EffectSpec, BeginResult, Resolution, CompensationResult } from '../effects/effect-ledger.js';
+import type {
+  EffectRecord,
+  EffectSpec,
+  BeginResult,
+  Resolution,
+  CompensationResult,
+} from '../effects/effect-ledger.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import type { SandboxCore } from './sandbox-core.js';
 
@@ -36,7 +42,10 @@ export class SandboxEffects {
     return this.ledger.resolveUnknown(effectId, resolution);
   }
   /** Runs compensations in reverse order of commit. */
-  compensate(effectIds: string[], runner: (effect: EffectRecord) => Promise<JsonValue | undefined>): Promise<CompensationResult[]> {
+  compensate(
+    effectIds: string[],
+    runner: (effect: EffectRecord) => Promise<JsonValue | undefined>,
+  ): Promise<CompensationResult[]> {
     return this.ledger.compensate(effectIds, runner);
   }
   list(): EffectRecord[] {

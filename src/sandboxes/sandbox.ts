@@ -10,7 +10,12 @@ import type { AgentContext } from '../context/formats.js';
 import type { Observation } from '../provenance/observations.js';
 import type { RollbackAgentOptions } from '../agent-state/agent-state.js';
 import type { RollbackReport } from '../checkpoints/rollback.js';
-import { checkpointSandbox, checkpointInfo, type CheckpointInfo, type CheckpointOptions } from '../checkpoints/checkpoint.js';
+import {
+  checkpointSandbox,
+  checkpointInfo,
+  type CheckpointInfo,
+  type CheckpointOptions,
+} from '../checkpoints/checkpoint.js';
 import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
@@ -23,7 +28,16 @@ import { SandboxEffects } from './sandbox-effects.js';
 import { SandboxVerdicts } from './sandbox-verdicts.js';
 
 // The sub-APIs live in files of their own; importers of this module keep finding them here.
-export { SandboxCore, SandboxCommands, CommandHandle, ObservedFiles, SandboxEffects, SandboxVerdicts, type Provenance, type ObservedRunResult };
+export {
+  SandboxCore,
+  SandboxCommands,
+  CommandHandle,
+  ObservedFiles,
+  SandboxEffects,
+  SandboxVerdicts,
+  type Provenance,
+  type ObservedRunResult,
+};
 
 export interface SandboxInfo {
   id: string;
@@ -179,7 +193,9 @@ export class Sandbox {
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
     // A stopped sandbox (its init exited or was killed) can be rolled back: that is how it comes back.
-    const report = await engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
+    const report = await engine.withSandboxLock(this.id, () =>
+      rollbackSandbox(engine, this.core.row(), checkpointId, opts),
+    );
     this.queueStandby(report.checkpointId); // agents often fail the same step again
     return report;
   }
@@ -197,7 +213,10 @@ export class Sandbox {
     const row = this.core.row(); // forks start from the checkpoint, not from the parent's processes
     const ckpt = ownCheckpoint(engine, row, checkpointId);
     opts.signal?.throwIfAborted();
-    return forkSandbox(engine, row, ckpt, count, { ...(opts.onProgress ? { onProgress: opts.onProgress } : {}), ...(opts.signal ? { signal: opts.signal } : {}) });
+    return forkSandbox(engine, row, ckpt, count, {
+      ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
+      ...(opts.signal ? { signal: opts.signal } : {}),
+    });
   }
 
   /** This sandbox's checkpoints, oldest first. */

@@ -23,7 +23,10 @@ export async function purgeTenant(ls: Lockstep, name: string): Promise<PurgeRepo
   const tenant = revokeTenantToken(db, name);
   const removed: string[] = [];
   const failed: string[] = [];
-  const ofTenant = () => (db.prepare('SELECT id FROM sandboxes WHERE tenant = ? ORDER BY created_at').all(tenant.id) as { id: string }[]).map((r) => r.id);
+  const ofTenant = () =>
+    (
+      db.prepare('SELECT id FROM sandboxes WHERE tenant = ? ORDER BY created_at').all(tenant.id) as { id: string }[]
+    ).map((r) => r.id);
   // A create that had passed authentication before the revocation may still
   // land a sandbox: go round until none is left (bounded).
   for (let round = 0; round < 3; round++) {
@@ -35,17 +38,24 @@ export async function purgeTenant(ls: Lockstep, name: string): Promise<PurgeRepo
         await ls.engine.withSandboxLock(id, () => removeSandbox(ls.engine, id));
         removed.push(id);
       } catch (err) {
-        ls.engine.log.warn({ err, sandboxId: id, tenant: tenant.name }, 'could not remove a sandbox of a tenant being removed');
+        ls.engine.log.warn(
+          { err, sandboxId: id, tenant: tenant.name },
+          'could not remove a sandbox of a tenant being removed',
+        );
         failed.push(id);
       }
     }
   }
   const left = ofTenant();
   if (left.length > 0) {
-    throw new InvalidStateError('TENANT_HAS_SANDBOXES', `Tenant ${name} is revoked, but ${left.length} of its sandboxes could not be removed (${left.join(', ')}); run the removal again`, {
-      tenant: name,
-      sandboxes: left.length,
-    });
+    throw new InvalidStateError(
+      'TENANT_HAS_SANDBOXES',
+      `Tenant ${name} is revoked, but ${left.length} of its sandboxes could not be removed (${left.join(', ')}); run the removal again`,
+      {
+        tenant: name,
+        sandboxes: left.length,
+      },
+    );
   }
   removeTenant(db, name);
   return { tenant: tenant.name, tenantId: tenant.id, sandboxes: removed };

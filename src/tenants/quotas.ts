@@ -24,9 +24,13 @@ export class QuotaExceededError extends LockstepError {
   constructor(tenant: string, quota: QuotaName, limit: number, used: number, requested: number) {
     const what = UNITS[quota];
     const note = quota === 'maxMemoryMb' ? ' (running sandboxes and their warm standbys count)' : '';
-    super('QUOTA_EXCEEDED', `Tenant ${tenant} may have at most ${limit} ${what}; it has ${used} and asked for ${requested} more${note}`, {
-      details: { tenant, quota, limit, used, requested },
-    });
+    super(
+      'QUOTA_EXCEEDED',
+      `Tenant ${tenant} may have at most ${limit} ${what}; it has ${used} and asked for ${requested} more${note}`,
+      {
+        details: { tenant, quota, limit, used, requested },
+      },
+    );
   }
 }
 
@@ -62,7 +66,13 @@ export function tenantUsage(db: Database.Database, tenant: string /* the tenant'
          FROM sandboxes WHERE tenant = ? AND state != 'removing'`,
     )
     .get(tenant) as { n: number; bytes: number; standby: number; cpu: number };
-  return { sandboxes: r.n, memoryMb: Math.ceil(r.bytes / MiB), standbyMemoryMb: Math.ceil(r.standby / MiB), cpuWeight: r.cpu, checkpointMb: Math.ceil(checkpointBytes(db, tenant) / MiB) };
+  return {
+    sandboxes: r.n,
+    memoryMb: Math.ceil(r.bytes / MiB),
+    standbyMemoryMb: Math.ceil(r.standby / MiB),
+    cpuWeight: r.cpu,
+    checkpointMb: Math.ceil(checkpointBytes(db, tenant) / MiB),
+  };
 }
 
 /** Bytes the tenant's checkpoints keep in the store (removed sandboxes' checkpoints go with them). */
@@ -77,7 +87,11 @@ export function checkpointBytes(db: Database.Database, tenant: string): number {
 }
 
 /** Throws QUOTA_EXCEEDED if `count` more sandboxes of `memoryMb` (and `cpuWeight`) each would not fit. */
-export function checkQuota(db: Database.Database, tenant: Tenant, want: { count: number; memoryMb: number; cpuWeight?: number | undefined }): void {
+export function checkQuota(
+  db: Database.Database,
+  tenant: Tenant,
+  want: { count: number; memoryMb: number; cpuWeight?: number | undefined },
+): void {
   const used = tenantUsage(db, tenant.id);
   if (tenant.maxSandboxes !== null && used.sandboxes + want.count > tenant.maxSandboxes) {
     throw new QuotaExceededError(tenant.name, 'maxSandboxes', tenant.maxSandboxes, used.sandboxes, want.count);
@@ -99,7 +113,13 @@ export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryB
   const used = tenantUsage(db, tenant.id);
   const want = Math.ceil(memoryBytes / MiB);
   if (used.memoryMb + used.standbyMemoryMb + want > tenant.maxMemoryMb) {
-    throw new QuotaExceededError(tenant.name, 'maxMemoryMb', tenant.maxMemoryMb, used.memoryMb + used.standbyMemoryMb, want);
+    throw new QuotaExceededError(
+      tenant.name,
+      'maxMemoryMb',
+      tenant.maxMemoryMb,
+      used.memoryMb + used.standbyMemoryMb,
+      want,
+    );
   }
 }
 
@@ -108,7 +128,13 @@ export function checkCheckpointQuota(db: Database.Database, tenant: Tenant, byte
   if (tenant.maxCheckpointMb === null) return;
   const used = checkpointBytes(db, tenant.id);
   if (used + bytes > tenant.maxCheckpointMb * MiB) {
-    throw new QuotaExceededError(tenant.name, 'maxCheckpointMb', tenant.maxCheckpointMb, Math.ceil(used / MiB), Math.ceil(bytes / MiB));
+    throw new QuotaExceededError(
+      tenant.name,
+      'maxCheckpointMb',
+      tenant.maxCheckpointMb,
+      Math.ceil(used / MiB),
+      Math.ceil(bytes / MiB),
+    );
   }
 }
 

@@ -96,8 +96,12 @@ CREATE TABLE IF NOT EXISTS tenants (
     db.exec('CREATE UNIQUE INDEX IF NOT EXISTS tenants_id ON tenants(id)');
     const unkeyed = db.prepare('SELECT name FROM tenants WHERE id IS NULL').all() as { name: string }[];
     if (unkeyed.length === 0) return;
-    const hasTable = (t: string) => db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(t) !== undefined;
-    const rekey = [hasTable('sandboxes') ? 'sandboxes' : null, hasTable('http_idempotency') ? 'http_idempotency' : null].filter((t): t is string => t !== null);
+    const hasTable = (t: string) =>
+      db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(t) !== undefined;
+    const rekey = [
+      hasTable('sandboxes') ? 'sandboxes' : null,
+      hasTable('http_idempotency') ? 'http_idempotency' : null,
+    ].filter((t): t is string => t !== null);
     for (const { name } of unkeyed) {
       const id = newTenantId();
       db.prepare('UPDATE tenants SET id = ? WHERE name = ?').run(id, name);
@@ -108,13 +112,19 @@ CREATE TABLE IF NOT EXISTS tenants (
 
 /** Checks a tenant name: lower-case letters, digits, "-" and "_", at most 63 characters. */
 export function validateTenantName(name: unknown, field = 'name'): string {
-  if (typeof name !== 'string' || !NAME.test(name)) throw new InvalidArgumentError(field, 'a tenant name of lower-case letters, digits, "-" and "_" (1-63, starting with a letter or digit)', name);
+  if (typeof name !== 'string' || !NAME.test(name))
+    throw new InvalidArgumentError(
+      field,
+      'a tenant name of lower-case letters, digits, "-" and "_" (1-63, starting with a letter or digit)',
+      name,
+    );
   return name;
 }
 
 function quota(v: unknown, field: string, max: number, min = 0): number | null {
   if (v === undefined || v === null) return null;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) throw new InvalidArgumentError(field, `an integer from ${min} to ${max}, or null for no limit`, v);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max)
+    throw new InvalidArgumentError(field, `an integer from ${min} to ${max}, or null for no limit`, v);
   return v;
 }
 
@@ -136,7 +146,12 @@ function toTenant(r: TenantRow): Tenant {
 }
 
 /** Adds a tenant; returns it with its bearer token, which is not stored and cannot be shown again. */
-export function addTenant(db: Database.Database, name: string, quotas: TenantQuotas = {}, clock: () => number = Date.now): { tenant: Tenant; token: string } {
+export function addTenant(
+  db: Database.Database,
+  name: string,
+  quotas: TenantQuotas = {},
+  clock: () => number = Date.now,
+): { tenant: Tenant; token: string } {
   validateTenantName(name);
   const maxSandboxes = quota(quotas.maxSandboxes, 'maxSandboxes', 1_000_000);
   const maxMemoryMb = quota(quotas.maxMemoryMb, 'maxMemoryMb', 1 << 30);
@@ -195,7 +210,12 @@ export function removeTenant(db: Database.Database, name: string): void {
   db.transaction(() => {
     const { id } = getTenant(db, name);
     const n = (db.prepare('SELECT COUNT(*) AS n FROM sandboxes WHERE tenant = ?').get(id) as { n: number }).n;
-    if (n > 0) throw new InvalidStateError('TENANT_HAS_SANDBOXES', `Tenant ${name} still has ${n} sandbox(es); remove them first or force the removal`, { tenant: name, sandboxes: n });
+    if (n > 0)
+      throw new InvalidStateError(
+        'TENANT_HAS_SANDBOXES',
+        `Tenant ${name} still has ${n} sandbox(es); remove them first or force the removal`,
+        { tenant: name, sandboxes: n },
+      );
     db.prepare('DELETE FROM tenants WHERE id = ?').run(id);
     const idem = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'http_idempotency'").get();
     if (idem) db.prepare('DELETE FROM http_idempotency WHERE tenant = ?').run(id);

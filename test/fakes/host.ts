@@ -13,7 +13,15 @@ import path from 'node:path';
 import type { CgroupDriver, CgroupLimits } from '../../src/host/cgroups.js';
 import type { OpenOptions } from '../../src/lockstep.js';
 import type { NativeBinding, PidWatcher } from '../../src/native/binding.js';
-import type { Clock, CriuClient, CriuDumpRequest, CriuRestoreRequest, HelperClient, LayerPort, ProcessTable } from '../../src/ports.js';
+import type {
+  Clock,
+  CriuClient,
+  CriuDumpRequest,
+  CriuRestoreRequest,
+  HelperClient,
+  LayerPort,
+  ProcessTable,
+} from '../../src/ports.js';
 import type { StatePaths } from '../../src/paths.js';
 
 /** A process of the fake host. */
@@ -117,7 +125,8 @@ export class FakeHost {
   readonly proc: ProcessTable = {
     isAlive: (pid) => this.processes.has(pid),
     startTime: (pid) => this.processes.get(pid)?.start,
-    mountsUnder: (prefix) => [...this.mounts].filter((m) => m === prefix || m.startsWith(prefix + '/')).sort((a, b) => b.length - a.length),
+    mountsUnder: (prefix) =>
+      [...this.mounts].filter((m) => m === prefix || m.startsWith(prefix + '/')).sort((a, b) => b.length - a.length),
     mountPropagation: (mp) => (this.mounts.has(mp) ? 'shared' : undefined),
   };
 
@@ -150,7 +159,8 @@ export class FakeHost {
       this.record(`cgroups.remove ${name}`);
       this.cgroups.delete(name);
     },
-    children: (group) => [...this.cgroups.keys()].filter((n) => n.startsWith(group + '/')).map((n) => n.slice(group.length + 1)),
+    children: (group) =>
+      [...this.cgroups.keys()].filter((n) => n.startsWith(group + '/')).map((n) => n.slice(group.length + 1)),
     oomKills: () => 0,
     cpuUsageUsec: () => 0,
     ioWeightSupport: () => ({ ok: true, detail: 'fake' }) as ReturnType<CgroupDriver['ioWeightSupport']>,
@@ -199,7 +209,8 @@ export class FakeHost {
       if (!ok) throw systemError('ENOENT', what);
     };
     // LayerStore.open makes these; the engine writes process images there.
-    for (const dir of [paths.uppers, paths.layers, paths.processImages, paths.scratch]) fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    for (const dir of [paths.uppers, paths.layers, paths.processImages, paths.scratch])
+      fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     return {
       upperDir: (id) => ({ upper: path.join(paths.upper(id), 'upper'), work: path.join(paths.upper(id), 'work') }),
       createUpper: async (id) => {
@@ -279,7 +290,13 @@ export class FakeHost {
       pidfdSendSignal: notFaked('pidfdSendSignal'),
       idmappedMount: notFaked('idmappedMount'),
       // A layer's identity and last change: its content token stands for the transaction.
-      subvolumeInfo: (p: string) => ({ uuid: `fake:${path.basename(p)}`, generation: 1, ctransid: 1, otransid: 1, readonly: true }),
+      subvolumeInfo: (p: string) => ({
+        uuid: `fake:${path.basename(p)}`,
+        generation: 1,
+        ctransid: 1,
+        otransid: 1,
+        readonly: true,
+      }),
     } as NativeBinding;
   })();
 

@@ -24,15 +24,28 @@ export function fakeHome(): string {
 }
 
 /** Opens a manager on a fake host; `base` is an image of the catalog. Closes and removes it all in teardown. */
-export async function openFake(t: { teardown(fn: () => unknown): void }, opts: { home?: string; host?: FakeHost; open?: OpenOptions } = {}): Promise<FakeManager> {
+export async function openFake(
+  t: { teardown(fn: () => unknown): void },
+  opts: { home?: string; host?: FakeHost; open?: OpenOptions } = {},
+): Promise<FakeManager> {
   const home = opts.home ?? fakeHome();
   const host = opts.host ?? new FakeHost(home);
-  const ls = await Lockstep.open({ logger: pino({ level: 'silent' }), ...host.openOptions(new StatePaths(home), opts.open) });
+  const ls = await Lockstep.open({
+    logger: pino({ level: 'silent' }),
+    ...host.openOptions(new StatePaths(home), opts.open),
+  });
   const engine = ls.engine;
   if (!engine.catalog.image('base')) {
     const rootfs = engine.paths.imageRootfs('base');
     fs.mkdirSync(rootfs, { recursive: true });
-    engine.catalog.putImage({ name: 'base', rootfs, source: 'fake', size_bytes: 0, created_at: host.now, deleted: 0 } as Parameters<typeof engine.catalog.putImage>[0]);
+    engine.catalog.putImage({
+      name: 'base',
+      rootfs,
+      source: 'fake',
+      size_bytes: 0,
+      created_at: host.now,
+      deleted: 0,
+    } as Parameters<typeof engine.catalog.putImage>[0]);
   }
   t.teardown(async () => {
     await ls.close();

@@ -18,7 +18,8 @@ export const TEST_ROOT = process.env.LOCKSTEP_TEST_ROOT ?? '/var/tmp/lockstep-te
 export function integrationBlocker(): string | undefined {
   if (process.platform !== 'linux') return 'not Linux';
   if (process.getuid?.() !== 0) return 'not root';
-  if (!fs.existsSync('/opt/lockstep/bin/criu') && !process.env.LOCKSTEP_CRIU) return 'CRIU 4.x not provisioned (run npm run setup)';
+  if (!fs.existsSync('/opt/lockstep/bin/criu') && !process.env.LOCKSTEP_CRIU)
+    return 'CRIU 4.x not provisioned (run npm run setup)';
   return undefined;
 }
 
@@ -86,7 +87,8 @@ export async function eventually<T>(fn: () => Promise<T> | T, timeoutMs = 5000, 
     } catch (e) {
       last = e;
     }
-    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms${last ? `: ${String(last)}` : ''}`);
+    if (Date.now() > deadline)
+      throw new Error(`condition not met within ${timeoutMs} ms${last ? `: ${String(last)}` : ''}`);
     await sleep(stepMs);
   }
 }

@@ -20,7 +20,11 @@ function fixture(): Promise<{ ls: Lockstep; sb: Sandbox }> {
     const ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => cleanups.push(fn) });
     const sb = await ls.create();
     // Links planted inside the sandbox that point outside it: absolute, relative, and to a file.
-    const r = await sb.commands.run(['sh', '-c', 'ln -s / /workspace/escape && ln -s ../../../../../.. /workspace/up && ln -s /etc/hostname /workspace/abs-file && ln -s ../.. /workspace/dotdot']);
+    const r = await sb.commands.run([
+      'sh',
+      '-c',
+      'ln -s / /workspace/escape && ln -s ../../../../../.. /workspace/up && ln -s /etc/hostname /workspace/abs-file && ln -s ../.. /workspace/dotdot',
+    ]);
     if (r.exitCode !== 0) throw new Error(`planting symlinks failed: ${r.stderr}`);
     return { ls, sb };
   })();
@@ -40,33 +44,49 @@ interface Expected {
 }
 
 /** Runs a failing call and checks the error and that nothing changed on the host. */
-async function rejectsCleanly(t: ExecutionContext, call: (ls: Lockstep, sb: Sandbox) => Promise<unknown> | unknown, expected: Expected): Promise<void> {
+async function rejectsCleanly(
+  t: ExecutionContext,
+  call: (ls: Lockstep, sb: Sandbox) => Promise<unknown> | unknown,
+  expected: Expected,
+): Promise<void> {
   const { ls, sb } = await fixture();
   const before = snapshot(ls, sb);
   const err = await t.throwsAsync(async () => call(ls, sb), { code: expected.code });
   if (expected.field !== undefined) {
     t.is((err as { field?: string }).field ?? (err as { details?: { field?: string } }).details?.field, expected.field);
-    t.true(err!.message.toLowerCase().includes(expected.field.toLowerCase()), `message names the field: ${err!.message}`);
+    t.true(
+      err!.message.toLowerCase().includes(expected.field.toLowerCase()),
+      `message names the field: ${err!.message}`,
+    );
   }
-  if (expected.mentions !== undefined) t.true(err!.message.includes(expected.mentions), `message mentions ${expected.mentions}: ${err!.message}`);
+  if (expected.mentions !== undefined)
+    t.true(err!.message.includes(expected.mentions), `message mentions ${expected.mentions}: ${err!.message}`);
   t.deepEqual(snapshot(ls, sb), before, 'nothing was created or left behind');
 }
 
-const show = (v: unknown) => JSON.stringify(v, (_k, x) => (typeof x === 'number' && !Number.isFinite(x) ? String(x) : typeof x === 'string' ? x.replace(/\0/g, '\\0') : x));
+const show = (v: unknown) =>
+  JSON.stringify(v, (_k, x) =>
+    typeof x === 'number' && !Number.isFinite(x) ? String(x) : typeof x === 'string' ? x.replace(/\0/g, '\\0') : x,
+  );
 
 const badCreate = test.macro({
   exec: (t, opts: CreateOptions, expected: Expected) => rejectsCleanly(t, (ls) => ls.create(opts), expected),
-  title: (_p, opts: CreateOptions, expected: Expected) => `create ${show(opts)} -> ${expected.code}${expected.field ? ` (${expected.field})` : ''}`,
+  title: (_p, opts: CreateOptions, expected: Expected) =>
+    `create ${show(opts)} -> ${expected.code}${expected.field ? ` (${expected.field})` : ''}`,
 });
 
 const badRun = test.macro({
-  exec: (t, cmd: string | string[], opts: RunOptions, expected: Expected) => rejectsCleanly(t, (_ls, sb) => sb.commands.run(cmd, opts), expected),
-  title: (_p, cmd: string | string[], opts: RunOptions, expected: Expected) => `run ${show(cmd)} ${show(opts)} -> ${expected.code}${expected.field ? ` (${expected.field})` : ''}`,
+  exec: (t, cmd: string | string[], opts: RunOptions, expected: Expected) =>
+    rejectsCleanly(t, (_ls, sb) => sb.commands.run(cmd, opts), expected),
+  title: (_p, cmd: string | string[], opts: RunOptions, expected: Expected) =>
+    `run ${show(cmd)} ${show(opts)} -> ${expected.code}${expected.field ? ` (${expected.field})` : ''}`,
 });
 
 const badSpawn = test.macro({
-  exec: (t, cmd: string | string[], opts: SpawnOptions, expected: Expected) => rejectsCleanly(t, (_ls, sb) => sb.commands.spawn(cmd, opts), expected),
-  title: (_p, cmd: string | string[], opts: SpawnOptions, expected: Expected) => `spawn ${show(cmd)} ${show(opts)} -> ${expected.code}${expected.field ? ` (${expected.field})` : ''}`,
+  exec: (t, cmd: string | string[], opts: SpawnOptions, expected: Expected) =>
+    rejectsCleanly(t, (_ls, sb) => sb.commands.spawn(cmd, opts), expected),
+  title: (_p, cmd: string | string[], opts: SpawnOptions, expected: Expected) =>
+    `spawn ${show(cmd)} ${show(opts)} -> ${expected.code}${expected.field ? ` (${expected.field})` : ''}`,
 });
 
 type FileCall = 'read' | 'write' | 'list' | 'exists' | 'mkdir' | 'remove';
@@ -107,7 +127,17 @@ integration(test, () => {
   test.serial(badCreate, { image: 'no-such-image' }, { code: 'IMAGE_NOT_FOUND', mentions: 'no-such-image' });
   for (const image of ['../base', '../../etc', '..', 'a/b', '/etc', 'base/', 'Base', ''])
     test.serial(badCreate, { image }, invalid('image'));
-  for (const memoryMb of [-1, 0, 15, 1e9, 2 ** 53, 1.5, Number.NaN, Number.POSITIVE_INFINITY, '64' as unknown as number])
+  for (const memoryMb of [
+    -1,
+    0,
+    15,
+    1e9,
+    2 ** 53,
+    1.5,
+    Number.NaN,
+    Number.POSITIVE_INFINITY,
+    '64' as unknown as number,
+  ])
     test.serial(badCreate, { memoryMb }, invalid('memoryMb'));
   for (const pids of [-5, 0, 7, 1e9, 2.5, Number.NaN, '32' as unknown as number])
     test.serial(badCreate, { pids }, invalid('pids'));
@@ -140,15 +170,26 @@ integration(test, () => {
   test.serial(badSpawn, ['sleep', '100'], { stdoutPath: 'relative.log' }, invalid('stdoutPath'));
 
   // ---- files: traversal and symlinks out of the sandbox ----------------------------
-  for (const p of ['../../etc/shadow', '/../../etc/shadow', '/workspace/../../../etc/shadow']) test.serial(badPath, 'read', p, escapes(p));
+  for (const p of ['../../etc/shadow', '/../../etc/shadow', '/workspace/../../../etc/shadow'])
+    test.serial(badPath, 'read', p, escapes(p));
   // write() creates the parent first, so its error names the parent directory.
   test.serial(badPath, 'write', '../../tmp/lockstep-pwned', escapes('../../tmp'));
-  for (const p of ['/workspace/escape/etc/hostname', '/workspace/up/etc/hostname', '/workspace/abs-file', '/workspace/dotdot/../etc/passwd'])
+  for (const p of [
+    '/workspace/escape/etc/hostname',
+    '/workspace/up/etc/hostname',
+    '/workspace/abs-file',
+    '/workspace/dotdot/../etc/passwd',
+  ])
     test.serial(badPath, 'read', p, escapes(p));
   test.serial(badPath, 'list', '/workspace/escape', escapes('/workspace/escape'));
   test.serial(badPath, 'list', '/workspace/up/root', escapes('/workspace/up/root'));
   test.serial(badPath, 'exists', '/workspace/escape/etc', escapes('/workspace/escape/etc'));
-  test.serial(badPath, 'mkdir', '/workspace/escape/tmp/lockstep-made-here', escapes('/workspace/escape/tmp/lockstep-made-here'));
+  test.serial(
+    badPath,
+    'mkdir',
+    '/workspace/escape/tmp/lockstep-made-here',
+    escapes('/workspace/escape/tmp/lockstep-made-here'),
+  );
   test.serial(badPath, 'read', '/etc/pass\0wd', invalid('path'));
   test.serial(badPath, 'read', '', invalid('path'));
 

@@ -27,7 +27,8 @@ const v1 = (() => {
 
 integration(test, () => {
   if (!v1) {
-    test.skip('needs cgroup v1 (a task held by another freezer cgroup stands in for one stuck in a system call)', () => undefined);
+    test.skip('needs cgroup v1 (a task held by another freezer cgroup stands in for one stuck in a system call)', () =>
+      undefined);
     return;
   }
   test.serial('a process that dies only 7 s after SIGKILL does not leave the sandbox cgroup behind', async (t) => {
@@ -48,7 +49,8 @@ integration(test, () => {
       await exited;
       fs.rmdirSync(holder);
     });
-    for (const c of ['pids', 'memory']) fs.writeFileSync(path.join('/sys/fs/cgroup', c, cg, 'cgroup.procs'), String(pid));
+    for (const c of ['pids', 'memory'])
+      fs.writeFileSync(path.join('/sys/fs/cgroup', c, cg, 'cgroup.procs'), String(pid));
     fs.writeFileSync(path.join(holder, 'cgroup.procs'), String(pid));
     fs.writeFileSync(path.join(holder, 'freezer.state'), 'FROZEN');
     t.true(ls.engine.cgroups.pids(cg).includes(pid));

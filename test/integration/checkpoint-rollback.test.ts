@@ -37,7 +37,10 @@ integration(test, () => {
   const teardowns: (() => Promise<void>)[] = [];
 
   test.before(async () => {
-    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['base', 'dev'] });
+    ls = await openTestLockstep(
+      { teardown: (fn: () => Promise<void>) => teardowns.push(fn) },
+      { images: ['base', 'dev'] },
+    );
   });
   test.after.always(async () => {
     for (const fn of teardowns.reverse()) await fn();
@@ -68,7 +71,10 @@ integration(test, () => {
       // Every read from here on sees the restored root: the first value above
       // the checkpoint's is the first one the restored process wrote.
       const after = await waitCounter(ls, sb.id, (v) => v > atCheckpoint);
-      t.true(after < beforeRollback, `the in-memory i was restored: restarted from ${atCheckpoint}, not from ${beforeRollback} (got ${after})`);
+      t.true(
+        after < beforeRollback,
+        `the in-memory i was restored: restarted from ${atCheckpoint}, not from ${beforeRollback} (got ${after})`,
+      );
       // Same process (CRIU keeps pids inside the sandbox), still counting.
       const alive = await sb.commands.run(`kill -0 ${pid} && cat /proc/${pid}/cmdline | tr '\\0' ' '`);
       t.is(alive.exitCode, 0);
@@ -108,7 +114,9 @@ integration(test, () => {
   test.serial('open files keep their offsets across rollback: no holes, no overwritten lines', async (t) => {
     const sb = await sandbox(t);
     // fd 3 without O_APPEND (its offset decides where each line lands), fd 4 with O_APPEND.
-    await sb.commands.spawn(`exec 3>${SEQ_LOG} 4>>/tmp/append.log; i=0; while :; do i=$((i+1)); echo $i >&3; echo $i >&4; sleep 0.05; done`);
+    await sb.commands.spawn(
+      `exec 3>${SEQ_LOG} 4>>/tmp/append.log; i=0; while :; do i=$((i+1)); echo $i >&3; echo $i >&4; sleep 0.05; done`,
+    );
     const seq = hostPath(ls, sb.id, SEQ_LOG);
     const app = hostPath(ls, sb.id, '/tmp/append.log');
     await eventually(() => seqLines(seq).length >= 5, 5000, 5);
@@ -118,12 +126,23 @@ integration(test, () => {
     await eventually(() => seqLines(seq).length >= atCheckpoint.length + 20, 5000, 5);
 
     await sb.rollback(ckpt.id);
-    await eventually(() => seqLines(seq).length >= atCheckpoint.length + 5 && seqLines(app).length >= atCheckpoint.length + 5, 5000, 5);
+    await eventually(
+      () => seqLines(seq).length >= atCheckpoint.length + 5 && seqLines(app).length >= atCheckpoint.length + 5,
+      5000,
+      5,
+    );
     for (const file of [seq, app]) {
       const lines = seqLines(file);
       t.deepEqual(lines, oneTo(lines.length), `${file} continues right after line ${atCheckpoint.length}`);
     }
-    t.is(fs.statSync(seq).size, Buffer.byteLength(seqLines(seq).map((n) => `${n}\n`).join('')));
+    t.is(
+      fs.statSync(seq).size,
+      Buffer.byteLength(
+        seqLines(seq)
+          .map((n) => `${n}\n`)
+          .join(''),
+      ),
+    );
   });
 
   test.serial('a Python process (dev image) keeps its in-memory dict across rollback', async (t) => {
@@ -131,7 +150,10 @@ integration(test, () => {
     await startPyState(sb, ls);
     await tellPy(ls, sb.id, 'alpha'); // only in memory from now on: the inbox file is deleted
     const ckpt = await sb.checkpoint();
-    const atCheckpoint = JSON.parse(fs.readFileSync(layerPath(ls, ckpt, '/tmp/state.json'), 'utf8')) as { ticks: number; notes: string[] };
+    const atCheckpoint = JSON.parse(fs.readFileSync(layerPath(ls, ckpt, '/tmp/state.json'), 'utf8')) as {
+      ticks: number;
+      notes: string[];
+    };
     t.deepEqual(atCheckpoint.notes, ['alpha']);
     await tellPy(ls, sb.id, 'beta');
     const before = await waitPy(ls, sb.id, (s) => s.ticks >= atCheckpoint.ticks + 20);
@@ -139,7 +161,11 @@ integration(test, () => {
 
     await sb.rollback(ckpt.id);
     const after = await waitPy(ls, sb.id, (s) => s.ticks > atCheckpoint.ticks);
-    t.deepEqual(after.notes, ['alpha'], 'what it learnt after the checkpoint is forgotten, what it knew before is kept');
+    t.deepEqual(
+      after.notes,
+      ['alpha'],
+      'what it learnt after the checkpoint is forgotten, what it knew before is kept',
+    );
     t.true(after.ticks < before.ticks, `ticks ${after.ticks} continue from ${atCheckpoint.ticks}, not ${before.ticks}`);
     t.is(after.sum, expectedPySum(after.ticks), 'the list behind the sum holds exactly one entry per tick');
     t.is((await pyState(ls, sb.id)).notes.length, 1);
@@ -168,7 +194,11 @@ http.server.HTTPServer(('127.0.0.1', 8080), H).serve_forever()
     await sb.files.write('/workspace/srv.py', httpServer);
     await sb.commands.spawn(['python3', '/workspace/srv.py'], { stderrPath: '/tmp/srv.err' });
     const get = async (p: string) => {
-      const r = await sb.commands.run(['python3', '-c', `import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080${p}', timeout=5).read().decode())`]);
+      const r = await sb.commands.run([
+        'python3',
+        '-c',
+        `import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080${p}', timeout=5).read().decode())`,
+      ]);
       return r.exitCode === 0 ? (JSON.parse(r.stdout) as { hits: number; path: string }) : undefined;
     };
     await eventually(() => get('/warmup'), 10_000, 50);
@@ -196,7 +226,11 @@ socketserver.UnixStreamServer('/tmp/srv.sock', H).serve_forever()
     );
     await sb.commands.spawn(['python3', '/workspace/usrv.py'], { stderrPath: '/tmp/usrv.err' });
     const ask = async (req: string) => {
-      const r = await sb.commands.run(['python3', '-c', `import socket; s = socket.socket(socket.AF_UNIX); s.connect('/tmp/srv.sock'); s.sendall(b'${req}\\n'); print(s.makefile().readline().strip())`]);
+      const r = await sb.commands.run([
+        'python3',
+        '-c',
+        `import socket; s = socket.socket(socket.AF_UNIX); s.connect('/tmp/srv.sock'); s.sendall(b'${req}\\n'); print(s.makefile().readline().strip())`,
+      ]);
       return r.exitCode === 0 ? (JSON.parse(r.stdout) as { hits: number; req: string }) : undefined;
     };
     await eventually(() => ask('warmup'), 10_000, 50);
@@ -224,7 +258,8 @@ socketserver.UnixStreamServer('/tmp/srv.sock', H).serve_forever()
     /** Files, process memory and head all at `c`; the counter restarted from c's value. */
     const assertAt = async (c: CheckpointInfo, name: string, counterBelow?: number) => {
       const v = await waitCounter(ls, sb.id, (x) => x > values.get(c.id)!);
-      if (counterBelow !== undefined) t.true(v < counterBelow, `counter ${v} restarted from ${name} (${values.get(c.id)})`);
+      if (counterBelow !== undefined)
+        t.true(v < counterBelow, `counter ${v} restarted from ${name} (${values.get(c.id)})`);
       t.is((await sb.files.read('/workspace/step')).content.toString(), name, `files of ${name}`);
       t.is(await tagInMemory(ls, sb.id), name, `process memory of ${name}`);
       t.is(sb.info().headCheckpointId, c.id);
@@ -287,76 +322,83 @@ socketserver.UnixStreamServer('/tmp/srv.sock', H).serve_forever()
   test.serial("another sandbox's checkpoint", refusedRollback, ({ other }) => other.id, 'CHECKPOINT_NOT_FOUND');
   test.serial('a checkpoint id that never existed', refusedRollback, () => 'ckpt_doesnotexist', 'CHECKPOINT_NOT_FOUND');
 
-  test.serial('checkpoint of a sandbox that is not running fails with SANDBOX_NOT_RUNNING and leaves nothing', async (t) => {
-    const sb = await sandbox(t);
-    const pid = sb.info().pid!;
-    process.kill(pid, 'SIGKILL'); // its init: the whole pid namespace goes with it
-    await eventually(() => !sameProcessAlive(pid, undefined));
-    const layers = listDir(ls.engine.paths.layers);
-    const images = listDir(ls.engine.paths.processImages);
-    await t.throwsAsync(sb.checkpoint({ label: 'never' }), { code: 'SANDBOX_NOT_RUNNING' });
-    t.deepEqual(sb.checkpoints(), []);
-    t.deepEqual(listDir(ls.engine.paths.layers), layers);
-    t.deepEqual(listDir(ls.engine.paths.processImages), images);
-  });
+  test.serial(
+    'checkpoint of a sandbox that is not running fails with SANDBOX_NOT_RUNNING and leaves nothing',
+    async (t) => {
+      const sb = await sandbox(t);
+      const pid = sb.info().pid!;
+      process.kill(pid, 'SIGKILL'); // its init: the whole pid namespace goes with it
+      await eventually(() => !sameProcessAlive(pid, undefined));
+      const layers = listDir(ls.engine.paths.layers);
+      const images = listDir(ls.engine.paths.processImages);
+      await t.throwsAsync(sb.checkpoint({ label: 'never' }), { code: 'SANDBOX_NOT_RUNNING' });
+      t.deepEqual(sb.checkpoints(), []);
+      t.deepEqual(listDir(ls.engine.paths.layers), layers);
+      t.deepEqual(listDir(ls.engine.paths.processImages), images);
+    },
+  );
 
-  test.serial('the checkpoint tree: parent links, drawing with the head marked, deletion re-parents and frees disk', async (t) => {
-    const sb = await sandbox(t);
-    await startMemo(sb, ls);
-    const mk = async (name: string) => {
-      await setTag(ls, sb.id, name);
-      return sb.checkpoint({ label: name });
-    };
-    const c1 = await mk('c1');
-    const c2 = await mk('c2');
-    const c3 = await mk('c3');
-    await sb.rollback(c1.id);
-    const c4 = await mk('c4');
-    const [fork] = await sb.fork(c3.id);
-    t.teardown(() => (fork?.ok ? ls.remove(fork.id).catch(() => undefined) : Promise.resolve()));
-    t.true(fork!.ok);
+  test.serial(
+    'the checkpoint tree: parent links, drawing with the head marked, deletion re-parents and frees disk',
+    async (t) => {
+      const sb = await sandbox(t);
+      await startMemo(sb, ls);
+      const mk = async (name: string) => {
+        await setTag(ls, sb.id, name);
+        return sb.checkpoint({ label: name });
+      };
+      const c1 = await mk('c1');
+      const c2 = await mk('c2');
+      const c3 = await mk('c3');
+      await sb.rollback(c1.id);
+      const c4 = await mk('c4');
+      const [fork] = await sb.fork(c3.id);
+      t.teardown(() => (fork?.ok ? ls.remove(fork.id).catch(() => undefined) : Promise.resolve()));
+      t.true(fork!.ok);
 
-    t.deepEqual(
-      sb.checkpoints().map((c) => [c.id, c.parentId]),
-      [
-        [c1.id, null],
-        [c2.id, c1.id],
-        [c3.id, c2.id],
-        [c4.id, c1.id],
-      ],
-    );
-    const drawing = drawTree(ls.engine, ls.engine.catalog.sandbox(sb.id)!);
-    for (const c of [c1, c2, c3, c4]) t.true(drawing.includes(c.id), `${c.id} is drawn`);
-    const headLines = drawing.split('\n').filter((l) => / \*( |$)/.test(l));
-    t.is(headLines.length, 1, drawing);
-    t.true(headLines[0]!.includes(c4.id), drawing);
-    t.true(drawing.includes(`⑂ fork ${(fork as { id: string }).id}`), drawing);
+      t.deepEqual(
+        sb.checkpoints().map((c) => [c.id, c.parentId]),
+        [
+          [c1.id, null],
+          [c2.id, c1.id],
+          [c3.id, c2.id],
+          [c4.id, c1.id],
+        ],
+      );
+      const drawing = drawTree(ls.engine, ls.engine.catalog.sandbox(sb.id)!);
+      for (const c of [c1, c2, c3, c4]) t.true(drawing.includes(c.id), `${c.id} is drawn`);
+      const headLines = drawing.split('\n').filter((l) => / \*( |$)/.test(l));
+      t.is(headLines.length, 1, drawing);
+      t.true(headLines[0]!.includes(c4.id), drawing);
+      t.true(drawing.includes(`⑂ fork ${(fork as { id: string }).id}`), drawing);
 
-    const { layers, processImages } = ls.engine.paths;
-    t.true(fs.existsSync(`${layers}/${c2.layerId}`) && fs.existsSync(`${processImages}/${c2.id}`));
-    await sb.deleteCheckpoint(c2.id);
-    t.deepEqual(
-      sb.checkpoints().map((c) => [c.id, c.parentId]),
-      [
-        [c1.id, null],
-        [c3.id, c1.id],
-        [c4.id, c1.id],
-      ],
-    );
-    t.false(fs.existsSync(`${layers}/${c2.layerId}`), 'layer freed');
-    t.false(fs.existsSync(`${processImages}/${c2.id}`), 'process image freed');
-    for (const c of [c1, c3, c4]) t.true(fs.existsSync(`${layers}/${c.layerId}`) && fs.existsSync(`${processImages}/${c.id}`));
-    t.false(drawTree(ls.engine, ls.engine.catalog.sandbox(sb.id)!).includes(c2.id));
-    await t.throwsAsync(sb.rollback(c2.id), { code: 'CHECKPOINT_NOT_FOUND' });
+      const { layers, processImages } = ls.engine.paths;
+      t.true(fs.existsSync(`${layers}/${c2.layerId}`) && fs.existsSync(`${processImages}/${c2.id}`));
+      await sb.deleteCheckpoint(c2.id);
+      t.deepEqual(
+        sb.checkpoints().map((c) => [c.id, c.parentId]),
+        [
+          [c1.id, null],
+          [c3.id, c1.id],
+          [c4.id, c1.id],
+        ],
+      );
+      t.false(fs.existsSync(`${layers}/${c2.layerId}`), 'layer freed');
+      t.false(fs.existsSync(`${processImages}/${c2.id}`), 'process image freed');
+      for (const c of [c1, c3, c4])
+        t.true(fs.existsSync(`${layers}/${c.layerId}`) && fs.existsSync(`${processImages}/${c.id}`));
+      t.false(drawTree(ls.engine, ls.engine.catalog.sandbox(sb.id)!).includes(c2.id));
+      await t.throwsAsync(sb.rollback(c2.id), { code: 'CHECKPOINT_NOT_FOUND' });
 
-    // The re-parented child still restores: its layer never depended on its parent's.
-    await sb.rollback(c3.id);
-    t.is(await tagInMemory(ls, sb.id), 'c3');
-    // Deleting the head moves the head to its parent.
-    await sb.deleteCheckpoint(c3.id);
-    t.is(sb.info().headCheckpointId, c1.id);
-    t.is(await tagInMemory(ls, sb.id), 'c3', 'deleting a checkpoint does not touch the running sandbox');
-  });
+      // The re-parented child still restores: its layer never depended on its parent's.
+      await sb.rollback(c3.id);
+      t.is(await tagInMemory(ls, sb.id), 'c3');
+      // Deleting the head moves the head to its parent.
+      await sb.deleteCheckpoint(c3.id);
+      t.is(sb.info().headCheckpointId, c1.id);
+      t.is(await tagInMemory(ls, sb.id), 'c3', 'deleting a checkpoint does not touch the running sandbox');
+    },
+  );
 
   const lockedAgainstOtherManagers = test.macro({
     async exec(t, path: 'standby' | 'restore') {

@@ -21,10 +21,15 @@ interface CliResult {
 
 function cli(home: string, ...args: string[]): Promise<CliResult> {
   return new Promise((resolve, reject) => {
-    execFile(process.execPath, [bin, ...args], { env: { ...process.env, LOCKSTEP_HOME: home, NO_COLOR: '1' }, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
-      if (err && typeof err.code !== 'number') return reject(err);
-      resolve({ code: err ? (err.code as number) : 0, stdout, stderr });
-    });
+    execFile(
+      process.execPath,
+      [bin, ...args],
+      { env: { ...process.env, LOCKSTEP_HOME: home, NO_COLOR: '1' }, maxBuffer: 16 << 20 },
+      (err, stdout, stderr) => {
+        if (err && typeof err.code !== 'number') return reject(err);
+        resolve({ code: err ? (err.code as number) : 0, stdout, stderr });
+      },
+    );
   });
 }
 
@@ -36,7 +41,13 @@ async function json<T>(t: ExecutionContext, home: string, ...args: string[]): Pr
 }
 
 /** A command that must fail with `exit` and, with --json, print {"error":{"code":...}}. */
-async function fails(t: ExecutionContext, home: string, exit: number, code: string, ...args: string[]): Promise<{ code: string; field?: string; message: string }> {
+async function fails(
+  t: ExecutionContext,
+  home: string,
+  exit: number,
+  code: string,
+  ...args: string[]
+): Promise<{ code: string; field?: string; message: string }> {
   const dashes = args.indexOf('--');
   const withJson = dashes < 0 ? [...args, '--json'] : [...args.slice(0, dashes), '--json', ...args.slice(dashes)];
   const r = await cli(home, ...withJson);
@@ -69,14 +80,31 @@ integration(test, () => {
     const built = await cli(home, 'image', 'build', 'base');
     t.is(built.code, 0, built.stderr);
     t.regex(built.stdout, /^base {2}\d+\.\d MB\n$/);
-    const images = await json<{ name: string; source: string; sizeBytes: number; createdAt: string }[]>(t, home, 'image', 'ls', '--json');
+    const images = await json<{ name: string; source: string; sizeBytes: number; createdAt: string }[]>(
+      t,
+      home,
+      'image',
+      'ls',
+      '--json',
+    );
     t.is(images.length, 1);
     t.like(images[0], { name: 'base' });
     t.regex(images[0]!.source, /^recipe:base@[0-9a-f]{16}$/);
     t.true(images[0]!.sizeBytes > 1_000_000);
     t.false(Number.isNaN(Date.parse(images[0]!.createdAt)));
 
-    const created = await json<{ id: string }>(t, home, 'create', '--memory', '64', '--pids', '64', '--env', 'GREETING=hello', '--json');
+    const created = await json<{ id: string }>(
+      t,
+      home,
+      'create',
+      '--memory',
+      '64',
+      '--pids',
+      '64',
+      '--env',
+      'GREETING=hello',
+      '--json',
+    );
     t.deepEqual(Object.keys(created), ['id']);
     t.regex(created.id, /^sbx_[a-z0-9]+$/);
     const id = created.id;
@@ -105,7 +133,10 @@ integration(test, () => {
     t.is(list.length, 1);
     t.like(list[0], { id, image: 'base', state: 'running', memoryMb: 64, pids: 64 });
     const table = await cli(home, 'ls');
-    t.regex(table.stdout, new RegExp(`^ID +IMAGE +STATE +HEAD +CREATED +LIMITS\\n${id} +base +running +- .* mem 64M pids 64 cpu 100\\n`));
+    t.regex(
+      table.stdout,
+      new RegExp(`^ID +IMAGE +STATE +HEAD +CREATED +LIMITS\\n${id} +base +running +- .* mem 64M pids 64 cpu 100\\n`),
+    );
 
     t.deepEqual(await json(t, home, 'rm', id, '--json'), { id, removed: true });
     t.deepEqual(await json(t, home, 'ls', '--json'), []);
@@ -117,7 +148,10 @@ integration(test, () => {
 
     const doctorResult = await doctorRun;
     t.is(doctorResult.code, 0, doctorResult.stdout);
-    const doctor = JSON.parse(doctorResult.stdout) as { ok: boolean; checks: { name: string; ok: boolean; optional?: boolean; detail: string }[] };
+    const doctor = JSON.parse(doctorResult.stdout) as {
+      ok: boolean;
+      checks: { name: string; ok: boolean; optional?: boolean; detail: string }[];
+    };
     t.true(doctor.ok);
     const required = doctor.checks.filter((c) => !c.optional);
     t.true(required.length >= 8, required.map((c) => c.name).join(', '));
@@ -125,7 +159,17 @@ integration(test, () => {
       required.filter((c) => !c.ok).map((c) => `${c.name}: ${c.detail}`),
       [],
     );
-    for (const name of ['kernel', 'root', 'overlayfs', 'namespaces', 'cgroups', 'native build', 'criu version', 'criu check', 'layer store']) {
+    for (const name of [
+      'kernel',
+      'root',
+      'overlayfs',
+      'namespaces',
+      'cgroups',
+      'native build',
+      'criu version',
+      'criu check',
+      'layer store',
+    ]) {
       t.true(
         required.some((c) => c.name === name),
         name,
@@ -181,7 +225,11 @@ integration(test, () => {
     // A command's own failure is its exit code, not a Lockstep error.
     const missing = await cli(home, 'exec', created.id, '--json', '--', 'no-such-program');
     t.is(missing.code, 127);
-    t.like(JSON.parse(missing.stdout), { exitCode: 127, stdout: '', stderr: 'lockstep: no-such-program: No such file or directory\n' });
+    t.like(JSON.parse(missing.stdout), {
+      exitCode: 127,
+      stdout: '',
+      stderr: 'lockstep: no-such-program: No such file or directory\n',
+    });
     // And none of the failures above left a sandbox behind.
     t.deepEqual(
       (await json<SandboxJson[]>(t, home, 'ls', '--json')).map((s) => s.id),
@@ -206,7 +254,9 @@ integration(test, () => {
     const catalog = ls.engine.paths.catalog;
     const open = () =>
       new Promise<number>((resolve) => {
-        execFile(process.execPath, [path.join(repoRoot, 'test/fixtures/open-catalog.mjs'), catalog], (err) => resolve(err ? (err.code as number) : 0));
+        execFile(process.execPath, [path.join(repoRoot, 'test/fixtures/open-catalog.mjs'), catalog], (err) =>
+          resolve(err ? (err.code as number) : 0),
+        );
       });
     const codes: number[] = [];
     for (let round = 0; round < 3; round++) codes.push(...(await Promise.all(Array.from({ length: 12 }, open))));

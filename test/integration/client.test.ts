@@ -8,7 +8,14 @@
 import test from 'ava';
 import net from 'node:net';
 import { createHash, randomBytes } from 'node:crypto';
-import { CommandAbortedError, ConnectionError, Images, LockstepError, NotFoundError, Sandbox } from '../../src/client/index.js';
+import {
+  CommandAbortedError,
+  ConnectionError,
+  Images,
+  LockstepError,
+  NotFoundError,
+  Sandbox,
+} from '../../src/client/index.js';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 
@@ -19,7 +26,10 @@ const MiB = 1024 * 1024;
  * receives response bytes is closed instead of passing them on: the server
  * did the work, the client never hears of it.
  */
-async function cuttingRelay(t: { teardown: (fn: () => Promise<void>) => void }, port: number): Promise<{ url: string; cutNext: () => void; cuts: () => number }> {
+async function cuttingRelay(
+  t: { teardown: (fn: () => Promise<void>) => void },
+  port: number,
+): Promise<{ url: string; cutNext: () => void; cuts: () => number }> {
   let armed = false;
   let cuts = 0;
   const open = new Set<net.Socket>();
@@ -46,10 +56,13 @@ async function cuttingRelay(t: { teardown: (fn: () => Promise<void>) => void }, 
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
   // Idle keep-alive connections would hold close() open for the server's keep-alive timeout.
-  t.teardown(() => new Promise<void>((r) => {
-    server.close(() => r());
-    for (const s of open) s.destroy();
-  }));
+  t.teardown(
+    () =>
+      new Promise<void>((r) => {
+        server.close(() => r());
+        for (const s of open) s.destroy();
+      }),
+  );
   const addr = server.address() as net.AddressInfo;
   return { url: `http://127.0.0.1:${addr.port}`, cutNext: () => (armed = true), cuts: () => cuts };
 }
@@ -57,26 +70,32 @@ async function cuttingRelay(t: { teardown: (fn: () => Promise<void>) => void }, 
 const portOf = (base: string) => Number(new URL(base).port);
 
 integration(test, () => {
-  test.serial('a response lost on the way is retried under the same Idempotency-Key: the command ran once', async (t) => {
-    const ls = await openTestLockstep(t);
-    const { client } = await startServer(t, ls);
-    const relay = await cuttingRelay(t, portOf(client.base));
-    const conn = { apiUrl: relay.url, apiKey: tenantToken(ls, 'acme'), retryDelayMs: 50 };
-    const sbx = await Sandbox.create({ ...conn, memoryMb: 64 });
-    t.teardown(() => sbx.kill().then(() => undefined));
+  test.serial(
+    'a response lost on the way is retried under the same Idempotency-Key: the command ran once',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const { client } = await startServer(t, ls);
+      const relay = await cuttingRelay(t, portOf(client.base));
+      const conn = { apiUrl: relay.url, apiKey: tenantToken(ls, 'acme'), retryDelayMs: 50 };
+      const sbx = await Sandbox.create({ ...conn, memoryMb: 64 });
+      t.teardown(() => sbx.kill().then(() => undefined));
 
-    relay.cutNext();
-    const r = await sbx.commands.run('echo ran >> /workspace/runs.txt; wc -l < /workspace/runs.txt');
-    t.is(relay.cuts(), 1);
-    t.is(r.stdout.trim(), '1');
-    t.is((await sbx.files.read('runs.txt')).content.toString(), 'ran\n');
+      relay.cutNext();
+      const r = await sbx.commands.run('echo ran >> /workspace/runs.txt; wc -l < /workspace/runs.txt');
+      t.is(relay.cuts(), 1);
+      t.is(r.stdout.trim(), '1');
+      t.is((await sbx.files.read('runs.txt')).content.toString(), 'ran\n');
 
-    // A checkpoint whose answer is lost is not taken twice either.
-    relay.cutNext();
-    const ck = await sbx.checkpoint({ label: 'once' });
-    t.is(relay.cuts(), 2);
-    t.deepEqual((await sbx.checkpoints()).map((c) => c.id), [ck.id]);
-  });
+      // A checkpoint whose answer is lost is not taken twice either.
+      relay.cutNext();
+      const ck = await sbx.checkpoint({ label: 'once' });
+      t.is(relay.cuts(), 2);
+      t.deepEqual(
+        (await sbx.checkpoints()).map((c) => c.id),
+        [ck.id],
+      );
+    },
+  );
 
   test.serial('an AbortSignal stops the command on the server', async (t) => {
     const ls = await openTestLockstep(t);
@@ -84,62 +103,78 @@ integration(test, () => {
     const sbx = await Sandbox.create({ apiUrl: client.base, apiKey: tenantToken(ls, 'acme'), memoryMb: 64 });
     t.teardown(() => sbx.kill().then(() => undefined));
     const ctl = new AbortController();
-    const run = sbx.commands.run('echo $$ > /workspace/pid; exec sleep 300', { signal: ctl.signal, onStdout: () => undefined });
+    const run = sbx.commands.run('echo $$ > /workspace/pid; exec sleep 300', {
+      signal: ctl.signal,
+      onStdout: () => undefined,
+    });
     await eventually(() => sbx.files.exists('pid'), 10_000);
     ctl.abort();
     const err = await t.throwsAsync(run);
     t.true(err instanceof CommandAbortedError);
     t.is((err as LockstepError).code, 'COMMAND_ABORTED');
     const pid = (await sbx.files.read('pid')).content.toString().trim();
-    await eventually(async () => (await sbx.commands.run(`kill -0 ${pid} 2>/dev/null && echo alive || echo gone`)).stdout.trim() === 'gone', 15_000);
+    await eventually(
+      async () =>
+        (await sbx.commands.run(`kill -0 ${pid} 2>/dev/null && echo alive || echo gone`)).stdout.trim() === 'gone',
+      15_000,
+    );
     t.pass();
   });
 
-  test.serial('files past 16 MiB stream up and down whole; past the server limit the answer is 413 and the file is unchanged', async (t) => {
-    const ls = await openTestLockstep(t);
-    const { client } = await startServer(t, ls, { fileBodyLimit: 64 * MiB });
-    const token = tenantToken(ls, 'acme');
-    const sbx = await Sandbox.create({ apiUrl: client.base, apiKey: token, memoryMb: 64 });
-    t.teardown(() => sbx.kill().then(() => undefined));
+  test.serial(
+    'files past 16 MiB stream up and down whole; past the server limit the answer is 413 and the file is unchanged',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const { client } = await startServer(t, ls, { fileBodyLimit: 64 * MiB });
+      const token = tenantToken(ls, 'acme');
+      const sbx = await Sandbox.create({ apiUrl: client.base, apiKey: token, memoryMb: 64 });
+      t.teardown(() => sbx.kill().then(() => undefined));
 
-    const hash = createHash('sha256');
-    const seed = randomBytes(MiB);
-    async function* source() {
-      for (let i = 0; i < 24; i++) {
-        const chunk = Buffer.from(seed);
-        chunk.writeUInt32BE(i, 0);
-        hash.update(chunk);
-        yield chunk;
+      const hash = createHash('sha256');
+      const seed = randomBytes(MiB);
+      async function* source() {
+        for (let i = 0; i < 24; i++) {
+          const chunk = Buffer.from(seed);
+          chunk.writeUInt32BE(i, 0);
+          hash.update(chunk);
+          yield chunk;
+        }
       }
-    }
-    const up = await sbx.files.writeStream('big.bin', source());
-    const want = hash.digest('hex');
-    t.is(up.bytes, 24 * MiB);
-    t.is(up.sha256, want);
-    t.is((await sbx.commands.run('sha256sum /workspace/big.bin')).stdout.split(' ')[0], want);
+      const up = await sbx.files.writeStream('big.bin', source());
+      const want = hash.digest('hex');
+      t.is(up.bytes, 24 * MiB);
+      t.is(up.sha256, want);
+      t.is((await sbx.commands.run('sha256sum /workspace/big.bin')).stdout.split(' ')[0], want);
 
-    const down = await sbx.files.readStream('big.bin');
-    down.stream.resume();
-    t.deepEqual(await down.done, { sha256: want, bytes: 24 * MiB });
+      const down = await sbx.files.readStream('big.bin');
+      down.stream.resume();
+      t.deepEqual(await down.done, { sha256: want, bytes: 24 * MiB });
 
-    // Behind a server with the default limit (16 MiB), a larger file is refused and the old one stays.
-    const { client: small } = await startServer(t, ls);
-    const same = await Sandbox.connect(sbx.id, { apiUrl: small.base, apiKey: token });
-    async function* tooBig() {
-      for (let i = 0; i < 17; i++) yield seed;
-    }
-    const refused = await t.throwsAsync(same.files.writeStream('big.bin', tooBig()));
-    t.like(refused, { code: 'PAYLOAD_TOO_LARGE' });
-    t.is((await sbx.commands.run('sha256sum /workspace/big.bin')).stdout.split(' ')[0], want);
-  });
+      // Behind a server with the default limit (16 MiB), a larger file is refused and the old one stays.
+      const { client: small } = await startServer(t, ls);
+      const same = await Sandbox.connect(sbx.id, { apiUrl: small.base, apiKey: token });
+      async function* tooBig() {
+        for (let i = 0; i < 17; i++) yield seed;
+      }
+      const refused = await t.throwsAsync(same.files.writeStream('big.bin', tooBig()));
+      t.like(refused, { code: 'PAYLOAD_TOO_LARGE' });
+      t.is((await sbx.commands.run('sha256sum /workspace/big.bin')).stdout.split(' ')[0], want);
+    },
+  );
 
   test.serial('the server lists images; IMAGE_NOT_FOUND names the command that fixes it', async (t) => {
     const ls = await openTestLockstep(t);
     const { client } = await startServer(t, ls);
     const conn = { apiUrl: client.base, apiKey: tenantToken(ls, 'acme') };
     const images = await Images.list(conn);
-    t.like(images.find((i) => i.name === 'base'), { ready: true });
-    t.like(images.find((i) => i.name === 'dev'), { ready: false, source: 'recipe', sizeBytes: null });
+    t.like(
+      images.find((i) => i.name === 'base'),
+      { ready: true },
+    );
+    t.like(
+      images.find((i) => i.name === 'dev'),
+      { ready: false, source: 'recipe', sizeBytes: null },
+    );
     t.false(JSON.stringify(images).includes(ls.home)); // host paths stay on the server
 
     const unbuilt = await t.throwsAsync(Sandbox.create({ ...conn, image: 'dev' }));
@@ -170,7 +205,9 @@ integration(test, () => {
     await new Promise<void>((r) => closed.listen(0, '127.0.0.1', r));
     const port = (closed.address() as net.AddressInfo).port;
     await new Promise<void>((r) => closed.close(() => r()));
-    const down = await t.throwsAsync(Sandbox.list({ apiUrl: `http://127.0.0.1:${port}`, apiKey: 'k', maxAttempts: 2, retryDelayMs: 10 }));
+    const down = await t.throwsAsync(
+      Sandbox.list({ apiUrl: `http://127.0.0.1:${port}`, apiKey: 'k', maxAttempts: 2, retryDelayMs: 10 }),
+    );
     t.true(down instanceof ConnectionError);
     t.is((down as LockstepError).code, 'CONNECTION_FAILED');
     t.regex(down!.message, /ECONNREFUSED/);

@@ -19,7 +19,16 @@ import { FAULT_POINTS } from '../../src/faults.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { listDir, mountPointsUnder } from '../fixtures/host-state.js';
-import { counterInLayer, counterValue, hostPath, setTag, startCounter, startMemo, tagInMemory, waitCounter } from '../fixtures/stub-workloads.js';
+import {
+  counterInLayer,
+  counterValue,
+  hostPath,
+  setTag,
+  startCounter,
+  startMemo,
+  tagInMemory,
+  waitCounter,
+} from '../fixtures/stub-workloads.js';
 
 const RUNNER = fileURLToPath(new URL('../../../test/fixtures/crash-runner.mjs', import.meta.url));
 
@@ -32,7 +41,10 @@ interface ChildExit {
 /** Runs the crash runner with LOCKSTEP_FAULT set; resolves when it is gone. */
 function crashRunner(fault: string, args: string[]): Promise<ChildExit> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [RUNNER, ...args], { env: { ...process.env, LOCKSTEP_FAULT: fault }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [RUNNER, ...args], {
+      env: { ...process.env, LOCKSTEP_FAULT: fault },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let output = '';
     child.stdout.on('data', (b: Buffer) => (output += b.toString()));
     child.stderr.on('data', (b: Buffer) => (output += b.toString()));
@@ -76,7 +88,12 @@ integration(test, () => {
   }
 
   /** Runs one operation in a child killed at `fault`; asserts the fault point was reached, then reopens. */
-  async function crashAt(t: ExecutionContext, fault: string, op: 'checkpoint' | 'rollback' | 'fork', ...args: string[]): Promise<void> {
+  async function crashAt(
+    t: ExecutionContext,
+    fault: string,
+    op: 'checkpoint' | 'rollback' | 'fork',
+    ...args: string[]
+  ): Promise<void> {
     await sb.settled(); // no background work of ours may race the child
     const exit = await crashRunner(fault, [op, home, ...args]);
     t.is(exit.signal, 'SIGKILL', `the manager died at ${fault} (exit ${exit.code}):\n${exit.output}`);
@@ -97,9 +114,18 @@ integration(test, () => {
     t.deepEqual(listDir(paths.uppers), keys, 'writable layers');
     t.deepEqual(listDir(paths.sandboxesRun, true), keys, 'run folders');
     const controllers = cgroups.version === 2 ? [''] : ['pids', 'memory', 'freezer'];
-    for (const c of controllers) t.deepEqual(listDir(path.join('/sys/fs/cgroup', c, runtime.cgroupGroup), true), keys, `cgroups (${c || 'unified'})`);
+    for (const c of controllers)
+      t.deepEqual(
+        listDir(path.join('/sys/fs/cgroup', c, runtime.cgroupGroup), true),
+        keys,
+        `cgroups (${c || 'unified'})`,
+      );
     const mounts = mountPointsUnder(paths.sandboxesRun).filter((m) => m !== paths.sandboxesRun);
-    t.deepEqual([...new Set(mounts.map((m) => path.relative(paths.sandboxesRun, m).split('/')[0]!))].sort(), keys, 'mounts');
+    t.deepEqual(
+      [...new Set(mounts.map((m) => path.relative(paths.sandboxesRun, m).split('/')[0]!))].sort(),
+      keys,
+      'mounts',
+    );
     for (const k of keys) t.true(mounts.includes(paths.sandboxRoot(k)), `root of ${k} mounted`);
     const ckpts = catalog.allCheckpoints();
     t.deepEqual(listDir(paths.layers), ckpts.map((c) => c.layer_id).sort(), 'checkpoint layers');
@@ -141,7 +167,9 @@ integration(test, () => {
         const made = after.at(-1)!;
         t.like(made, { label: 'crash', parentId: headBefore });
         t.is(sb.info().headCheckpointId, made.id);
-        t.true(fs.existsSync(ls.engine.paths.layer(made.layerId)) && fs.existsSync(ls.engine.paths.processImage(made.id)));
+        t.true(
+          fs.existsSync(ls.engine.paths.layer(made.layerId)) && fs.existsSync(ls.engine.paths.processImage(made.id)),
+        );
         await setTag(ls, sb.id, 'moved on');
         const report = await sb.rollback(made.id);
         t.is(report.checkpointId, made.id);
@@ -151,7 +179,8 @@ integration(test, () => {
         t.is(sb.info().headCheckpointId, headBefore);
       }
     },
-    title: (_p, point) => `kill -9 at checkpoint:${point} leaves the checkpoint ${point === 'committed' ? 'complete' : 'absent'} and the sandbox running`,
+    title: (_p, point) =>
+      `kill -9 at checkpoint:${point} leaves the checkpoint ${point === 'committed' ? 'complete' : 'absent'} and the sandbox running`,
   });
   for (const point of FAULT_POINTS.checkpoint) test.serial(checkpointCrash, point);
 
@@ -199,12 +228,14 @@ integration(test, () => {
       }
       await assertRunning(t, sb);
     },
-    title: (_p, via, point) => `kill -9 at rollback:${point} (${via} path) leaves the sandbox entirely ${point === 'begin' ? 'in its old state' : 'at the checkpoint'}`,
+    title: (_p, via, point) =>
+      `kill -9 at rollback:${point} (${via} path) leaves the sandbox entirely ${point === 'begin' ? 'in its old state' : 'at the checkpoint'}`,
   });
   for (const point of FAULT_POINTS.rollback) test.serial(rollbackCrash, 'restore', point);
   // A rollback to a checkpoint with a warm standby swaps it in: it kills the
   // old tree and commits, with no layer reset, mount or CRIU restore between.
-  for (const point of FAULT_POINTS.rollback.filter((p) => ['begin', 'killed', 'committed'].includes(p))) test.serial(rollbackCrash, 'standby', point);
+  for (const point of FAULT_POINTS.rollback.filter((p) => ['begin', 'killed', 'committed'].includes(p)))
+    test.serial(rollbackCrash, 'standby', point);
 
   const forkCrash = test.macro({
     async exec(t, point: string) {
@@ -231,7 +262,11 @@ integration(test, () => {
         t.is(ls.reaped?.operations.length, 1);
         const [reaped] = ls.reaped!.operations;
         t.regex(reaped!, /^fork:started:sbx_/);
-        t.is(ls.engine.catalog.sandbox(reaped!.split(':')[2]!), undefined, 'the half-made fork is gone from the catalog');
+        t.is(
+          ls.engine.catalog.sandbox(reaped!.split(':')[2]!),
+          undefined,
+          'the half-made fork is gone from the catalog',
+        );
       }
       assertConsistent(t);
       // The parent is untouched either way.
@@ -239,7 +274,8 @@ integration(test, () => {
       t.is(await tagInMemory(ls, sb.id), tag);
       await assertRunning(t, sb);
     },
-    title: (_p, point) => `kill -9 at fork:${point} leaves ${point === 'committed' ? 'one complete running fork' : 'no fork and no orphans'}`,
+    title: (_p, point) =>
+      `kill -9 at fork:${point} leaves ${point === 'committed' ? 'one complete running fork' : 'no fork and no orphans'}`,
   });
   for (const point of FAULT_POINTS.fork) test.serial(forkCrash, point);
 });

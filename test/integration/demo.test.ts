@@ -11,10 +11,15 @@ const DEMO = fileURLToPath(new URL('../../demo/demo.js', import.meta.url));
 
 function runDemo(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    execFile(process.execPath, [DEMO, ...args], { env: { ...process.env, CI: 'true' }, timeout: 100_000, maxBuffer: 8 << 20 }, (err, stdout, stderr) => {
-      const code = err ? (typeof err.code === 'number' ? err.code : 1) : 0;
-      resolve({ code, stdout, stderr });
-    });
+    execFile(
+      process.execPath,
+      [DEMO, ...args],
+      { env: { ...process.env, CI: 'true' }, timeout: 100_000, maxBuffer: 8 << 20 },
+      (err, stdout, stderr) => {
+        const code = err ? (typeof err.code === 'number' ? err.code : 1) : 0;
+        resolve({ code, stdout, stderr });
+      },
+    );
   });
 }
 

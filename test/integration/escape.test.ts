@@ -77,14 +77,34 @@ function confinement(status: string): Record<string, string | bigint> {
     if (!m) throw new Error(`${name} missing from status:\n${status}`);
     return m[1]!;
   };
-  const caps = Object.fromEntries(['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb'].map((f) => [f, BigInt(`0x${field(f)}`)]));
+  const caps = Object.fromEntries(
+    ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb'].map((f) => [f, BigInt(`0x${field(f)}`)]),
+  );
   return { ...caps, NoNewPrivs: field('NoNewPrivs'), Seccomp: field('Seccomp') };
 }
 
-const CONFINED = { CapInh: 0n, CapPrm: SANDBOX_CAP_MASK, CapEff: SANDBOX_CAP_MASK, CapBnd: SANDBOX_CAP_MASK, CapAmb: 0n, NoNewPrivs: '1', Seccomp: '2' };
+const CONFINED = {
+  CapInh: 0n,
+  CapPrm: SANDBOX_CAP_MASK,
+  CapEff: SANDBOX_CAP_MASK,
+  CapBnd: SANDBOX_CAP_MASK,
+  CapAmb: 0n,
+  NoNewPrivs: '1',
+  Seccomp: '2',
+};
 
 /** runc's masked paths, as the helper masks them. */
-const MASKED = ['/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list', '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi'];
+const MASKED = [
+  '/proc/acpi',
+  '/proc/asound',
+  '/proc/kcore',
+  '/proc/keys',
+  '/proc/latency_stats',
+  '/proc/timer_list',
+  '/proc/timer_stats',
+  '/proc/sched_debug',
+  '/proc/scsi',
+];
 
 const hostPython = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
@@ -174,51 +194,61 @@ out['mounts'] = open('/proc/self/mounts').read().count(' /mnt/x ')
     });
   });
 
-  test.serial('keyrings: add_key, keyctl and request_key fail with EPERM, and no key of the host or of another sandbox is visible', async (t) => {
-    // A key in host root's user keyring, which every uid-0 process of the
-    // host's user namespace could reach if keyctl were allowed.
-    const desc = `lockstep-escape-${randomBytes(4).toString('hex')}`;
-    const hostKey = execFileSync(hostPython, [
-      '-c',
-      `import ctypes; l = ctypes.CDLL(None, use_errno=True); l.syscall.restype = ctypes.c_long; print(l.syscall(ctypes.c_long(248), b"user", b"${desc}", b"host secret", ctypes.c_long(11), ctypes.c_long(-4)))`,
-    ])
-      .toString()
-      .trim();
-    t.true(Number(hostKey) > 0, `control: the host added its key (${hostKey})`);
-    t.teardown(() => {
-      execFileSync(hostPython, ['-c', `import ctypes; l = ctypes.CDLL(None); l.syscall(ctypes.c_long(250), ctypes.c_long(9), ctypes.c_long(${hostKey}), ctypes.c_long(-4))`]);
-    });
-    t.true(fs.readFileSync('/proc/keys', 'utf8').includes(desc), 'control: the host sees its key in /proc/keys');
+  test.serial(
+    'keyrings: add_key, keyctl and request_key fail with EPERM, and no key of the host or of another sandbox is visible',
+    async (t) => {
+      // A key in host root's user keyring, which every uid-0 process of the
+      // host's user namespace could reach if keyctl were allowed.
+      const desc = `lockstep-escape-${randomBytes(4).toString('hex')}`;
+      const hostKey = execFileSync(hostPython, [
+        '-c',
+        `import ctypes; l = ctypes.CDLL(None, use_errno=True); l.syscall.restype = ctypes.c_long; print(l.syscall(ctypes.c_long(248), b"user", b"${desc}", b"host secret", ctypes.c_long(11), ctypes.c_long(-4)))`,
+      ])
+        .toString()
+        .trim();
+      t.true(Number(hostKey) > 0, `control: the host added its key (${hostKey})`);
+      t.teardown(() => {
+        execFileSync(hostPython, [
+          '-c',
+          `import ctypes; l = ctypes.CDLL(None); l.syscall(ctypes.c_long(250), ctypes.c_long(9), ctypes.c_long(${hostKey}), ctypes.c_long(-4))`,
+        ]);
+      });
+      t.true(fs.readFileSync('/proc/keys', 'utf8').includes(desc), 'control: the host sees its key in /proc/keys');
 
-    const a = await sandbox(t);
-    const b = await sandbox(t);
-    const planted = await probe(
-      a,
-      String.raw`
+      const a = await sandbox(t);
+      const b = await sandbox(t);
+      const planted = await probe(
+        a,
+        String.raw`
 out['add_key(session)'] = sc(248, b'user', b'from-a', b'sandbox a secret', 16, -3)
 out['add_key(user)'] = sc(248, b'user', b'from-a', b'sandbox a secret', 16, -4)
 out['keyctl(JOIN_SESSION_KEYRING)'] = sc(250, 1, b'shared')
 `,
-    );
-    t.deepEqual(planted, { 'add_key(session)': 'EPERM', 'add_key(user)': 'EPERM', 'keyctl(JOIN_SESSION_KEYRING)': 'EPERM' });
-    const seen = await probe(
-      b,
-      String.raw`
+      );
+      t.deepEqual(planted, {
+        'add_key(session)': 'EPERM',
+        'add_key(user)': 'EPERM',
+        'keyctl(JOIN_SESSION_KEYRING)': 'EPERM',
+      });
+      const seen = await probe(
+        b,
+        String.raw`
 out['keyctl(GET_KEYRING_ID session)'] = sc(250, 0, -3, 0)
 out['keyctl(SEARCH user keyring)'] = sc(250, 10, -4, b'user', b'${desc}', 0)
 out['keyctl(READ host key)'] = sc(250, 11, ${hostKey}, 0, 0)
 out['request_key'] = sc(249, b'user', b'${desc}', 0, 0)
 out['/proc/keys'] = open('/proc/keys').read()
 `,
-    );
-    t.deepEqual(seen, {
-      'keyctl(GET_KEYRING_ID session)': 'EPERM',
-      'keyctl(SEARCH user keyring)': 'EPERM',
-      'keyctl(READ host key)': 'EPERM',
-      request_key: 'EPERM',
-      '/proc/keys': '',
-    });
-  });
+      );
+      t.deepEqual(seen, {
+        'keyctl(GET_KEYRING_ID session)': 'EPERM',
+        'keyctl(SEARCH user keyring)': 'EPERM',
+        'keyctl(READ host key)': 'EPERM',
+        request_key: 'EPERM',
+        '/proc/keys': '',
+      });
+    },
+  );
 
   test.serial('io_uring_setup, bpf, perf_event_open and userfaultfd fail with EPERM', async (t) => {
     const sb = await sandbox(t);
@@ -246,11 +276,13 @@ out['userfaultfd'] = sc(323, 0)
     });
   });
 
-  test.serial('loading kernel modules, kexec, open_by_handle_at, reboot and socket(AF_VSOCK) fail with EPERM', async (t) => {
-    const sb = await sandbox(t);
-    const out = await probe(
-      sb,
-      String.raw`
+  test.serial(
+    'loading kernel modules, kexec, open_by_handle_at, reboot and socket(AF_VSOCK) fail with EPERM',
+    async (t) => {
+      const sb = await sandbox(t);
+      const out = await probe(
+        sb,
+        String.raw`
 out['init_module'] = sc(175, 0, 0, b'')
 out['finit_module'] = sc(313, 0, b'', 0)
 out['delete_module'] = sc(176, b'ext4', 0)
@@ -263,21 +295,22 @@ out['socket(AF_VSOCK | high bits)'] = sc(41, (1 << 32) | 40, 1, 0)
 out['socket(AF_INET) still works'] = sc(41, 2, 1, 0)
 out['sethostname'] = sc(170, b'evil', 4)
 `,
-    );
-    t.deepEqual(out, {
-      init_module: 'EPERM',
-      finit_module: 'EPERM',
-      delete_module: 'EPERM',
-      kexec_load: 'EPERM',
-      open_by_handle_at: 'EPERM',
-      name_to_handle_at: 'EPERM',
-      reboot: 'EPERM',
-      'socket(AF_VSOCK)': 'EPERM',
-      'socket(AF_VSOCK | high bits)': 'EPERM',
-      'socket(AF_INET) still works': 'ok',
-      sethostname: 'EPERM',
-    });
-  });
+      );
+      t.deepEqual(out, {
+        init_module: 'EPERM',
+        finit_module: 'EPERM',
+        delete_module: 'EPERM',
+        kexec_load: 'EPERM',
+        open_by_handle_at: 'EPERM',
+        name_to_handle_at: 'EPERM',
+        reboot: 'EPERM',
+        'socket(AF_VSOCK)': 'EPERM',
+        'socket(AF_VSOCK | high bits)': 'EPERM',
+        'socket(AF_INET) still works': 'ok',
+        sethostname: 'EPERM',
+      });
+    },
+  );
 
   test.serial('writing a sysctl fails with EROFS and the host value stays', async (t) => {
     const file = '/proc/sys/kernel/printk_ratelimit';
@@ -292,16 +325,22 @@ out['sysrq-trigger'] = oserr(lambda: open('/proc/sysrq-trigger', 'w').write('h')
 `,
     );
     // sysrq-trigger exists only on kernels built with CONFIG_MAGIC_SYSRQ.
-    t.deepEqual(out, { write: 'EROFS', 'write core_pattern': 'EROFS', 'sysrq-trigger': fs.existsSync('/proc/sysrq-trigger') ? 'EROFS' : 'ENOENT' });
+    t.deepEqual(out, {
+      write: 'EROFS',
+      'write core_pattern': 'EROFS',
+      'sysrq-trigger': fs.existsSync('/proc/sysrq-trigger') ? 'EROFS' : 'ENOENT',
+    });
     t.is(fs.readFileSync(file, 'utf8'), before);
   });
 
-  test.serial('reading masked /proc files gives nothing: kcore, keys, timer_list, sched_debug, acpi, ...', async (t) => {
-    t.true(fs.readFileSync('/proc/timer_list').length > 0, 'control: the host’s timer_list has content');
-    const sb = await sandbox(t);
-    const out = await probe(
-      sb,
-      String.raw`
+  test.serial(
+    'reading masked /proc files gives nothing: kcore, keys, timer_list, sched_debug, acpi, ...',
+    async (t) => {
+      t.true(fs.readFileSync('/proc/timer_list').length > 0, 'control: the host’s timer_list has content');
+      const sb = await sandbox(t);
+      const out = await probe(
+        sb,
+        String.raw`
 for p in ${JSON.stringify(MASKED)}:
     if not os.path.lexists(p): out[p] = 'missing'
     elif os.path.isdir(p): out[p] = 'dir:%d' % len(os.listdir(p))
@@ -309,23 +348,29 @@ for p in ${JSON.stringify(MASKED)}:
         with open(p, 'rb') as f: out[p] = 'file:%d' % len(f.read())
 out['write /proc/acpi'] = oserr(lambda: open('/proc/acpi/x', 'w'))
 `,
-    );
-    const expected: Record<string, string> = { 'write /proc/acpi': fs.existsSync('/proc/acpi') ? 'EROFS' : 'ENOENT' };
-    for (const p of MASKED) {
-      // What the host has is masked; what it lacks the sandbox lacks too.
-      expected[p] = !fs.existsSync(p) ? 'missing' : fs.statSync(p).isDirectory() ? 'dir:0' : 'file:0';
-    }
-    t.deepEqual(out, expected);
-    t.true(Object.values(expected).some((v) => v === 'file:0'), 'at least one masked file exists on this kernel');
-  });
+      );
+      const expected: Record<string, string> = { 'write /proc/acpi': fs.existsSync('/proc/acpi') ? 'EROFS' : 'ENOENT' };
+      for (const p of MASKED) {
+        // What the host has is masked; what it lacks the sandbox lacks too.
+        expected[p] = !fs.existsSync(p) ? 'missing' : fs.statSync(p).isDirectory() ? 'dir:0' : 'file:0';
+      }
+      t.deepEqual(out, expected);
+      t.true(
+        Object.values(expected).some((v) => v === 'file:0'),
+        'at least one masked file exists on this kernel',
+      );
+    },
+  );
 
-  test.serial('filling /dev fails with EROFS; its device nodes still work and the host folder is unchanged', async (t) => {
-    const sb = await sandbox(t);
-    const devDir = ls.engine.paths.sandboxDev(ls.engine.catalog.sandbox(sb.id)!.instance);
-    const hostBefore = fs.readdirSync(devDir).sort();
-    const out = await probe(
-      sb,
-      String.raw`
+  test.serial(
+    'filling /dev fails with EROFS; its device nodes still work and the host folder is unchanged',
+    async (t) => {
+      const sb = await sandbox(t);
+      const devDir = ls.engine.paths.sandboxDev(ls.engine.catalog.sandbox(sb.id)!.instance);
+      const hostBefore = fs.readdirSync(devDir).sort();
+      const out = await probe(
+        sb,
+        String.raw`
 out['create file'] = oserr(lambda: open('/dev/fill', 'wb').write(b'x' * 4096))
 out['mkdir'] = oserr(lambda: os.mkdir('/dev/dir'))
 out['mkfifo'] = oserr(lambda: os.mkfifo('/dev/fifo'))
@@ -337,28 +382,31 @@ out['read /dev/zero'] = open('/dev/zero', 'rb').read(4) == b'\0' * 4
 m, s = os.openpty()
 out['new terminal'] = os.ttyname(s)
 `,
-    );
-    t.deepEqual(out, {
-      'create file': 'EROFS',
-      mkdir: 'EROFS',
-      mkfifo: 'EROFS',
-      symlink: 'EROFS',
-      'unlink null': 'EROFS',
-      'chmod null': 'EROFS',
-      'write /dev/null': 'ok',
-      'read /dev/zero': true,
-      'new terminal': '/dev/pts/0',
-    });
-    t.deepEqual(fs.readdirSync(devDir).sort(), hostBefore);
-  });
+      );
+      t.deepEqual(out, {
+        'create file': 'EROFS',
+        mkdir: 'EROFS',
+        mkfifo: 'EROFS',
+        symlink: 'EROFS',
+        'unlink null': 'EROFS',
+        'chmod null': 'EROFS',
+        'write /dev/null': 'ok',
+        'read /dev/zero': true,
+        'new terminal': '/dev/pts/0',
+      });
+      t.deepEqual(fs.readdirSync(devDir).sort(), hostBefore);
+    },
+  );
 
-  test.serial('filling /dev/shm stops at the disk quota with EDQUOT: it is a folder of the writable layer, where nothing can be executed', async (t) => {
-    const sb = await ls.create({ image: 'dev', diskMb: 8 });
-    t.teardown(() => ls.remove(sb.id).catch(() => undefined));
-    const row = ls.engine.catalog.sandbox(sb.id)!;
-    const out = await probe(
-      sb,
-      String.raw`
+  test.serial(
+    'filling /dev/shm stops at the disk quota with EDQUOT: it is a folder of the writable layer, where nothing can be executed',
+    async (t) => {
+      const sb = await ls.create({ image: 'dev', diskMb: 8 });
+      t.teardown(() => ls.remove(sb.id).catch(() => undefined));
+      const row = ls.engine.catalog.sandbox(sb.id)!;
+      const out = await probe(
+        sb,
+        String.raw`
 import shutil
 shutil.copy('/bin/true', '/dev/shm/true')
 os.chmod('/dev/shm/true', 0o755)
@@ -376,27 +424,30 @@ out['written'] = written
 os.close(fd)
 out['in root fs'] = os.path.exists('/shm/fill')
 `,
-    );
-    const written = out.written as number;
-    t.true(written > 4 * 1024 * 1024 && written <= 8 * 1024 * 1024, `wrote ${written} bytes before the quota`);
-    t.deepEqual({ ...out, written: 0 }, { error: 'EDQUOT', written: 0, exec: 'EACCES', 'in root fs': false });
-    // On the host it is the sandbox's own file, in its layer's subvolume, owned by its root.
-    const st = fs.statSync(`${ls.engine.layers.shmDir(row.instance)}/fill`);
-    t.deepEqual([st.size, st.uid], [written, row.id_base ?? 0]);
-  });
+      );
+      const written = out.written as number;
+      t.true(written > 4 * 1024 * 1024 && written <= 8 * 1024 * 1024, `wrote ${written} bytes before the quota`);
+      t.deepEqual({ ...out, written: 0 }, { error: 'EDQUOT', written: 0, exec: 'EACCES', 'in root fs': false });
+      // On the host it is the sandbox's own file, in its layer's subvolume, owned by its root.
+      const st = fs.statSync(`${ls.engine.layers.shmDir(row.instance)}/fill`);
+      t.deepEqual([st.size, st.uid], [written, row.id_base ?? 0]);
+    },
+  );
 
-  test.serial('a file owned by a host uid shows as nobody inside and cannot be chowned, chmodded or written as its owner', async (t) => {
-    const sb = await sandbox(t);
-    const base = ls.engine.catalog.sandbox(sb.id)!.id_base!;
-    // 4242 is below every sandbox's range, i.e. a host user's id.
-    const hostUid = 4242;
-    t.true(hostUid < base);
-    const file = hostPath(ls, sb.id, '/root/host-owned.txt');
-    fs.writeFileSync(file, 'host data\n', { mode: 0o644 });
-    fs.chownSync(file, hostUid, hostUid);
-    const out = await probe(
-      sb,
-      String.raw`
+  test.serial(
+    'a file owned by a host uid shows as nobody inside and cannot be chowned, chmodded or written as its owner',
+    async (t) => {
+      const sb = await sandbox(t);
+      const base = ls.engine.catalog.sandbox(sb.id)!.id_base!;
+      // 4242 is below every sandbox's range, i.e. a host user's id.
+      const hostUid = 4242;
+      t.true(hostUid < base);
+      const file = hostPath(ls, sb.id, '/root/host-owned.txt');
+      fs.writeFileSync(file, 'host data\n', { mode: 0o644 });
+      fs.chownSync(file, hostUid, hostUid);
+      const out = await probe(
+        sb,
+        String.raw`
 p = '/root/host-owned.txt'
 st = os.stat(p)
 out['owner'] = '%d:%d' % (st.st_uid, st.st_gid)
@@ -406,24 +457,39 @@ out['chown'] = oserr(lambda: os.chown(p, 0, 0))
 out['chmod'] = oserr(lambda: os.chmod(p, 0o666))
 out['setxattr'] = oserr(lambda: os.setxattr(p, 'user.x', b'1'))
 `,
-    );
-    t.deepEqual(out, { owner: '65534:65534', read: 'host data\n', write: 'EACCES', chown: 'EPERM', chmod: 'EPERM', setxattr: 'EACCES' });
-    const st = fs.statSync(file);
-    t.deepEqual([st.uid, st.gid, st.mode & 0o7777], [hostUid, hostUid, 0o644]);
-    t.is(fs.readFileSync(file, 'utf8'), 'host data\n');
-  });
+      );
+      t.deepEqual(out, {
+        owner: '65534:65534',
+        read: 'host data\n',
+        write: 'EACCES',
+        chown: 'EPERM',
+        chmod: 'EPERM',
+        setxattr: 'EACCES',
+      });
+      const st = fs.statSync(file);
+      t.deepEqual([st.uid, st.gid, st.mode & 0o7777], [hostUid, hostUid, 0o644]);
+      t.is(fs.readFileSync(file, 'utf8'), 'host data\n');
+    },
+  );
 
-  test.serial('a command and the init have the sandbox capability set in every set, no_new_privs, seccomp and no core dumps', async (t) => {
-    const sb = await sandbox(t);
-    const detached = await sb.commands.spawn(['sleep', '1000']);
-    const r = await sb.commands.run(['sh', '-c', `cat /proc/self/status; echo ===; cat /proc/1/status; echo ===; cat /proc/${detached}/status; echo ===; grep 'core file' /proc/self/limits`]);
-    t.is(r.exitCode, 0, r.stderr);
-    const [self, init, spawned, limits] = r.stdout.split('===\n');
-    t.deepEqual(confinement(self!), CONFINED, 'a command');
-    t.deepEqual(confinement(init!), CONFINED, 'the init');
-    t.deepEqual(confinement(spawned!), CONFINED, 'a detached command');
-    t.regex(limits!, /^Max core file size\s+0\s+0\s+bytes\s*$/);
-  });
+  test.serial(
+    'a command and the init have the sandbox capability set in every set, no_new_privs, seccomp and no core dumps',
+    async (t) => {
+      const sb = await sandbox(t);
+      const detached = await sb.commands.spawn(['sleep', '1000']);
+      const r = await sb.commands.run([
+        'sh',
+        '-c',
+        `cat /proc/self/status; echo ===; cat /proc/1/status; echo ===; cat /proc/${detached}/status; echo ===; grep 'core file' /proc/self/limits`,
+      ]);
+      t.is(r.exitCode, 0, r.stderr);
+      const [self, init, spawned, limits] = r.stdout.split('===\n');
+      t.deepEqual(confinement(self!), CONFINED, 'a command');
+      t.deepEqual(confinement(init!), CONFINED, 'the init');
+      t.deepEqual(confinement(spawned!), CONFINED, 'a detached command');
+      t.regex(limits!, /^Max core file size\s+0\s+0\s+bytes\s*$/);
+    },
+  );
 
   test.serial('ptrace within the sandbox is allowed (as under Docker), and the tracee stays filtered', async (t) => {
     const sb = await sandbox(t);
@@ -444,7 +510,11 @@ child.wait()
 
   const confinedAfter = test.macro({
     title: (_, how: 'standby' | 'restore' | 'fork') =>
-      ({ standby: 'confinement and /dev, /proc mounts are the same after a rollback through the warm standby', restore: 'confinement and /dev, /proc mounts are the same after a rollback through a CRIU restore', fork: 'confinement and /dev, /proc mounts are the same in a fork' })[how],
+      ({
+        standby: 'confinement and /dev, /proc mounts are the same after a rollback through the warm standby',
+        restore: 'confinement and /dev, /proc mounts are the same after a rollback through a CRIU restore',
+        fork: 'confinement and /dev, /proc mounts are the same in a fork',
+      })[how],
     async exec(t, how: 'standby' | 'restore' | 'fork') {
       const sb = await sandbox(t);
       const sleeper = await sb.commands.spawn(['sleep', '1000']);
@@ -454,7 +524,9 @@ child.wait()
       // of its own, so owners are compared as ids inside the sandbox.
       const mountsOf = async (s: Sandbox) => {
         const base = ls.engine.catalog.sandbox(s.id)!.id_base ?? 0;
-        const text = (await s.commands.run(['sh', '-c', "awk '{print $2, $3, $4}' /proc/self/mounts | grep -v '^/ ' | sort"])).stdout;
+        const text = (
+          await s.commands.run(['sh', '-c', "awk '{print $2, $3, $4}' /proc/self/mounts | grep -v '^/ ' | sort"])
+        ).stdout;
         // /dev/shm is a folder of the instance's own layer subvolume.
         const own = `subvol=/uppers/${ls.engine.catalog.sandbox(s.id)!.instance}`;
         return text
@@ -477,12 +549,19 @@ child.wait()
         const report = await sb.rollback(ckpt.id);
         t.is(report.path, how);
       }
-      const r = await target.commands.run(['sh', '-c', `cat /proc/1/status; echo ===; cat /proc/${sleeper}/status; echo ===; cat /proc/self/status; echo ===; cat /dev/shm/kept; touch /dev/x 2>&1; cat /proc/keys | wc -c; unshare -Ur true 2>&1; echo unshare=$?`]);
+      const r = await target.commands.run([
+        'sh',
+        '-c',
+        `cat /proc/1/status; echo ===; cat /proc/${sleeper}/status; echo ===; cat /proc/self/status; echo ===; cat /dev/shm/kept; touch /dev/x 2>&1; cat /proc/keys | wc -c; unshare -Ur true 2>&1; echo unshare=$?`,
+      ]);
       const [init, restored, fresh, rest] = r.stdout.split('===\n');
       t.deepEqual(confinement(init!), CONFINED, 'the restored init');
       t.deepEqual(confinement(restored!), CONFINED, 'a restored process');
       t.deepEqual(confinement(fresh!), CONFINED, 'a command after the restore');
-      t.is(rest, "in-shm\ntouch: cannot touch '/dev/x': Read-only file system\n0\nunshare: unshare failed: Operation not permitted\nunshare=1\n");
+      t.is(
+        rest,
+        "in-shm\ntouch: cannot touch '/dev/x': Read-only file system\n0\nunshare: unshare failed: Operation not permitted\nunshare=1\n",
+      );
       const mountsAfter = await mountsOf(target);
       t.is(mountsAfter, mountsBefore);
       t.regex(mountsAfter, /^\/dev \S+ ro,/m);
@@ -493,7 +572,13 @@ child.wait()
       const base = ls.engine.catalog.sandbox(target.id)!.id_base;
       t.true(base !== null && base >= FIRST_ID_BASE, `id range ${base}`);
       const maps = await target.commands.run(['sh', '-c', 'cat /proc/1/uid_map /proc/1/gid_map']);
-      t.deepEqual(maps.stdout.trim().split('\n').map((l) => l.trim().split(/\s+/).join(' ')), [`0 ${base} ${ID_RANGE_SIZE}`, `0 ${base} ${ID_RANGE_SIZE}`]);
+      t.deepEqual(
+        maps.stdout
+          .trim()
+          .split('\n')
+          .map((l) => l.trim().split(/\s+/).join(' ')),
+        [`0 ${base} ${ID_RANGE_SIZE}`, `0 ${base} ${ID_RANGE_SIZE}`],
+      );
     },
   });
   test.serial(confinedAfter, 'standby');

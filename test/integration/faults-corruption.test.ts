@@ -106,7 +106,10 @@ integration(test, () => {
       await sb.files.write('/workspace/f', 'moved on\n');
       const file = DAMAGES[kind]!.apply(ls, victim);
       const before = sb.info();
-      const sandboxesBefore = ls.list().map((s) => s.id).sort();
+      const sandboxesBefore = ls
+        .list()
+        .map((s) => s.id)
+        .sort();
 
       const err = await t.throwsAsync(sb.rollback(victim.id), { code: 'CHECKPOINT_CORRUPT' });
       t.like((err as unknown as { details: object }).details, { checkpointId: victim.id, file });
@@ -116,7 +119,13 @@ integration(test, () => {
       // Untouched: the same processes, the same files, the same timeline, nothing journalled or added.
       t.like(sb.info(), { state: 'running', pid: before.pid, headCheckpointId: good.id, branchId: before.branchId });
       t.deepEqual(ls.engine.catalog.operations(), []);
-      t.deepEqual(ls.list().map((s) => s.id).sort(), sandboxesBefore);
+      t.deepEqual(
+        ls
+          .list()
+          .map((s) => s.id)
+          .sort(),
+        sandboxesBefore,
+      );
       t.is(await cat(sb, '/workspace/f'), 'moved on\n');
       const now = await counterValue(ls, sb.id);
       await waitCounter(ls, sb.id, (v) => v > now);
@@ -129,42 +138,49 @@ integration(test, () => {
       const resumed = await waitCounter(ls, sb.id, (v) => v > atGood);
       t.true(resumed < now, `the counter went on from ${atGood} (the checkpoint), not from ${now}`);
     },
-    title: (_p, kind: string) => `${kind} is refused with CHECKPOINT_CORRUPT before anything is restored; other checkpoints still roll back`,
+    title: (_p, kind: string) =>
+      `${kind} is refused with CHECKPOINT_CORRUPT before anything is restored; other checkpoints still roll back`,
   });
   for (const kind of Object.keys(DAMAGES)) test.serial(corrupted, kind);
 
-  test.serial('the standby path reads no image: a standby made before the damage still swaps in, and no new standby or CRIU restore is made from the damaged files', async (t) => {
-    await sb.files.write('/workspace/f', 'standby\n');
-    const ckpt = await sb.checkpoint({ label: 'standby' });
-    await sb.settled();
-    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
-    await sb.files.write('/workspace/f', 'moved on\n');
-    const file = DAMAGES['a flipped byte in a page file']!.apply(ls, ckpt);
-
-    // The standby was restored from verified files and is what the swap checks (pid, start time, frozen cgroup).
-    t.like(await sb.rollback(ckpt.id), { path: 'standby' });
-    t.is(await cat(sb, '/workspace/f'), 'standby\n');
-    await sb.settled();
-    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, null, 'no new standby from the damaged files');
-
-    await sb.files.write('/workspace/f', 'moved on again\n');
-    const err = await t.throwsAsync(sb.rollback(ckpt.id), { code: 'CHECKPOINT_CORRUPT' });
-    t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file });
-    t.is(await cat(sb, '/workspace/f'), 'moved on again\n');
-  });
-
-  test.serial('a checkpoint that was not damaged verifies and restores after being restored from many times', async (t) => {
-    await sb.files.write('/workspace/f', 'stable\n');
-    const ckpt = await sb.checkpoint({ label: 'stable' });
-    const [forked] = await sb.fork(ckpt.id, { count: 1 });
-    t.true(forked!.ok);
-    if (forked!.ok) t.teardown(() => ls.remove(forked.id).catch(() => undefined));
-    for (let i = 0; i < 2; i++) {
+  test.serial(
+    'the standby path reads no image: a standby made before the damage still swaps in, and no new standby or CRIU restore is made from the damaged files',
+    async (t) => {
+      await sb.files.write('/workspace/f', 'standby\n');
+      const ckpt = await sb.checkpoint({ label: 'standby' });
       await sb.settled();
-      await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
-      await sb.files.write('/workspace/f', `changed ${i}\n`);
-      t.like(await sb.rollback(ckpt.id), { path: 'restore' });
-      t.is(await cat(sb, '/workspace/f'), 'stable\n');
-    }
-  });
+      t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
+      await sb.files.write('/workspace/f', 'moved on\n');
+      const file = DAMAGES['a flipped byte in a page file']!.apply(ls, ckpt);
+
+      // The standby was restored from verified files and is what the swap checks (pid, start time, frozen cgroup).
+      t.like(await sb.rollback(ckpt.id), { path: 'standby' });
+      t.is(await cat(sb, '/workspace/f'), 'standby\n');
+      await sb.settled();
+      t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, null, 'no new standby from the damaged files');
+
+      await sb.files.write('/workspace/f', 'moved on again\n');
+      const err = await t.throwsAsync(sb.rollback(ckpt.id), { code: 'CHECKPOINT_CORRUPT' });
+      t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file });
+      t.is(await cat(sb, '/workspace/f'), 'moved on again\n');
+    },
+  );
+
+  test.serial(
+    'a checkpoint that was not damaged verifies and restores after being restored from many times',
+    async (t) => {
+      await sb.files.write('/workspace/f', 'stable\n');
+      const ckpt = await sb.checkpoint({ label: 'stable' });
+      const [forked] = await sb.fork(ckpt.id, { count: 1 });
+      t.true(forked!.ok);
+      if (forked!.ok) t.teardown(() => ls.remove(forked.id).catch(() => undefined));
+      for (let i = 0; i < 2; i++) {
+        await sb.settled();
+        await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
+        await sb.files.write('/workspace/f', `changed ${i}\n`);
+        t.like(await sb.rollback(ckpt.id), { path: 'restore' });
+        t.is(await cat(sb, '/workspace/f'), 'stable\n');
+      }
+    },
+  );
 });

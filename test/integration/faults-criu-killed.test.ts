@@ -111,30 +111,33 @@ integration(test, () => {
     await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
   }
 
-  test.serial('CRIU killed during a dump: CRIU_DUMP_FAILED, nothing left, the same tree runs on thawed, the next checkpoint works', async (t) => {
-    await withoutStandby();
-    const before = hostState(ls);
-    const checkpointsBefore = sb.checkpoints();
-    const row = ls.engine.catalog.sandbox(sb.id)!;
+  test.serial(
+    'CRIU killed during a dump: CRIU_DUMP_FAILED, nothing left, the same tree runs on thawed, the next checkpoint works',
+    async (t) => {
+      await withoutStandby();
+      const before = hostState(ls);
+      const checkpointsBefore = sb.checkpoints();
+      const row = ls.engine.catalog.sandbox(sb.id)!;
 
-    killCriuAt('checkpoint:snapshotted', 'at once');
-    await t.throwsAsync(sb.checkpoint({ label: 'killed' }), { code: 'CRIU_DUMP_FAILED' });
-    t.is(killed.length, 1, 'one CRIU worker was killed');
+      killCriuAt('checkpoint:snapshotted', 'at once');
+      await t.throwsAsync(sb.checkpoint({ label: 'killed' }), { code: 'CRIU_DUMP_FAILED' });
+      t.is(killed.length, 1, 'one CRIU worker was killed');
 
-    t.deepEqual(hostState(ls), before);
-    t.deepEqual(sb.checkpoints(), checkpointsBefore);
-    t.deepEqual(ls.engine.catalog.operations(), []);
-    t.false(ls.engine.cgroups.isFrozen(ls.engine.runtime.cgroupName(row.instance)), 'thawed');
-    t.true(sameProcessAlive(row.init_pid!, row.init_start), 'the same init');
-    const now = await counterValue(ls, sb.id);
-    await waitCounter(ls, sb.id, (v) => v > now);
+      t.deepEqual(hostState(ls), before);
+      t.deepEqual(sb.checkpoints(), checkpointsBefore);
+      t.deepEqual(ls.engine.catalog.operations(), []);
+      t.false(ls.engine.cgroups.isFrozen(ls.engine.runtime.cgroupName(row.instance)), 'thawed');
+      t.true(sameProcessAlive(row.init_pid!, row.init_start), 'the same init');
+      const now = await counterValue(ls, sb.id);
+      await waitCounter(ls, sb.id, (v) => v > now);
 
-    await sb.files.write('/workspace/f', 'after the killed dump\n');
-    const ckpt = await sb.checkpoint({ label: 'next' });
-    await sb.files.write('/workspace/f', 'later\n');
-    await sb.rollback(ckpt.id);
-    t.is((await sb.commands.run('cat /workspace/f')).stdout, 'after the killed dump\n');
-  });
+      await sb.files.write('/workspace/f', 'after the killed dump\n');
+      const ckpt = await sb.checkpoint({ label: 'next' });
+      await sb.files.write('/workspace/f', 'later\n');
+      await sb.rollback(ckpt.id);
+      t.is((await sb.commands.run('cat /workspace/f')).stdout, 'after the killed dump\n');
+    },
+  );
 
   const restoreKilled = test.macro({
     async exec(t: ExecutionContext, when: When) {
@@ -161,7 +164,8 @@ integration(test, () => {
       t.is((await sb.commands.run('cat /workspace/f')).stdout, `target ${when}\n`);
       await waitCounter(ls, sb.id, (v) => v > atTarget);
     },
-    title: (_p, when: When) => `CRIU killed during a rollback's restore (${when}): CRIU_RESTORE_FAILED, stopped at the checkpoint with no task left; the next rollback works`,
+    title: (_p, when: When) =>
+      `CRIU killed during a rollback's restore (${when}): CRIU_RESTORE_FAILED, stopped at the checkpoint with no task left; the next rollback works`,
   });
   test.serial(restoreKilled, 'at once');
   test.serial(restoreKilled, 'once the tree is in the cgroup');

@@ -84,75 +84,86 @@ integration(test, () => {
     await waitCounter(ls, sb.id, (v) => v > from + 2);
   }
 
-  test.serial('a checkpoint into a full store fails with DISK_FULL, leaves nothing, and works again once room is freed', async (t) => {
-    await sb.settled();
-    const before = hostState(ls);
-    const checkpointsBefore = sb.checkpoints();
-    const pid = sb.info().pid;
-    const counter = await counterValue(ls, sb.id);
-    fillStore();
-    t.teardown(freeRoom);
+  test.serial(
+    'a checkpoint into a full store fails with DISK_FULL, leaves nothing, and works again once room is freed',
+    async (t) => {
+      await sb.settled();
+      const before = hostState(ls);
+      const checkpointsBefore = sb.checkpoints();
+      const pid = sb.info().pid;
+      const counter = await counterValue(ls, sb.id);
+      fillStore();
+      t.teardown(freeRoom);
 
-    const err = await t.throwsAsync(sb.checkpoint({ label: 'full' }), { code: 'DISK_FULL' });
-    t.like((err as { cause?: { code?: string } }).cause, { code: 'CRIU_DUMP_FAILED' });
-    t.deepEqual(hostState(ls), before, 'no layer, process image, catalog row or scratch left');
-    t.deepEqual(sb.checkpoints(), checkpointsBefore);
-    t.deepEqual(ls.engine.catalog.operations(), []);
+      const err = await t.throwsAsync(sb.checkpoint({ label: 'full' }), { code: 'DISK_FULL' });
+      t.like((err as { cause?: { code?: string } }).cause, { code: 'CRIU_DUMP_FAILED' });
+      t.deepEqual(hostState(ls), before, 'no layer, process image, catalog row or scratch left');
+      t.deepEqual(sb.checkpoints(), checkpointsBefore);
+      t.deepEqual(ls.engine.catalog.operations(), []);
 
-    await freeRoomAndCommit();
-    await assertRanOn(t, pid, counter);
-    await sb.files.write('/workspace/f', 'at the checkpoint\n');
-    const ckpt = await sb.checkpoint({ label: 'after room was freed' });
-    t.is(sb.checkpoints().length, checkpointsBefore.length + 1);
-    await sb.files.write('/workspace/f', 'after\n');
-    await sb.rollback(ckpt.id);
-    t.is((await sb.commands.run('cat /workspace/f')).stdout, 'at the checkpoint\n');
-  });
+      await freeRoomAndCommit();
+      await assertRanOn(t, pid, counter);
+      await sb.files.write('/workspace/f', 'at the checkpoint\n');
+      const ckpt = await sb.checkpoint({ label: 'after room was freed' });
+      t.is(sb.checkpoints().length, checkpointsBefore.length + 1);
+      await sb.files.write('/workspace/f', 'after\n');
+      await sb.rollback(ckpt.id);
+      t.is((await sb.commands.run('cat /workspace/f')).stdout, 'at the checkpoint\n');
+    },
+  );
 
-  test.serial('a file write into a full store fails with DISK_FULL and leaves the old file whole, no temporary file', async (t) => {
-    await sb.files.write('/workspace/w', 'old content\n');
-    const pid = sb.info().pid;
-    const counter = await counterValue(ls, sb.id);
-    fillStore();
-    t.teardown(freeRoom);
+  test.serial(
+    'a file write into a full store fails with DISK_FULL and leaves the old file whole, no temporary file',
+    async (t) => {
+      await sb.files.write('/workspace/w', 'old content\n');
+      const pid = sb.info().pid;
+      const counter = await counterValue(ls, sb.id);
+      fillStore();
+      t.teardown(freeRoom);
 
-    await t.throwsAsync(sb.files.write('/workspace/w', Buffer.alloc(8 << 20, 0x41)), { code: 'DISK_FULL' });
-    // Inside the sandbox too, the kernel's own answer.
-    const dd = await sb.commands.run('dd if=/dev/zero of=/workspace/dd bs=1M count=8 2>&1; echo "exit $?"; rm -f /workspace/dd');
-    t.regex(dd.stdout, /No space left on device[\s\S]*exit 1\n$/);
+      await t.throwsAsync(sb.files.write('/workspace/w', Buffer.alloc(8 << 20, 0x41)), { code: 'DISK_FULL' });
+      // Inside the sandbox too, the kernel's own answer.
+      const dd = await sb.commands.run(
+        'dd if=/dev/zero of=/workspace/dd bs=1M count=8 2>&1; echo "exit $?"; rm -f /workspace/dd',
+      );
+      t.regex(dd.stdout, /No space left on device[\s\S]*exit 1\n$/);
 
-    await freeRoomAndCommit();
-    t.is((await sb.commands.run('cat /workspace/w')).stdout, 'old content\n');
-    t.notRegex((await sb.commands.run('ls -A /workspace')).stdout, /lockstep-write/, 'no temporary file left');
-    await assertRanOn(t, pid, counter);
-    await sb.files.write('/workspace/w', 'new content\n');
-    t.is((await sb.commands.run('cat /workspace/w')).stdout, 'new content\n');
-  });
+      await freeRoomAndCommit();
+      t.is((await sb.commands.run('cat /workspace/w')).stdout, 'old content\n');
+      t.notRegex((await sb.commands.run('ls -A /workspace')).stdout, /lockstep-write/, 'no temporary file left');
+      await assertRanOn(t, pid, counter);
+      await sb.files.write('/workspace/w', 'new content\n');
+      t.is((await sb.commands.run('cat /workspace/w')).stdout, 'new content\n');
+    },
+  );
 
-  test.serial('a fork from a full store fails with DISK_FULL, leaves no sandbox behind, and works again once room is freed', async (t) => {
-    await sb.files.write('/workspace/f', 'fork point\n');
-    const ckpt = await sb.checkpoint({ label: 'fork point' });
-    await sb.settled();
-    const before = hostState(ls);
-    const pid = sb.info().pid;
-    const counter = await counterValue(ls, sb.id);
-    fillStore(true);
-    t.teardown(freeRoom);
+  test.serial(
+    'a fork from a full store fails with DISK_FULL, leaves no sandbox behind, and works again once room is freed',
+    async (t) => {
+      await sb.files.write('/workspace/f', 'fork point\n');
+      const ckpt = await sb.checkpoint({ label: 'fork point' });
+      await sb.settled();
+      const before = hostState(ls);
+      const pid = sb.info().pid;
+      const counter = await counterValue(ls, sb.id);
+      fillStore(true);
+      t.teardown(freeRoom);
 
-    const results = await sb.fork(ckpt.id, { count: 2 });
-    t.is(results.length, 2);
-    for (const r of results) t.like(r, { ok: false, error: { code: 'DISK_FULL' } }, JSON.stringify(r));
-    t.deepEqual(hostState(ls), before, 'no sandbox row, upper, run folder, mount or cgroup left');
+      const results = await sb.fork(ckpt.id, { count: 2 });
+      t.is(results.length, 2);
+      for (const r of results) t.like(r, { ok: false, error: { code: 'DISK_FULL' } }, JSON.stringify(r));
+      t.deepEqual(hostState(ls), before, 'no sandbox row, upper, run folder, mount or cgroup left');
 
-    await freeRoomAndCommit();
-    await assertRanOn(t, pid, counter);
-    const [fork] = await sb.fork(ckpt.id, { count: 1 });
-    t.true(fork!.ok);
-    if (!fork!.ok) return;
-    t.teardown(() => ls.remove(fork.id).catch(() => undefined));
-    const child = ls.get(fork.id);
-    t.is((await child.commands.run('cat /workspace/f')).stdout, 'fork point\n');
-    const c = await counterValue(ls, child.id);
-    await waitCounter(ls, child.id, (v) => v > c);
-  });
+      await freeRoomAndCommit();
+      await assertRanOn(t, pid, counter);
+      const [fork] = await sb.fork(ckpt.id, { count: 1 });
+      t.true(fork!.ok);
+      if (!fork!.ok) return;
+      t.teardown(() => ls.remove(fork.id).catch(() => undefined));
+      const child = ls.get(fork.id);
+      t.is((await child.commands.run('cat /workspace/f')).stdout, 'fork point\n');
+      const c = await counterValue(ls, child.id);
+      await waitCounter(ls, child.id, (v) => v > c);
+    },
+  );
 });

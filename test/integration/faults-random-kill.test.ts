@@ -23,7 +23,15 @@ import { fileURLToPath } from 'node:url';
 import test from 'ava';
 import { Lockstep } from '../../src/index.js';
 import { integration, openTestLockstep, sleep } from '../helpers/harness.js';
-import { hostPath, counterValue, setTag, startCounter, startMemo, tagInMemory, waitCounter } from '../fixtures/stub-workloads.js';
+import {
+  hostPath,
+  counterValue,
+  setTag,
+  startCounter,
+  startMemo,
+  tagInMemory,
+  waitCounter,
+} from '../fixtures/stub-workloads.js';
 
 const RUNNER = fileURLToPath(new URL('../../../test/fixtures/kill-load-runner.mjs', import.meta.url));
 const CYCLES = Number(process.env.LOCKSTEP_KILL_CYCLES ?? 100);
@@ -31,7 +39,17 @@ const SEED = Number(process.env.LOCKSTEP_KILL_SEED ?? Math.floor(Math.random() *
 
 /** [tag in memory, /workspace/gen] */
 type State = readonly [string, string];
-type Line = { ready?: true; begin?: string; done?: string; unknown?: string; sb?: string; tag?: string; ckpt?: string; to?: string; key?: string };
+type Line = {
+  ready?: true;
+  begin?: string;
+  done?: string;
+  unknown?: string;
+  sb?: string;
+  tag?: string;
+  ckpt?: string;
+  to?: string;
+  key?: string;
+};
 
 function mulberry32(seed: number): () => number {
   let s = seed >>> 0;
@@ -45,112 +63,152 @@ function mulberry32(seed: number): () => number {
 }
 
 integration(test, () => {
-  test.serial(`${CYCLES} random kill -9s of the manager under load leave every sandbox at a state the model allows, and no effect run twice`, async (t) => {
-    t.timeout(Math.max(10 * 60_000, CYCLES * 30_000));
-    t.log(`seed ${SEED} (LOCKSTEP_KILL_SEED=${SEED} replays it), ${CYCLES} kills`);
-    const random = mulberry32(SEED);
-    let ls = await openTestLockstep(t, { images: ['base'] });
-    const home = ls.home;
-    const effectLog = path.join(home, 'effects-run.log');
-    fs.writeFileSync(effectLog, '');
+  test.serial(
+    `${CYCLES} random kill -9s of the manager under load leave every sandbox at a state the model allows, and no effect run twice`,
+    async (t) => {
+      t.timeout(Math.max(10 * 60_000, CYCLES * 30_000));
+      t.log(`seed ${SEED} (LOCKSTEP_KILL_SEED=${SEED} replays it), ${CYCLES} kills`);
+      const random = mulberry32(SEED);
+      let ls = await openTestLockstep(t, { images: ['base'] });
+      const home = ls.home;
+      const effectLog = path.join(home, 'effects-run.log');
+      fs.writeFileSync(effectLog, '');
 
-    // The model: each sandbox's live state, and each checkpoint's.
-    const live = new Map<string, State>();
-    const atCheckpoint = new Map<string, State>();
-    const ids: string[] = [];
-    for (let i = 0; i < 3; i++) {
-      const sb = await ls.create({ image: 'base' });
-      await startCounter(sb, ls);
-      await startMemo(sb, ls);
-      await setTag(ls, sb.id, 'init');
-      await sb.files.write('/workspace/gen', 'init');
-      const c = await sb.checkpoint({ label: 'init' });
-      await sb.settled();
-      live.set(sb.id, ['init', 'init']);
-      atCheckpoint.set(c.id, ['init', 'init']);
-      ids.push(sb.id);
-    }
-    await ls.close();
-
-    let nextEffect = 0;
-    let retry: string[] = [];
-    const stats = { begun: new Map<string, number>(), interrupted: new Map<string, number>() };
-    for (let cycle = 0; cycle < CYCLES; cycle++) {
-      const delay = 50 + Math.floor(random() * 1500);
-      const child = spawn(process.execPath, [RUNNER, home, String(SEED + cycle), effectLog, String(nextEffect), retry.length ? retry.join(',') : '-', ...ids], { stdio: ['ignore', 'pipe', 'pipe'] });
-      let out = '';
-      let err = '';
-      child.stdout.on('data', (b: Buffer) => (out += b.toString()));
-      child.stderr.on('data', (b: Buffer) => (err += b.toString()));
-      const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on('close', (code, signal) => resolve({ code, signal })));
-      // Kill only once it is past open (the reaper's own crash safety has its own test).
-      for (let i = 0; i < 6000 && !out.includes('"ready"') && child.exitCode === null; i++) await sleep(10);
-      await sleep(delay);
-      child.kill('SIGKILL');
-      const exit = await exited;
-      t.is(exit.signal, 'SIGKILL', `cycle ${cycle}: the runner died by the kill, not on its own (exit ${exit.code}): ${err.slice(-3000)}`);
-      if (exit.signal !== 'SIGKILL') return;
-
-      // Replay what completed; keep what was in flight per sandbox.
-      const inFlight = new Map<string, Line>();
-      retry = [];
-      for (const text of out.split('\n')) {
-        if (!text.endsWith('}')) continue; // a line cut by the kill carries nothing
-        const line = JSON.parse(text) as Line;
-        if (line.begin) {
-          inFlight.set(line.sb!, line);
-          stats.begun.set(line.begin, (stats.begun.get(line.begin) ?? 0) + 1);
-          if (line.begin === 'effect') nextEffect = Math.max(nextEffect, Number(line.key!.split(':')[1]) + 1);
-        }
-        if (line.done || line.unknown) inFlight.delete(line.sb!);
-        if (line.done === 'mark') live.set(line.sb!, [line.tag!, line.tag!]);
-        if (line.done === 'checkpoint') atCheckpoint.set(line.ckpt!, live.get(line.sb!)!);
-        if (line.done === 'rollback') live.set(line.sb!, atCheckpoint.get(line.to!)!);
+      // The model: each sandbox's live state, and each checkpoint's.
+      const live = new Map<string, State>();
+      const atCheckpoint = new Map<string, State>();
+      const ids: string[] = [];
+      for (let i = 0; i < 3; i++) {
+        const sb = await ls.create({ image: 'base' });
+        await startCounter(sb, ls);
+        await startMemo(sb, ls);
+        await setTag(ls, sb.id, 'init');
+        await sb.files.write('/workspace/gen', 'init');
+        const c = await sb.checkpoint({ label: 'init' });
+        await sb.settled();
+        live.set(sb.id, ['init', 'init']);
+        atCheckpoint.set(c.id, ['init', 'init']);
+        ids.push(sb.id);
       }
+      await ls.close();
 
-      ls = await Lockstep.open({ home });
-      try {
-        t.deepEqual(ls.engine.catalog.operations(), [], `cycle ${cycle}: no journal entry left after the reaper`);
-        for (const id of ids) {
-          const flight = inFlight.get(id);
-          const before = live.get(id)!;
-          const allowed: State[] = [before];
-          if (flight?.begin === 'rollback') allowed.push(atCheckpoint.get(flight.to!)!);
-          if (flight?.begin === 'mark') allowed.push([flight.tag!, before[1]], [flight.tag!, flight.tag!]);
-          if (flight) stats.interrupted.set(flight.begin!, (stats.interrupted.get(flight.begin!) ?? 0) + 1);
-          // A checkpoint that committed but was not reported holds the state it was taken in.
-          for (const c of ls.engine.catalog.checkpointsOf(id)) if (!atCheckpoint.has(c.id)) atCheckpoint.set(c.id, before);
+      let nextEffect = 0;
+      let retry: string[] = [];
+      const stats = { begun: new Map<string, number>(), interrupted: new Map<string, number>() };
+      for (let cycle = 0; cycle < CYCLES; cycle++) {
+        const delay = 50 + Math.floor(random() * 1500);
+        const child = spawn(
+          process.execPath,
+          [
+            RUNNER,
+            home,
+            String(SEED + cycle),
+            effectLog,
+            String(nextEffect),
+            retry.length ? retry.join(',') : '-',
+            ...ids,
+          ],
+          { stdio: ['ignore', 'pipe', 'pipe'] },
+        );
+        let out = '';
+        let err = '';
+        child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+        child.stderr.on('data', (b: Buffer) => (err += b.toString()));
+        const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+          child.on('close', (code, signal) => resolve({ code, signal })),
+        );
+        // Kill only once it is past open (the reaper's own crash safety has its own test).
+        for (let i = 0; i < 6000 && !out.includes('"ready"') && child.exitCode === null; i++) await sleep(10);
+        await sleep(delay);
+        child.kill('SIGKILL');
+        const exit = await exited;
+        t.is(
+          exit.signal,
+          'SIGKILL',
+          `cycle ${cycle}: the runner died by the kill, not on its own (exit ${exit.code}): ${err.slice(-3000)}`,
+        );
+        if (exit.signal !== 'SIGKILL') return;
 
-          const row = ls.engine.catalog.sandbox(id)!;
-          t.is(row.state, 'running', `cycle ${cycle}: ${id} runs (in flight: ${JSON.stringify(flight)})`);
-          const where = `cycle ${cycle} (seed ${SEED}): ${id} (in flight: ${JSON.stringify(flight)}; reaped ${JSON.stringify(ls.reaped)})`;
-          const memory = await tagInMemory(ls, id).catch((e: Error) => {
-            const frozen = ls.engine.cgroups.isFrozen(ls.engine.runtime.cgroupName(row.instance));
-            const pids = ls.engine.cgroups.pids(ls.engine.runtime.cgroupName(row.instance));
-            throw new Error(`${where}: its memo process does not answer (frozen: ${frozen}, tasks: ${pids.join(' ')}): ${e.message}`);
-          });
-          const seen: State = [memory, fs.readFileSync(hostPath(ls, id, '/workspace/gen'), 'utf8')];
-          const ok = allowed.some((a) => a[0] === seen[0] && a[1] === seen[1]);
-          t.true(ok, `cycle ${cycle} (seed ${SEED}): ${id} is at ${JSON.stringify(seen)}; allowed ${JSON.stringify(allowed)} (in flight: ${JSON.stringify(flight)})`);
-          if (!ok) return;
-          live.set(id, seen);
-          const now = await counterValue(ls, id);
-          await waitCounter(ls, id, (v) => v > now);
-          if (flight?.begin === 'effect') retry.push(flight.key!);
+        // Replay what completed; keep what was in flight per sandbox.
+        const inFlight = new Map<string, Line>();
+        retry = [];
+        for (const text of out.split('\n')) {
+          if (!text.endsWith('}')) continue; // a line cut by the kill carries nothing
+          const line = JSON.parse(text) as Line;
+          if (line.begin) {
+            inFlight.set(line.sb!, line);
+            stats.begun.set(line.begin, (stats.begun.get(line.begin) ?? 0) + 1);
+            if (line.begin === 'effect') nextEffect = Math.max(nextEffect, Number(line.key!.split(':')[1]) + 1);
+          }
+          if (line.done || line.unknown) inFlight.delete(line.sb!);
+          if (line.done === 'mark') live.set(line.sb!, [line.tag!, line.tag!]);
+          if (line.done === 'checkpoint') atCheckpoint.set(line.ckpt!, live.get(line.sb!)!);
+          if (line.done === 'rollback') live.set(line.sb!, atCheckpoint.get(line.to!)!);
         }
 
-        // No effect ran twice; every committed one ran exactly once.
-        const ran = fs.readFileSync(effectLog, 'utf8').split('\n').filter(Boolean);
-        t.is(new Set(ran).size, ran.length, `cycle ${cycle}: an effect ran twice: ${ran.filter((k, i) => ran.indexOf(k) !== i).join(', ')}`);
-        const rows = ls.engine.catalog.db.prepare("SELECT input, status FROM agent_effects WHERE kind = 'test.append'").all() as { input: string; status: string }[];
-        const recorded = rows.map((r) => ({ key: (JSON.parse(r.input) as { key: string }).key, status: r.status }));
-        for (const r of recorded) if (r.status === 'committed') t.true(ran.includes(r.key), `committed effect ${r.key} ran`);
-        for (const k of ran) t.true(recorded.some((r) => r.key === k), `effect ${k} that ran is in the ledger`);
-      } finally {
-        await ls.close();
+        ls = await Lockstep.open({ home });
+        try {
+          t.deepEqual(ls.engine.catalog.operations(), [], `cycle ${cycle}: no journal entry left after the reaper`);
+          for (const id of ids) {
+            const flight = inFlight.get(id);
+            const before = live.get(id)!;
+            const allowed: State[] = [before];
+            if (flight?.begin === 'rollback') allowed.push(atCheckpoint.get(flight.to!)!);
+            if (flight?.begin === 'mark') allowed.push([flight.tag!, before[1]], [flight.tag!, flight.tag!]);
+            if (flight) stats.interrupted.set(flight.begin!, (stats.interrupted.get(flight.begin!) ?? 0) + 1);
+            // A checkpoint that committed but was not reported holds the state it was taken in.
+            for (const c of ls.engine.catalog.checkpointsOf(id))
+              if (!atCheckpoint.has(c.id)) atCheckpoint.set(c.id, before);
+
+            const row = ls.engine.catalog.sandbox(id)!;
+            t.is(row.state, 'running', `cycle ${cycle}: ${id} runs (in flight: ${JSON.stringify(flight)})`);
+            const where = `cycle ${cycle} (seed ${SEED}): ${id} (in flight: ${JSON.stringify(flight)}; reaped ${JSON.stringify(ls.reaped)})`;
+            const memory = await tagInMemory(ls, id).catch((e: Error) => {
+              const frozen = ls.engine.cgroups.isFrozen(ls.engine.runtime.cgroupName(row.instance));
+              const pids = ls.engine.cgroups.pids(ls.engine.runtime.cgroupName(row.instance));
+              throw new Error(
+                `${where}: its memo process does not answer (frozen: ${frozen}, tasks: ${pids.join(' ')}): ${e.message}`,
+              );
+            });
+            const seen: State = [memory, fs.readFileSync(hostPath(ls, id, '/workspace/gen'), 'utf8')];
+            const ok = allowed.some((a) => a[0] === seen[0] && a[1] === seen[1]);
+            t.true(
+              ok,
+              `cycle ${cycle} (seed ${SEED}): ${id} is at ${JSON.stringify(seen)}; allowed ${JSON.stringify(allowed)} (in flight: ${JSON.stringify(flight)})`,
+            );
+            if (!ok) return;
+            live.set(id, seen);
+            const now = await counterValue(ls, id);
+            await waitCounter(ls, id, (v) => v > now);
+            if (flight?.begin === 'effect') retry.push(flight.key!);
+          }
+
+          // No effect ran twice; every committed one ran exactly once.
+          const ran = fs.readFileSync(effectLog, 'utf8').split('\n').filter(Boolean);
+          t.is(
+            new Set(ran).size,
+            ran.length,
+            `cycle ${cycle}: an effect ran twice: ${ran.filter((k, i) => ran.indexOf(k) !== i).join(', ')}`,
+          );
+          const rows = ls.engine.catalog.db
+            .prepare("SELECT input, status FROM agent_effects WHERE kind = 'test.append'")
+            .all() as { input: string; status: string }[];
+          const recorded = rows.map((r) => ({ key: (JSON.parse(r.input) as { key: string }).key, status: r.status }));
+          for (const r of recorded)
+            if (r.status === 'committed') t.true(ran.includes(r.key), `committed effect ${r.key} ran`);
+          for (const k of ran)
+            t.true(
+              recorded.some((r) => r.key === k),
+              `effect ${k} that ran is in the ledger`,
+            );
+        } finally {
+          await ls.close();
+        }
       }
-    }
-    t.log(`operations begun: ${JSON.stringify(Object.fromEntries(stats.begun))}; in flight at a kill: ${JSON.stringify(Object.fromEntries(stats.interrupted))}`);
-    t.pass();
-  });
+      t.log(
+        `operations begun: ${JSON.stringify(Object.fromEntries(stats.begun))}; in flight at a kill: ${JSON.stringify(Object.fromEntries(stats.interrupted))}`,
+      );
+      t.pass();
+    },
+  );
 });

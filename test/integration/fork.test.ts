@@ -10,7 +10,15 @@ import test, { type ExecutionContext } from 'ava';
 import type { ForkResult, Lockstep, Sandbox } from '../../src/index.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { hostState, listDir, mountPointsUnder } from '../fixtures/host-state.js';
-import { counterInLayer, counterValue, setTag, startCounter, startMemo, tagInMemory, waitCounter } from '../fixtures/stub-workloads.js';
+import {
+  counterInLayer,
+  counterValue,
+  setTag,
+  startCounter,
+  startMemo,
+  tagInMemory,
+  waitCounter,
+} from '../fixtures/stub-workloads.js';
 
 integration(test, () => {
   let ls: Lockstep;
@@ -56,7 +64,10 @@ integration(test, () => {
 
     const results = await parent.fork(ckpt.id, { count: 3 });
     t.is(results.length, 3);
-    t.true(results.every((r) => r.ok), JSON.stringify(results));
+    t.true(
+      results.every((r) => r.ok),
+      JSON.stringify(results),
+    );
     const forks = forksOf(t, results);
     t.is(new Set(forks.map((f) => f.id)).size, 3);
 
@@ -88,7 +99,12 @@ integration(test, () => {
     t.deepEqual((await parent.commands.run('ls /workspace')).stdout, 'shared.txt\n');
     t.is(await tagInMemory(ls, parent.id), 'parent');
     t.true((await counterValue(ls, parent.id)) >= parentBefore);
-    t.like(parent.info(), { headCheckpointId: ckpt.id, branchId: parentInfo.branchId, pid: parentInfo.pid, state: 'running' });
+    t.like(parent.info(), {
+      headCheckpointId: ckpt.id,
+      branchId: parentInfo.branchId,
+      pid: parentInfo.pid,
+      state: 'running',
+    });
 
     // Removing one fork leaves the others and the parent running as they were.
     const [gone, ...kept] = forks as [Sandbox, ...Sandbox[]];
@@ -126,25 +142,31 @@ integration(test, () => {
   });
   for (const count of [0, 65, 2.5, '3']) test.serial(refusedCount, count);
 
-  test.serial('forks from a damaged process image are refused up front with CHECKPOINT_CORRUPT and leave nothing behind', async (t) => {
-    const parent = await parentSandbox(t, 'damaged');
-    const ckpt = await parent.checkpoint();
-    const pstree = path.join(ls.engine.paths.processImage(ckpt.id), 'pstree.img');
-    const before = await settledState(parent);
-    fs.renameSync(pstree, pstree + '.away');
-    t.teardown(() => (fs.existsSync(pstree + '.away') ? fs.renameSync(pstree + '.away', pstree) : undefined));
+  test.serial(
+    'forks from a damaged process image are refused up front with CHECKPOINT_CORRUPT and leave nothing behind',
+    async (t) => {
+      const parent = await parentSandbox(t, 'damaged');
+      const ckpt = await parent.checkpoint();
+      const pstree = path.join(ls.engine.paths.processImage(ckpt.id), 'pstree.img');
+      const before = await settledState(parent);
+      fs.renameSync(pstree, pstree + '.away');
+      t.teardown(() => (fs.existsSync(pstree + '.away') ? fs.renameSync(pstree + '.away', pstree) : undefined));
 
-    // The checksums recorded at checkpoint time catch it before any fork starts.
-    const err = await t.throwsAsync(parent.fork(ckpt.id, { count: 3 }), { code: 'CHECKPOINT_CORRUPT' });
-    t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file: 'process image file pstree.img.away' });
-    t.deepEqual(hostState(ls), before, 'no sandboxes, mounts, cgroups, layers or scratch left');
-    t.is(ls.list().length, before.catalogRows.length);
+      // The checksums recorded at checkpoint time catch it before any fork starts.
+      const err = await t.throwsAsync(parent.fork(ckpt.id, { count: 3 }), { code: 'CHECKPOINT_CORRUPT' });
+      t.like((err as unknown as { details: object }).details, {
+        checkpointId: ckpt.id,
+        file: 'process image file pstree.img.away',
+      });
+      t.deepEqual(hostState(ls), before, 'no sandboxes, mounts, cgroups, layers or scratch left');
+      t.is(ls.list().length, before.catalogRows.length);
 
-    // The checkpoint itself is fine once its image is whole again.
-    fs.renameSync(pstree + '.away', pstree);
-    const [again] = forksOf(t, await parent.fork(ckpt.id));
-    t.is(await tagInMemory(ls, again!.id), 'damaged');
-  });
+      // The checkpoint itself is fine once its image is whole again.
+      fs.renameSync(pstree + '.away', pstree);
+      const [again] = forksOf(t, await parent.fork(ckpt.id));
+      t.is(await tagInMemory(ls, again!.id), 'damaged');
+    },
+  );
 
   test.serial('a fork from a checkpoint whose process image is gone is refused with CHECKPOINT_DAMAGED', async (t) => {
     const parent = await parentSandbox(t, 'gone');
@@ -190,45 +212,60 @@ integration(test, () => {
     t.deepEqual(after.catalogRows, [...before.catalogRows, ...okIds.map((id) => `${id}:running`)].sort());
     t.deepEqual(after.uppers, [...before.uppers, ...okIds].sort());
     t.deepEqual(after.runFolders, [...before.runFolders, ...okIds].sort());
-    t.deepEqual(after.cgroups, [...before.cgroups, ...okIds.flatMap((id) => ['freezer', 'memory', 'pids'].map((c) => `${c}:${id}`))].sort());
+    t.deepEqual(
+      after.cgroups,
+      [...before.cgroups, ...okIds.flatMap((id) => ['freezer', 'memory', 'pids'].map((c) => `${c}:${id}`))].sort(),
+    );
     t.deepEqual(after.layers, before.layers);
     t.deepEqual(after.processImages, before.processImages);
     t.deepEqual(after.scratch, []);
   });
 
-  test.serial('forks of a fork inherit its state; removing the middle generation leaves the last one running', async (t) => {
-    const parent = await parentSandbox(t, 'gen0');
-    const c0 = await parent.checkpoint({ label: 'gen0' });
-    const [a] = forksOf(t, await parent.fork(c0.id));
-    await a!.files.write('/workspace/a.txt', 'written in fork A\n');
-    await setTag(ls, a!.id, 'gen1');
-    const cA = await a!.checkpoint({ label: 'gen1' });
-    const atCA = await counterInLayer(ls, cA);
-    const grandchildren = forksOf(t, await a!.fork(cA.id, { count: 2 }));
-    t.is(grandchildren.length, 2);
+  test.serial(
+    'forks of a fork inherit its state; removing the middle generation leaves the last one running',
+    async (t) => {
+      const parent = await parentSandbox(t, 'gen0');
+      const c0 = await parent.checkpoint({ label: 'gen0' });
+      const [a] = forksOf(t, await parent.fork(c0.id));
+      await a!.files.write('/workspace/a.txt', 'written in fork A\n');
+      await setTag(ls, a!.id, 'gen1');
+      const cA = await a!.checkpoint({ label: 'gen1' });
+      const atCA = await counterInLayer(ls, cA);
+      const grandchildren = forksOf(t, await a!.fork(cA.id, { count: 2 }));
+      t.is(grandchildren.length, 2);
 
-    for (const g of grandchildren) {
-      t.like(g.info(), { forkedFrom: cA.id, lineageId: parent.info().lineageId, state: 'running' });
-      t.is(await tagInMemory(ls, g.id), 'gen1');
-      t.is((await g.files.read('/workspace/a.txt')).content.toString(), 'written in fork A\n');
-      t.true((await waitCounter(ls, g.id, (x) => x > atCA)) > atCA);
-    }
-    t.false(await parent.files.exists('/workspace/a.txt'));
-    t.is(await tagInMemory(ls, parent.id), 'gen0');
-    t.deepEqual(parent.checkpoints().map((c) => c.id), [c0.id]);
-    t.deepEqual(a!.checkpoints().map((c) => c.id), [cA.id]);
+      for (const g of grandchildren) {
+        t.like(g.info(), { forkedFrom: cA.id, lineageId: parent.info().lineageId, state: 'running' });
+        t.is(await tagInMemory(ls, g.id), 'gen1');
+        t.is((await g.files.read('/workspace/a.txt')).content.toString(), 'written in fork A\n');
+        t.true((await waitCounter(ls, g.id, (x) => x > atCA)) > atCA);
+      }
+      t.false(await parent.files.exists('/workspace/a.txt'));
+      t.is(await tagInMemory(ls, parent.id), 'gen0');
+      t.deepEqual(
+        parent.checkpoints().map((c) => c.id),
+        [c0.id],
+      );
+      t.deepEqual(
+        a!.checkpoints().map((c) => c.id),
+        [cA.id],
+      );
 
-    // Removing fork A (and with it the checkpoint the grandchildren came from) does not touch them.
-    await ls.remove(a!.id);
-    t.false(fs.existsSync(ls.engine.paths.layer(cA.layerId)));
-    for (const [i, g] of grandchildren.entries()) {
-      await g.files.write('/workspace/g.txt', `grandchild ${i}\n`);
-      const r = await g.commands.run('cat /workspace/a.txt /workspace/g.txt');
-      t.is(r.stdout, `written in fork A\ngrandchild ${i}\n`);
-      t.is(await tagInMemory(ls, g.id), 'gen1');
-      const now = await counterValue(ls, g.id);
-      t.true((await waitCounter(ls, g.id, (x) => x > now)) > now);
-    }
-    t.deepEqual(listDir(ls.engine.paths.uppers).filter((u) => u.startsWith(a!.id)), []);
-  });
+      // Removing fork A (and with it the checkpoint the grandchildren came from) does not touch them.
+      await ls.remove(a!.id);
+      t.false(fs.existsSync(ls.engine.paths.layer(cA.layerId)));
+      for (const [i, g] of grandchildren.entries()) {
+        await g.files.write('/workspace/g.txt', `grandchild ${i}\n`);
+        const r = await g.commands.run('cat /workspace/a.txt /workspace/g.txt');
+        t.is(r.stdout, `written in fork A\ngrandchild ${i}\n`);
+        t.is(await tagInMemory(ls, g.id), 'gen1');
+        const now = await counterValue(ls, g.id);
+        t.true((await waitCounter(ls, g.id, (x) => x > now)) > now);
+      }
+      t.deepEqual(
+        listDir(ls.engine.paths.uppers).filter((u) => u.startsWith(a!.id)),
+        [],
+      );
+    },
+  );
 });

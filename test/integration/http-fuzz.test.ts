@@ -37,7 +37,8 @@ import { integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 
 const RUNS = Number(process.env.LOCKSTEP_FUZZ_RUNS ?? 300);
-const SEED = process.env.LOCKSTEP_FUZZ_SEED !== undefined ? Number(process.env.LOCKSTEP_FUZZ_SEED) : randomBytes(4).readInt32LE(0);
+const SEED =
+  process.env.LOCKSTEP_FUZZ_SEED !== undefined ? Number(process.env.LOCKSTEP_FUZZ_SEED) : randomBytes(4).readInt32LE(0);
 
 /** Small limits, so that oversized bodies are cheap to send. */
 const BODY_LIMIT = 64 * 1024;
@@ -90,12 +91,17 @@ function send(port: number, r: FuzzRequest): Promise<Response> {
   return new Promise((resolve, reject) => {
     const headers: Record<string, string | number> = { ...r.headers };
     if (r.body !== undefined) headers['content-length'] = r.body.length;
-    const req = http.request({ host: '127.0.0.1', port, method: r.method, path: r.target, headers, agent: false, timeout: 60_000 }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
-      res.on('error', reject);
-    });
+    const req = http.request(
+      { host: '127.0.0.1', port, method: r.method, path: r.target, headers, agent: false, timeout: 60_000 },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }),
+        );
+        res.on('error', reject);
+      },
+    );
     req.on('timeout', () => req.destroy(new Error(`no answer to ${r.method} ${r.target} within 60 s`)));
     req.on('error', reject);
     req.end(r.body);
@@ -108,7 +114,35 @@ const part = (text: string, cross = false): Part => ({ text, cross });
 
 /** Hostile text for a path segment, already in request-target form. */
 const hostileSegment: fc.Arbitrary<string> = fc.oneof(
-  fc.constantFrom('..', '.', '%2e%2e', '%2E%2E%2F', '..%2F..%2F', '%2F', 'a%2Fb', '%00', 'sbx_%00', 'sbx_abc%00.json', '%E2%80%AE', '%C0%AF', '%ZZ', '%', '-1', '0', '99999999999999999999999', 'sbx_', `sbx_${'a'.repeat(120)}`, 'x'.repeat(3000), 'SBX_ABC', 'sbx_ABC', 'ckpt_', 'eff_XYZ', '%20', '~', '*'),
+  fc.constantFrom(
+    '..',
+    '.',
+    '%2e%2e',
+    '%2E%2E%2F',
+    '..%2F..%2F',
+    '%2F',
+    'a%2Fb',
+    '%00',
+    'sbx_%00',
+    'sbx_abc%00.json',
+    '%E2%80%AE',
+    '%C0%AF',
+    '%ZZ',
+    '%',
+    '-1',
+    '0',
+    '99999999999999999999999',
+    'sbx_',
+    `sbx_${'a'.repeat(120)}`,
+    'x'.repeat(3000),
+    'SBX_ABC',
+    'sbx_ABC',
+    'ckpt_',
+    'eff_XYZ',
+    '%20',
+    '~',
+    '*',
+  ),
   fc.string({ unit: 'grapheme', maxLength: 40 }).map((s) => encodeURIComponent(s)),
   fc.stringMatching(/^(sbx|ckpt|eff)_[a-z0-9]{1,80}$/),
 );
@@ -125,7 +159,24 @@ function idSegment(own: string, other: string, prefix: string): fc.Arbitrary<Par
 
 /** Numbers around and far past every limit. */
 const hostileNumber: fc.Arbitrary<number> = fc.oneof(
-  fc.constantFrom(0, -1, -0, 1, 0.5, -(2 ** 31), 2 ** 31, 2 ** 32 + 1, 2 ** 53, 2 ** 53 + 2, -(2 ** 53), 1e308, -1e308, 5e-324, 0o7777, 0o17777),
+  fc.constantFrom(
+    0,
+    -1,
+    -0,
+    1,
+    0.5,
+    -(2 ** 31),
+    2 ** 31,
+    2 ** 32 + 1,
+    2 ** 53,
+    2 ** 53 + 2,
+    -(2 ** 53),
+    1e308,
+    -1e308,
+    5e-324,
+    0o7777,
+    0o17777,
+  ),
   fc.integer(),
   fc.double({ noNaN: true, noDefaultInfinity: true }),
 );
@@ -135,7 +186,23 @@ const hostileJson: fc.Arbitrary<unknown> = fc.oneof(
   { weight: 3, arbitrary: fc.jsonValue({ maxDepth: 3 }) },
   { weight: 2, arbitrary: hostileNumber },
   { weight: 2, arbitrary: fc.string({ unit: 'binary', maxLength: 64 }) },
-  { weight: 1, arbitrary: fc.constantFrom(null, true, false, '', ' ', '\u0000', '\u202e', '../../etc/passwd', 'x'.repeat(5000), [], {}, { constructor: { prototype: { polluted: 1 } } }) },
+  {
+    weight: 1,
+    arbitrary: fc.constantFrom(
+      null,
+      true,
+      false,
+      '',
+      ' ',
+      '\u0000',
+      '\u202e',
+      '../../etc/passwd',
+      'x'.repeat(5000),
+      [],
+      {},
+      { constructor: { prototype: { polluted: 1 } } },
+    ),
+  },
 );
 
 /** Paths inside a sandbox: ordinary, escaping, special, huge, odd. */
@@ -145,9 +212,33 @@ const filePath: fc.Arbitrary<string> = fc.oneof(
   {
     weight: 3,
     arbitrary: fc.constantFrom(
-      '../../../../etc/passwd', '/workspace/../../../etc/shadow', '/..', '..', '.', '/', '//', '', ' ', 'fuzz/', 'fuzz/./x', 'fuzz//x',
-      '/proc/self/environ', '/proc/1/root/etc/passwd', '/dev/null', '/dev/zero', '/sys/kernel', '/.lockstep', '/run/lockstep/exit/1',
-      'a\u0000b', '\u0000', 'fuzz/\u202eexe.txt', 'fuzz/😀', 'fuzz/%2F..%2F..', '\\..\\..\\etc', 'x'.repeat(5000), `${'d/'.repeat(2100)}x`,
+      '../../../../etc/passwd',
+      '/workspace/../../../etc/shadow',
+      '/..',
+      '..',
+      '.',
+      '/',
+      '//',
+      '',
+      ' ',
+      'fuzz/',
+      'fuzz/./x',
+      'fuzz//x',
+      '/proc/self/environ',
+      '/proc/1/root/etc/passwd',
+      '/dev/null',
+      '/dev/zero',
+      '/sys/kernel',
+      '/.lockstep',
+      '/run/lockstep/exit/1',
+      'a\u0000b',
+      '\u0000',
+      'fuzz/\u202eexe.txt',
+      'fuzz/😀',
+      'fuzz/%2F..%2F..',
+      '\\..\\..\\etc',
+      'x'.repeat(5000),
+      `${'d/'.repeat(2100)}x`,
     ),
   },
   { weight: 1, arbitrary: fc.string({ unit: 'grapheme', maxLength: 30 }) },
@@ -155,20 +246,39 @@ const filePath: fc.Arbitrary<string> = fc.oneof(
 
 /** A query string: wanted keys with valid or hostile values, repeated keys, unknown keys, raw junk. */
 function queryString(fields: Record<string, fc.Arbitrary<string>>): fc.Arbitrary<string> {
-  const pair = (k: string, v: fc.Arbitrary<string>) => v.map((x) => `${encodeURIComponent(k)}=${encodeURIComponent(x)}`);
+  const pair = (k: string, v: fc.Arbitrary<string>) =>
+    v.map((x) => `${encodeURIComponent(k)}=${encodeURIComponent(x)}`);
   const wanted = Object.entries(fields).map(([k, v]) =>
     fc.oneof(
       { weight: 12, arbitrary: pair(k, v).map((p) => [p]) },
       { weight: 1, arbitrary: fc.constant([] as string[]) },
       { weight: 1, arbitrary: fc.tuple(pair(k, v), pair(k, v)).map(([x, y]) => [x, y]) },
-      { weight: 1, arbitrary: fc.string({ maxLength: 20 }).map((x) => [`${encodeURIComponent(k)}=${encodeURIComponent(x)}`]) },
+      {
+        weight: 1,
+        arbitrary: fc.string({ maxLength: 20 }).map((x) => [`${encodeURIComponent(k)}=${encodeURIComponent(x)}`]),
+      },
       { weight: 1, arbitrary: fc.constant([`${encodeURIComponent(k)}`, `${encodeURIComponent(k)}[]=x`]) },
     ),
   );
   const extra = fc.oneof(
     { weight: 12, arbitrary: fc.constant([] as string[]) },
-    { weight: 1, arbitrary: fc.tuple(fc.stringMatching(/^[a-z]{1,8}$/), fc.string({ maxLength: 10 })).map(([k, v]) => [`${k}=${encodeURIComponent(v)}`]) },
-    { weight: 1, arbitrary: fc.constantFrom(['__proto__[x]=1'], ['constructor[prototype][x]=1'], ['%00=%00'], ['&&&'], ['a=%ZZ'], ['=x']) },
+    {
+      weight: 1,
+      arbitrary: fc
+        .tuple(fc.stringMatching(/^[a-z]{1,8}$/), fc.string({ maxLength: 10 }))
+        .map(([k, v]) => [`${k}=${encodeURIComponent(v)}`]),
+    },
+    {
+      weight: 1,
+      arbitrary: fc.constantFrom(
+        ['__proto__[x]=1'],
+        ['constructor[prototype][x]=1'],
+        ['%00=%00'],
+        ['&&&'],
+        ['a=%ZZ'],
+        ['=x'],
+      ),
+    },
   );
   return fc.tuple(fc.tuple(...wanted), extra).map(([ws, ex]) => {
     const all = [...ws.flat(), ...ex];
@@ -177,7 +287,10 @@ function queryString(fields: Record<string, fc.Arbitrary<string>>): fc.Arbitrary
 }
 
 /** A JSON object built from a route's fields: each left out, valid or hostile; sometimes unknown fields. */
-function jsonFields(fields: Record<string, fc.Arbitrary<unknown>>, required: string[] = []): fc.Arbitrary<Record<string, unknown>> {
+function jsonFields(
+  fields: Record<string, fc.Arbitrary<unknown>>,
+  required: string[] = [],
+): fc.Arbitrary<Record<string, unknown>> {
   const entries = Object.entries(fields).map(([k, valid]) =>
     fc.oneof(
       { weight: required.includes(k) ? 8 : 4, arbitrary: valid.map((v) => [k, v] as const) },
@@ -188,16 +301,35 @@ function jsonFields(fields: Record<string, fc.Arbitrary<unknown>>, required: str
   const extra = fc.oneof(
     { weight: 8, arbitrary: fc.constant(undefined) },
     { weight: 1, arbitrary: fc.tuple(fc.string({ maxLength: 12 }), hostileJson).map(([k, v]) => [k, v] as const) },
-    { weight: 1, arbitrary: fc.constantFrom(['__proto__', { polluted: 1 }] as const, ['constructor', { prototype: { polluted: 1 } }] as const) },
+    {
+      weight: 1,
+      arbitrary: fc.constantFrom(
+        ['__proto__', { polluted: 1 }] as const,
+        ['constructor', { prototype: { polluted: 1 } }] as const,
+      ),
+    },
   );
   const build = (es: readonly (readonly [string, unknown] | undefined)[]) => {
     const o: Record<string, unknown> = {};
-    for (const e of es) if (e) Object.defineProperty(o, e[0], { value: e[1], enumerable: true, configurable: true, writable: true });
+    for (const e of es)
+      if (e) Object.defineProperty(o, e[0], { value: e[1], enumerable: true, configurable: true, writable: true });
     return o;
   };
   // A third of the bodies are valid throughout, so that requests get past validation into the handlers.
-  const valid = fc.tuple(...Object.entries(fields).map(([k, v]) => (required.includes(k) ? v.map((x) => [k, x] as const) : fc.option(v.map((x) => [k, x] as const), { nil: undefined }))));
-  return fc.oneof({ weight: 1, arbitrary: valid.map(build) }, { weight: 2, arbitrary: fc.tuple(fc.tuple(...entries), extra).map(([es, ex]) => build([...es, ex])) });
+  const valid = fc.tuple(
+    ...Object.entries(fields).map(([k, v]) =>
+      required.includes(k)
+        ? v.map((x) => [k, x] as const)
+        : fc.option(
+            v.map((x) => [k, x] as const),
+            { nil: undefined },
+          ),
+    ),
+  );
+  return fc.oneof(
+    { weight: 1, arbitrary: valid.map(build) },
+    { weight: 2, arbitrary: fc.tuple(fc.tuple(...entries), extra).map(([es, ex]) => build([...es, ex])) },
+  );
 }
 
 interface Body {
@@ -214,27 +346,84 @@ function envelope(value: fc.Arbitrary<unknown>): fc.Arbitrary<Body> {
     { weight: 1, arbitrary: fc.constant({ contentType: 'application/json', bytes: Buffer.alloc(0) }) },
     {
       weight: 1,
-      arbitrary: fc.tuple(value, fc.constantFrom('text/plain', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x', 'application/xml', 'application/json; charset=utf-16', 'application/jsonx', 'APPLICATION/JSON', ' application/json ', 'application/json, text/plain', '*/*', 'application/octet-stream')).map(([v, ct]) => ({ contentType: ct, bytes: json(v) })),
+      arbitrary: fc
+        .tuple(
+          value,
+          fc.constantFrom(
+            'text/plain',
+            'application/x-www-form-urlencoded',
+            'multipart/form-data; boundary=x',
+            'application/xml',
+            'application/json; charset=utf-16',
+            'application/jsonx',
+            'APPLICATION/JSON',
+            ' application/json ',
+            'application/json, text/plain',
+            '*/*',
+            'application/octet-stream',
+          ),
+        )
+        .map(([v, ct]) => ({ contentType: ct, bytes: json(v) })),
     },
     {
       weight: 1,
-      arbitrary: fc.constantFrom('{', '{"a":', '[1,]', '{"a":1}{"b":2}', 'null', 'nul', '\u0000', '{"__proto__":{"x":1}}', '{"a":"\\ud800"}', '"str"', '1e999', '\ufeff{}').map((t) => ({ contentType: 'application/json', bytes: Buffer.from(t) })),
+      arbitrary: fc
+        .constantFrom(
+          '{',
+          '{"a":',
+          '[1,]',
+          '{"a":1}{"b":2}',
+          'null',
+          'nul',
+          '\u0000',
+          '{"__proto__":{"x":1}}',
+          '{"a":"\\ud800"}',
+          '"str"',
+          '1e999',
+          '\ufeff{}',
+        )
+        .map((t) => ({ contentType: 'application/json', bytes: Buffer.from(t) })),
     },
-    { weight: 1, arbitrary: fc.constant({ contentType: 'application/json', bytes: Buffer.from(JSON.stringify({ content: 'x'.repeat(FILE_BODY_LIMIT + 10) })) }) },
-    { weight: 1, arbitrary: fc.uint8Array({ maxLength: 64 }).map((b) => ({ contentType: 'application/json', bytes: Buffer.from(b) })) },
+    {
+      weight: 1,
+      arbitrary: fc.constant({
+        contentType: 'application/json',
+        bytes: Buffer.from(JSON.stringify({ content: 'x'.repeat(FILE_BODY_LIMIT + 10) })),
+      }),
+    },
+    {
+      weight: 1,
+      arbitrary: fc
+        .uint8Array({ maxLength: 64 })
+        .map((b) => ({ contentType: 'application/json', bytes: Buffer.from(b) })),
+    },
   );
 }
 
 /** Headers besides the body's: Accept, Idempotency-Key, X-Request-Id, junk. */
 const extraHeaders: fc.Arbitrary<Record<string, string>> = fc.record(
-    {
-      accept: fc.constantFrom('application/json', 'application/x-ndjson', 'text/event-stream', 'application/octet-stream', '*/*', 'text/html', 'x/y;q=0'),
-      'idempotency-key': fc.oneof({ weight: 4, arbitrary: fc.stringMatching(/^[a-z0-9-]{1,20}$/) }, { weight: 1, arbitrary: fc.constantFrom('', ' ', 'k'.repeat(300), 'fuzz-fixed-key') }),
-      'x-request-id': fc.oneof(fc.stringMatching(/^[A-Za-z0-9._:-]{1,20}$/), fc.constantFrom('a b', '../x', 'x'.repeat(500))),
-      'x-forwarded-for': fc.constantFrom('127.0.0.1', '10.0.0.1, ::1'),
-    },
-    { requiredKeys: [] },
-  );
+  {
+    accept: fc.constantFrom(
+      'application/json',
+      'application/x-ndjson',
+      'text/event-stream',
+      'application/octet-stream',
+      '*/*',
+      'text/html',
+      'x/y;q=0',
+    ),
+    'idempotency-key': fc.oneof(
+      { weight: 4, arbitrary: fc.stringMatching(/^[a-z0-9-]{1,20}$/) },
+      { weight: 1, arbitrary: fc.constantFrom('', ' ', 'k'.repeat(300), 'fuzz-fixed-key') },
+    ),
+    'x-request-id': fc.oneof(
+      fc.stringMatching(/^[A-Za-z0-9._:-]{1,20}$/),
+      fc.constantFrom('a b', '../x', 'x'.repeat(500)),
+    ),
+    'x-forwarded-for': fc.constantFrom('127.0.0.1', '10.0.0.1, ::1'),
+  },
+  { requiredKeys: [] },
+);
 
 type Auth = 'a' | 'b' | 'none' | 'bogus' | 'malformed';
 const authArb: fc.Arbitrary<Auth> = fc.oneof(
@@ -277,22 +466,51 @@ type Generator = (w: World, own: Fixture, other: Fixture) => fc.Arbitrary<Shape>
 
 const safeArgv: fc.Arbitrary<readonly string[]> = fc.oneof(
   fc.array(fc.string({ unit: 'grapheme', maxLength: 20 }), { maxLength: 4 }).map((args) => ['echo', ...args]),
-  fc.constantFrom(['true'], ['false'], ['printf', '%s', 'x'], ['cat', '/etc/hostname'], ['/nonexistent'], ['sh', '-c', 'exit 3'], ['ls', '/workspace']),
+  fc.constantFrom(
+    ['true'],
+    ['false'],
+    ['printf', '%s', 'x'],
+    ['cat', '/etc/hostname'],
+    ['/nonexistent'],
+    ['sh', '-c', 'exit 3'],
+    ['ls', '/workspace'],
+  ),
 );
 const safeCmd: fc.Arbitrary<unknown> = fc.oneof(
   safeArgv,
   fc.string({ unit: 'grapheme', maxLength: 30 }).map((s) => `echo '${s.replace(/'/g, '')}'`),
   fc.constantFrom('true', 'echo hi >&2', 'exit 7', 'cat /workspace/fuzz/missing'),
 );
-const label = fc.oneof(fc.string({ unit: 'grapheme', maxLength: 40 }), fc.constantFrom('a\nb', '\u0000', 'x'.repeat(201)));
-const envs = fc.dictionary(fc.oneof(fc.stringMatching(/^[A-Z_][A-Z0-9_]{0,8}$/), fc.constantFrom('1BAD', 'A-B', '', 'PATH', 'LD_PRELOAD', '__proto__')), fc.string({ maxLength: 20 }), { maxKeys: 3 });
+const label = fc.oneof(
+  fc.string({ unit: 'grapheme', maxLength: 40 }),
+  fc.constantFrom('a\nb', '\u0000', 'x'.repeat(201)),
+);
+const envs = fc.dictionary(
+  fc.oneof(
+    fc.stringMatching(/^[A-Z_][A-Z0-9_]{0,8}$/),
+    fc.constantFrom('1BAD', 'A-B', '', 'PATH', 'LD_PRELOAD', '__proto__'),
+  ),
+  fc.string({ maxLength: 20 }),
+  { maxKeys: 3 },
+);
 const checkpointRef = (own: Fixture, other: Fixture) =>
-  fc.oneof({ weight: 4, arbitrary: fc.constant(part(own.checkpoint)) }, { weight: 2, arbitrary: fc.constant(part(other.checkpoint, true)) }, { weight: 1, arbitrary: fc.stringMatching(/^ckpt_[a-z0-9]{1,70}$/).map((s) => part(s)) });
+  fc.oneof(
+    { weight: 4, arbitrary: fc.constant(part(own.checkpoint)) },
+    { weight: 2, arbitrary: fc.constant(part(other.checkpoint, true)) },
+    { weight: 1, arbitrary: fc.stringMatching(/^ckpt_[a-z0-9]{1,70}$/).map((s) => part(s)) },
+  );
 const effectRef = (own: Fixture, other: Fixture) => idSegment(own.effect, other.effect, 'eff_');
 const contextValue = fc.oneof(
   fc.constant({ format: 'openai-chat', messages: [{ role: 'user', content: 'hi' }] }),
   fc.constant([{ role: 'user', content: 'hi' }]),
-  fc.record({ format: fc.constantFrom('bytes', 'anthropic', 'openai-responses', 'langgraph', 'nope'), data: fc.string({ maxLength: 20 }), messages: hostileJson }, { requiredKeys: ['format'] }),
+  fc.record(
+    {
+      format: fc.constantFrom('bytes', 'anthropic', 'openai-responses', 'langgraph', 'nope'),
+      data: fc.string({ maxLength: 20 }),
+      messages: hostileJson,
+    },
+    { requiredKeys: ['format'] },
+  ),
   hostileJson,
 );
 
@@ -302,15 +520,21 @@ function sandboxPath(own: Fixture, other: Fixture, rest: (s: Part) => fc.Arbitra
 }
 
 /** A generator for a route under a sandbox with only :id in its path. */
-function underSandbox(suffix: string, more: (own: Fixture, other: Fixture) => fc.Arbitrary<Omit<Shape, 'path' | 'cross'>>): Generator {
+function underSandbox(
+  suffix: string,
+  more: (own: Fixture, other: Fixture) => fc.Arbitrary<Omit<Shape, 'path' | 'cross'>>,
+): Generator {
   return (_w, own, other) =>
-    fc.tuple(idSegment(own.sandbox, other.sandbox, 'sbx_'), more(own, other)).map(([id, m]) => ({ ...m, path: `/v1/sandboxes/${id.text}${suffix}`, cross: id.cross }));
+    fc
+      .tuple(idSegment(own.sandbox, other.sandbox, 'sbx_'), more(own, other))
+      .map(([id, m]) => ({ ...m, path: `/v1/sandboxes/${id.text}${suffix}`, cross: id.cross }));
 }
 
 const noBody = () => fc.constant({});
 /** A route with no parameters: only its query string is fuzzed. */
 const fixed = (p: string) => queryString({ url: fc.string(), q: fc.string() }).map((query) => ({ path: p, query }));
-const fileQuery = (extra: Record<string, fc.Arbitrary<string>> = {}) => queryString({ path: filePath, toolCallId: fc.string({ minLength: 1, maxLength: 10 }), ...extra });
+const fileQuery = (extra: Record<string, fc.Arbitrary<string>> = {}) =>
+  queryString({ path: filePath, toolCallId: fc.string({ minLength: 1, maxLength: 10 }), ...extra });
 
 /**
  * One generator per route, keyed "METHOD url" as fastify registered it.
@@ -330,7 +554,22 @@ const GENERATORS: Record<string, Generator> = {
   'GET /docs/static/*': () =>
     fc
       .oneof(
-        fc.constantFrom('index.html', 'swagger-ui.css', '../../../../../etc/passwd', '..%2F..%2F..%2F..%2F..%2Fetc%2Fpasswd', '%2e%2e/%2e%2e/%2e%2e/package.json', '..%5c..%5cpackage.json', '....//....//etc/passwd', '%00', 'index.html%00.js', '/etc/passwd', '%2Fetc%2Fpasswd', '.', '..', 'x'.repeat(3000)),
+        fc.constantFrom(
+          'index.html',
+          'swagger-ui.css',
+          '../../../../../etc/passwd',
+          '..%2F..%2F..%2F..%2F..%2Fetc%2Fpasswd',
+          '%2e%2e/%2e%2e/%2e%2e/package.json',
+          '..%5c..%5cpackage.json',
+          '....//....//etc/passwd',
+          '%00',
+          'index.html%00.js',
+          '/etc/passwd',
+          '%2Fetc%2Fpasswd',
+          '.',
+          '..',
+          'x'.repeat(3000),
+        ),
         fc.string({ unit: 'grapheme', maxLength: 30 }).map((s) => encodeURIComponent(s)),
       )
       .map((p) => ({ path: `/docs/static/${p}` })),
@@ -356,7 +595,13 @@ const GENERATORS: Record<string, Generator> = {
   // Only the other tenant's sandbox, missing ones and garbage: removing the
   // caller's own fixture would leave nothing to fuzz.
   'DELETE /v1/sandboxes/:id': (_w, _own, other) =>
-    fc.oneof(fc.constant(part(other.sandbox, true)), fc.constant(part(`sbx_${'0'.repeat(12)}`)), hostileSegment.map((s) => part(s))).map((id) => ({ path: `/v1/sandboxes/${id.text}`, cross: id.cross })),
+    fc
+      .oneof(
+        fc.constant(part(other.sandbox, true)),
+        fc.constant(part(`sbx_${'0'.repeat(12)}`)),
+        hostileSegment.map((s) => part(s)),
+      )
+      .map((id) => ({ path: `/v1/sandboxes/${id.text}`, cross: id.cross })),
 
   'POST /v1/sandboxes/:id/commands': underSandbox('/commands', () =>
     fc
@@ -379,25 +624,59 @@ const GENERATORS: Record<string, Generator> = {
   ),
   'POST /v1/sandboxes/:id/commands/:pid/wait': (_w, own, other) =>
     sandboxPath(own, other, (id) =>
-      fc.tuple(fc.oneof(fc.integer({ min: 2, max: 99999 }).map(String), hostileSegment), envelope(jsonFields({ timeoutMs: fc.constantFrom(1, 100) }))).map(([pid, body]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/wait`, cross: id.cross, body })),
+      fc
+        .tuple(
+          fc.oneof(fc.integer({ min: 2, max: 99999 }).map(String), hostileSegment),
+          envelope(jsonFields({ timeoutMs: fc.constantFrom(1, 100) })),
+        )
+        .map(([pid, body]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/wait`, cross: id.cross, body })),
     ).map((s) => ({ ...(s as Shape), timed: true })),
   // pid 1 is the sandbox's init; pids the fuzzer cannot know are almost always unused.
   'POST /v1/sandboxes/:id/commands/:pid/kill': (_w, own, other) =>
     sandboxPath(own, other, (id) =>
       fc
-        .tuple(fc.oneof(fc.integer({ min: 100_000, max: 999_999_999 }).map(String), hostileSegment), envelope(jsonFields({ signal: fc.constantFrom('SIGTERM', 'SIGUSR1', 'SIGSTOP', 'KILL', 'sigterm', '9') })))
+        .tuple(
+          fc.oneof(fc.integer({ min: 100_000, max: 999_999_999 }).map(String), hostileSegment),
+          envelope(jsonFields({ signal: fc.constantFrom('SIGTERM', 'SIGUSR1', 'SIGSTOP', 'KILL', 'sigterm', '9') })),
+        )
         .map(([pid, body]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/kill`, cross: id.cross, body })),
     ),
 
-  'GET /v1/sandboxes/:id/files': underSandbox('/files', () => fileQuery({ encoding: fc.constantFrom('utf8', 'base64', 'hex', 'UTF8') }).map((query) => ({ query }))),
+  'GET /v1/sandboxes/:id/files': underSandbox('/files', () =>
+    fileQuery({ encoding: fc.constantFrom('utf8', 'base64', 'hex', 'UTF8') }).map((query) => ({ query })),
+  ),
   'PUT /v1/sandboxes/:id/files': underSandbox('/files', () =>
     fc
       .tuple(
         fileQuery(),
         fc.oneof(
-          { weight: 4, arbitrary: envelope(jsonFields({ content: fc.string({ unit: 'grapheme', maxLength: 50 }), encoding: fc.constantFrom('utf8', 'base64'), mode: fc.constantFrom(0o644, 0o755, 0o4755, 0o7777), toolCallId: fc.string({ minLength: 1, maxLength: 10 }) }, ['content'])) },
-          { weight: 2, arbitrary: fc.uint8Array({ maxLength: 200 }).map((b) => ({ contentType: 'application/octet-stream', bytes: Buffer.from(b) })) },
-          { weight: 1, arbitrary: fc.constant({ contentType: 'application/octet-stream', bytes: Buffer.alloc(FILE_BODY_LIMIT + 1, 0x61) }) },
+          {
+            weight: 4,
+            arbitrary: envelope(
+              jsonFields(
+                {
+                  content: fc.string({ unit: 'grapheme', maxLength: 50 }),
+                  encoding: fc.constantFrom('utf8', 'base64'),
+                  mode: fc.constantFrom(0o644, 0o755, 0o4755, 0o7777),
+                  toolCallId: fc.string({ minLength: 1, maxLength: 10 }),
+                },
+                ['content'],
+              ),
+            ),
+          },
+          {
+            weight: 2,
+            arbitrary: fc
+              .uint8Array({ maxLength: 200 })
+              .map((b) => ({ contentType: 'application/octet-stream', bytes: Buffer.from(b) })),
+          },
+          {
+            weight: 1,
+            arbitrary: fc.constant({
+              contentType: 'application/octet-stream',
+              bytes: Buffer.alloc(FILE_BODY_LIMIT + 1, 0x61),
+            }),
+          },
         ),
       )
       .map(([query, body]) => ({ query, body })),
@@ -406,7 +685,15 @@ const GENERATORS: Record<string, Generator> = {
   'GET /v1/sandboxes/:id/files/list': underSandbox('/files/list', () => fileQuery().map((query) => ({ query }))),
   'GET /v1/sandboxes/:id/files/exists': underSandbox('/files/exists', () => fileQuery().map((query) => ({ query }))),
 
-  'POST /v1/sandboxes/:id/checkpoints': underSandbox('/checkpoints', () => envelope(jsonFields({ label, context: contextValue, contextFormat: fc.constantFrom('openai-chat', 'anthropic', 'bytes', 'yaml') })).map((body) => ({ body }))),
+  'POST /v1/sandboxes/:id/checkpoints': underSandbox('/checkpoints', () =>
+    envelope(
+      jsonFields({
+        label,
+        context: contextValue,
+        contextFormat: fc.constantFrom('openai-chat', 'anthropic', 'bytes', 'yaml'),
+      }),
+    ).map((body) => ({ body })),
+  ),
   'GET /v1/sandboxes/:id/checkpoints': underSandbox('/checkpoints', noBody),
   'GET /v1/images': () => fixed('/v1/images'),
   'GET /v1/sandboxes/:id/commands': underSandbox('/commands', noBody),
@@ -414,8 +701,14 @@ const GENERATORS: Record<string, Generator> = {
     sandboxPath(own, other, (id) =>
       fc
         .tuple(
-          fc.oneof(fc.integer({ min: -5, max: 5_000_000 }).map(String), fc.constantFrom('abc', '1e9', '0x10', '1.5', '%2e%2e')),
-          queryString({ stdoutOffset: fc.oneof(fc.string(), fc.constantFrom('-1', '1e30', '9007199254740993')), stderrOffset: fc.string() }),
+          fc.oneof(
+            fc.integer({ min: -5, max: 5_000_000 }).map(String),
+            fc.constantFrom('abc', '1e9', '0x10', '1.5', '%2e%2e'),
+          ),
+          queryString({
+            stdoutOffset: fc.oneof(fc.string(), fc.constantFrom('-1', '1e30', '9007199254740993')),
+            stderrOffset: fc.string(),
+          }),
         )
         .map(([pid, query]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/output`, query, cross: id.cross })),
     ),
@@ -428,7 +721,10 @@ const GENERATORS: Record<string, Generator> = {
           jsonrpc: fc.constantFrom('2.0', '1.0', 2),
           id: fc.oneof(fc.integer(), fc.string({ maxLength: 8 }), fc.constant(null)),
           method: fc.constantFrom('initialize', 'tools/list', 'tools/call', 'resources/list', 'nope', ''),
-          params: fc.oneof(hostileJson, fc.constant({ name: 'kill_sandbox', arguments: { sandboxId: 'sbx_000000000000' } })),
+          params: fc.oneof(
+            hostileJson,
+            fc.constant({ name: 'kill_sandbox', arguments: { sandboxId: 'sbx_000000000000' } }),
+          ),
         },
         ['jsonrpc', 'method'],
       ),
@@ -436,26 +732,50 @@ const GENERATORS: Record<string, Generator> = {
   'GET /mcp': () => fixed('/mcp'),
   'DELETE /mcp': () => fixed('/mcp'),
   'GET /v1/sandboxes/:id/checkpoints/:ckpt/context': (_w, own, other) =>
-    sandboxPath(own, other, (id) => idSegment(own.checkpoint, other.checkpoint, 'ckpt_').map((c) => ({ path: `/v1/sandboxes/${id.text}/checkpoints/${c.text}/context`, cross: id.cross || c.cross }))),
+    sandboxPath(own, other, (id) =>
+      idSegment(own.checkpoint, other.checkpoint, 'ckpt_').map((c) => ({
+        path: `/v1/sandboxes/${id.text}/checkpoints/${c.text}/context`,
+        cross: id.cross || c.cross,
+      })),
+    ),
   // Never the caller's own fixture checkpoint (rollbacks use it).
   'DELETE /v1/sandboxes/:id/checkpoints/:ckpt': (_w, own, other) =>
     sandboxPath(own, other, (id) =>
-      fc.oneof(fc.constant(part(other.checkpoint, true)), fc.constant(part(`ckpt_${'0'.repeat(12)}`)), hostileSegment.map((s) => part(s))).map((c) => ({ path: `/v1/sandboxes/${id.text}/checkpoints/${c.text}`, cross: id.cross || c.cross })),
+      fc
+        .oneof(
+          fc.constant(part(other.checkpoint, true)),
+          fc.constant(part(`ckpt_${'0'.repeat(12)}`)),
+          hostileSegment.map((s) => part(s)),
+        )
+        .map((c) => ({ path: `/v1/sandboxes/${id.text}/checkpoints/${c.text}`, cross: id.cross || c.cross })),
     ),
   'POST /v1/sandboxes/:id/rollback': (_w, own, other) =>
-    fc
-      .tuple(idSegment(own.sandbox, other.sandbox, 'sbx_'), checkpointRef(own, other))
-      .chain(([id, ck]) =>
-        envelope(jsonFields({ checkpointId: fc.constant(ck.text), policy: fc.constantFrom('warn', 'refuse'), failure: fc.string({ maxLength: 30 }), lessons: fc.array(fc.string({ maxLength: 10 }), { maxLength: 3 }), withRecoverySummary: fc.boolean() }, ['checkpointId'])).map((body) => ({
-          path: `/v1/sandboxes/${id.text}/rollback`,
-          body,
-          cross: id.cross || ck.cross,
-        })),
-      ),
+    fc.tuple(idSegment(own.sandbox, other.sandbox, 'sbx_'), checkpointRef(own, other)).chain(([id, ck]) =>
+      envelope(
+        jsonFields(
+          {
+            checkpointId: fc.constant(ck.text),
+            policy: fc.constantFrom('warn', 'refuse'),
+            failure: fc.string({ maxLength: 30 }),
+            lessons: fc.array(fc.string({ maxLength: 10 }), { maxLength: 3 }),
+            withRecoverySummary: fc.boolean(),
+          },
+          ['checkpointId'],
+        ),
+      ).map((body) => ({
+        path: `/v1/sandboxes/${id.text}/rollback`,
+        body,
+        cross: id.cross || ck.cross,
+      })),
+    ),
   'POST /v1/sandboxes/:id/fork': (_w, own, other) =>
     fc
       .tuple(idSegment(own.sandbox, other.sandbox, 'sbx_'), checkpointRef(own, other))
-      .chain(([id, ck]) => envelope(jsonFields({ checkpointId: fc.constant(ck.text), count: fc.constantFrom(1, 2, 64, 65) }, ['checkpointId'])).map((body) => ({ path: `/v1/sandboxes/${id.text}/fork`, body, cross: id.cross || ck.cross }))),
+      .chain(([id, ck]) =>
+        envelope(
+          jsonFields({ checkpointId: fc.constant(ck.text), count: fc.constantFrom(1, 2, 64, 65) }, ['checkpointId']),
+        ).map((body) => ({ path: `/v1/sandboxes/${id.text}/fork`, body, cross: id.cross || ck.cross })),
+      ),
 
   'POST /v1/sandboxes/:id/effects': underSandbox('/effects', () =>
     envelope(
@@ -474,20 +794,61 @@ const GENERATORS: Record<string, Generator> = {
     ).map((body) => ({ body })),
   ),
   'GET /v1/sandboxes/:id/effects': underSandbox('/effects', noBody),
-  'GET /v1/sandboxes/:id/effects/:effectId': (_w, own, other) => sandboxPath(own, other, (id) => effectRef(own, other).map((e) => ({ path: `/v1/sandboxes/${id.text}/effects/${e.text}`, cross: id.cross || e.cross }))),
+  'GET /v1/sandboxes/:id/effects/:effectId': (_w, own, other) =>
+    sandboxPath(own, other, (id) =>
+      effectRef(own, other).map((e) => ({
+        path: `/v1/sandboxes/${id.text}/effects/${e.text}`,
+        cross: id.cross || e.cross,
+      })),
+    ),
   'POST /v1/sandboxes/:id/effects/:effectId/commit': effectVerb('commit', () => jsonFields({ output: hostileJson })),
   'POST /v1/sandboxes/:id/effects/:effectId/fail': effectVerb('fail', () =>
-    jsonFields({ error: fc.oneof(fc.string({ maxLength: 20 }), fc.record({ message: fc.string(), name: fc.string({ minLength: 1 }), code: fc.string({ minLength: 1 }) }, { requiredKeys: ['message'] })), definite: fc.boolean() }, ['error', 'definite']),
+    jsonFields(
+      {
+        error: fc.oneof(
+          fc.string({ maxLength: 20 }),
+          fc.record(
+            { message: fc.string(), name: fc.string({ minLength: 1 }), code: fc.string({ minLength: 1 }) },
+            { requiredKeys: ['message'] },
+          ),
+        ),
+        definite: fc.boolean(),
+      },
+      ['error', 'definite'],
+    ),
   ),
-  'POST /v1/sandboxes/:id/effects/:effectId/resolve': effectVerb('resolve', () => jsonFields({ outcome: fc.constantFrom('committed', 'failed'), output: hostileJson }, ['outcome'])),
-  'GET /v1/sandboxes/:id/observations': underSandbox('/observations', () => queryString({ includeStale: fc.constantFrom('true', 'false', 'yes', '1') }).map((query) => ({ query }))),
-  'POST /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () => envelope(jsonFields({ path: filePath, verdict: fc.string({ maxLength: 20 }), toolCallId: fc.string({ minLength: 1, maxLength: 10 }) }, ['path', 'verdict'])).map((body) => ({ body }))),
-  'GET /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () => queryString({ stale: fc.constantFrom('true', 'false', 'TRUE', '') }).map((query) => ({ query }))),
+  'POST /v1/sandboxes/:id/effects/:effectId/resolve': effectVerb('resolve', () =>
+    jsonFields({ outcome: fc.constantFrom('committed', 'failed'), output: hostileJson }, ['outcome']),
+  ),
+  'GET /v1/sandboxes/:id/observations': underSandbox('/observations', () =>
+    queryString({ includeStale: fc.constantFrom('true', 'false', 'yes', '1') }).map((query) => ({ query })),
+  ),
+  'POST /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () =>
+    envelope(
+      jsonFields(
+        {
+          path: filePath,
+          verdict: fc.string({ maxLength: 20 }),
+          toolCallId: fc.string({ minLength: 1, maxLength: 10 }),
+        },
+        ['path', 'verdict'],
+      ),
+    ).map((body) => ({ body })),
+  ),
+  'GET /v1/sandboxes/:id/verdicts': underSandbox('/verdicts', () =>
+    queryString({ stale: fc.constantFrom('true', 'false', 'TRUE', '') }).map((query) => ({ query })),
+  ),
 };
 
 function effectVerb(verb: string, body: () => fc.Arbitrary<Record<string, unknown>>): Generator {
   return (_w, own, other) =>
-    sandboxPath(own, other, (id) => fc.tuple(effectRef(own, other), envelope(body())).map(([e, b]) => ({ path: `/v1/sandboxes/${id.text}/effects/${e.text}/${verb}`, cross: id.cross || e.cross, body: b }))) as fc.Arbitrary<Shape>;
+    sandboxPath(own, other, (id) =>
+      fc.tuple(effectRef(own, other), envelope(body())).map(([e, b]) => ({
+        path: `/v1/sandboxes/${id.text}/effects/${e.text}/${verb}`,
+        cross: id.cross || e.cross,
+        body: b,
+      })),
+    ) as fc.Arbitrary<Shape>;
 }
 
 /** The generator of a route: its own, its GET route's for HEAD, or undefined. */
@@ -498,12 +859,21 @@ function generatorFor(method: string, url: string): Generator | undefined {
 // ---------------------------------------------------------------- state: what a refused request must not change
 
 function catalogDigest(db: Database.Database): Record<string, string> {
-  const tables = (db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name").all() as { name: string }[]).map((r) => r.name);
+  const tables = (
+    db
+      .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+      .all() as { name: string }[]
+  ).map((r) => r.name);
   return Object.fromEntries(
     tables.map((t) => {
       const rows = db.prepare(`SELECT * FROM "${t}"`).raw().all();
       const h = createHash('sha256');
-      for (const r of rows) h.update(JSON.stringify(r, (_k, v: unknown) => (Buffer.isBuffer(v) ? v.toString('base64') : typeof v === 'bigint' ? v.toString() : v))).update('\n');
+      for (const r of rows)
+        h.update(
+          JSON.stringify(r, (_k, v: unknown) =>
+            Buffer.isBuffer(v) ? v.toString('base64') : typeof v === 'bigint' ? v.toString() : v,
+          ),
+        ).update('\n');
       return [t, `${rows.length}:${h.digest('hex').slice(0, 16)}`];
     }),
   );
@@ -543,7 +913,12 @@ async function stateDigest(ls: Lockstep, w: World): Promise<Record<string, unkno
       .map((s) => `${s.id}:${s.state}:${s.headCheckpointId}`)
       .sort(),
     // The writable layer of each fixture's live instance (a rollback may switch instances).
-    files: Object.fromEntries([w.a.sandbox, w.b.sandbox].map((id) => [id, treeDigest(ls.engine.layers.upperDir(ls.engine.catalog.sandbox(id)?.instance ?? id).upper)])),
+    files: Object.fromEntries(
+      [w.a.sandbox, w.b.sandbox].map((id) => [
+        id,
+        treeDigest(ls.engine.layers.upperDir(ls.engine.catalog.sandbox(id)?.instance ?? id).upper),
+      ]),
+    ),
     mounts: fs
       .readFileSync('/proc/self/mountinfo', 'utf8')
       .split('\n')
@@ -576,121 +951,170 @@ function errorShapeProblem(res: Response): string | undefined {
 }
 
 function describe(r: FuzzRequest): string {
-  const body = r.body === undefined ? '' : ` body(${r.body.length} B, ${r.headers['content-type'] ?? 'no type'}): ${JSON.stringify(r.body.subarray(0, 300).toString('utf8'))}`;
+  const body =
+    r.body === undefined
+      ? ''
+      : ` body(${r.body.length} B, ${r.headers['content-type'] ?? 'no type'}): ${JSON.stringify(r.body.subarray(0, 300).toString('utf8'))}`;
   const { authorization: _a, ...h } = r.headers;
   return `${r.method} ${r.target.slice(0, 300)} headers ${JSON.stringify(h)}${body}`;
 }
 
 integration(test, () => {
-  test.serial('every route, fuzzed: no 5xx, typed 4xx, nothing changed by a refusal, the server keeps answering', async (t) => {
-    t.timeout(10 * 60_000);
-    const ls = await openTestLockstep(t);
-    const { app, client } = await startServer(t, ls, { bodyLimit: BODY_LIMIT, fileBodyLimit: FILE_BODY_LIMIT });
-    const port = Number(new URL(client.base).port);
+  test.serial(
+    'every route, fuzzed: no 5xx, typed 4xx, nothing changed by a refusal, the server keeps answering',
+    async (t) => {
+      t.timeout(10 * 60_000);
+      const ls = await openTestLockstep(t);
+      const { app, client } = await startServer(t, ls, { bodyLimit: BODY_LIMIT, fileBodyLimit: FILE_BODY_LIMIT });
+      const port = Number(new URL(client.base).port);
 
-    // Two tenants, each one sandbox with a checkpoint and an effect; the
-    // quota leaves room for one more sandbox (a fuzzed create or fork),
-    // removed again after it succeeds.
-    const fixture = async (name: string): Promise<Fixture> => {
-      const token = tenantToken(ls, name, { maxSandboxes: 2 });
-      const api = client.as(token);
-      const sandbox = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
-      await api.put(`/v1/sandboxes/${sandbox}/files?path=fuzz/seed.txt`, { content: `seed of ${name}` });
-      const checkpoint = (await api.post(`/v1/sandboxes/${sandbox}/checkpoints`, { label: 'fixture' })).body.id as string;
-      const effect = (await api.post(`/v1/sandboxes/${sandbox}/effects`, { kind: 'email', input: { to: name }, reversibility: 'irreversible' })).body.effectId as string;
-      t.truthy(sandbox && checkpoint && effect, `fixture of ${name}`);
-      return { token, sandbox, checkpoint, effect };
-    };
-    const w: World = { a: await fixture('acme'), b: await fixture('globex') };
-    const fixtures = new Set([w.a.sandbox, w.b.sandbox]);
+      // Two tenants, each one sandbox with a checkpoint and an effect; the
+      // quota leaves room for one more sandbox (a fuzzed create or fork),
+      // removed again after it succeeds.
+      const fixture = async (name: string): Promise<Fixture> => {
+        const token = tenantToken(ls, name, { maxSandboxes: 2 });
+        const api = client.as(token);
+        const sandbox = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
+        await api.put(`/v1/sandboxes/${sandbox}/files?path=fuzz/seed.txt`, { content: `seed of ${name}` });
+        const checkpoint = (await api.post(`/v1/sandboxes/${sandbox}/checkpoints`, { label: 'fixture' })).body
+          .id as string;
+        const effect = (
+          await api.post(`/v1/sandboxes/${sandbox}/effects`, {
+            kind: 'email',
+            input: { to: name },
+            reversibility: 'irreversible',
+          })
+        ).body.effectId as string;
+        t.truthy(sandbox && checkpoint && effect, `fixture of ${name}`);
+        return { token, sandbox, checkpoint, effect };
+      };
+      const w: World = { a: await fixture('acme'), b: await fixture('globex') };
+      const fixtures = new Set([w.a.sandbox, w.b.sandbox]);
 
-    // Every route the server has needs a generator.
-    await app.ready();
-    const routes = app.routes.map((r) => ({ ...r, gen: generatorFor(r.method, r.url) }));
-    const missing = routes.filter((r) => !r.gen).map((r) => `${r.method} ${r.url}`);
-    t.deepEqual(missing, [], 'routes without a generator in test/integration/http-fuzz.test.ts');
-    if (missing.length) return;
-    t.log(`fuzzing ${routes.length} routes with ${RUNS} requests; seed ${SEED} (LOCKSTEP_FUZZ_SEED=${SEED} replays it)`);
-    console.log(`[http-fuzz] seed ${SEED}, ${RUNS} runs, ${routes.length} routes`);
+      // Every route the server has needs a generator.
+      await app.ready();
+      const routes = app.routes.map((r) => ({ ...r, gen: generatorFor(r.method, r.url) }));
+      const missing = routes.filter((r) => !r.gen).map((r) => `${r.method} ${r.url}`);
+      t.deepEqual(missing, [], 'routes without a generator in test/integration/http-fuzz.test.ts');
+      if (missing.length) return;
+      t.log(
+        `fuzzing ${routes.length} routes with ${RUNS} requests; seed ${SEED} (LOCKSTEP_FUZZ_SEED=${SEED} replays it)`,
+      );
+      console.log(`[http-fuzz] seed ${SEED}, ${RUNS} runs, ${routes.length} routes`);
 
-    const request: fc.Arbitrary<FuzzRequest> = fc
-      // The API's own routes (not HEAD twins, not the docs) get most of the requests.
-      .tuple(fc.oneof(...routes.map((r) => ({ weight: r.url.startsWith('/v1') && r.method !== 'HEAD' ? 6 : 1, arbitrary: fc.constant(r) }))), authArb, extraHeaders)
-      .chain(([route, auth, headers]) => {
-        const key = `${route.method} ${route.url}`;
-        // Who is "own" follows the token: B's requests use B's ids as their own.
-        const own = auth === 'b' ? w.b : w.a;
-        const other = auth === 'b' ? w.a : w.b;
-        return route.gen!(w, own, other).map((shape): FuzzRequest => {
-          const h: Record<string, string> = { ...headers, ...authHeader(w, auth) };
-          if (shape.body?.contentType !== undefined) h['content-type'] = shape.body.contentType;
-          return {
-            route: key,
-            method: route.method,
-            target: shape.path + (shape.query ?? ''),
-            headers: h,
-            ...(shape.body?.bytes !== undefined && route.method !== 'GET' && route.method !== 'HEAD' ? { body: shape.body.bytes } : {}),
-            cross: shape.cross ?? false,
-            authenticated: auth === 'a' || auth === 'b',
-            timed: shape.timed ?? false,
-          };
+      const request: fc.Arbitrary<FuzzRequest> = fc
+        // The API's own routes (not HEAD twins, not the docs) get most of the requests.
+        .tuple(
+          fc.oneof(
+            ...routes.map((r) => ({
+              weight: r.url.startsWith('/v1') && r.method !== 'HEAD' ? 6 : 1,
+              arbitrary: fc.constant(r),
+            })),
+          ),
+          authArb,
+          extraHeaders,
+        )
+        .chain(([route, auth, headers]) => {
+          const key = `${route.method} ${route.url}`;
+          // Who is "own" follows the token: B's requests use B's ids as their own.
+          const own = auth === 'b' ? w.b : w.a;
+          const other = auth === 'b' ? w.a : w.b;
+          return route.gen!(w, own, other).map((shape): FuzzRequest => {
+            const h: Record<string, string> = { ...headers, ...authHeader(w, auth) };
+            if (shape.body?.contentType !== undefined) h['content-type'] = shape.body.contentType;
+            return {
+              route: key,
+              method: route.method,
+              target: shape.path + (shape.query ?? ''),
+              headers: h,
+              ...(shape.body?.bytes !== undefined && route.method !== 'GET' && route.method !== 'HEAD'
+                ? { body: shape.body.bytes }
+                : {}),
+              cross: shape.cross ?? false,
+              authenticated: auth === 'a' || auth === 'b',
+              timed: shape.timed ?? false,
+            };
+          });
         });
-      });
 
-    const counts = { requests: 0, ok: 0, refused: 0, byStatus: {} as Record<number, number> };
-    const byRoute = new Map<string, Record<number, number>>();
-    await fc.assert(
-      fc.asyncProperty(request, async (r) => {
-        const before = await stateDigest(ls, w);
-        const res = await send(port, r);
-        counts.requests++;
-        counts.byStatus[res.status] = (counts.byStatus[res.status] ?? 0) + 1;
-        const tally = byRoute.get(r.route ?? '') ?? {};
-        tally[res.status] = (tally[res.status] ?? 0) + 1;
-        byRoute.set(r.route ?? '', tally);
-        const what = `${describe(r)} -> ${res.status} ${res.body.subarray(0, 400).toString('utf8')}`;
+      const counts = { requests: 0, ok: 0, refused: 0, byStatus: {} as Record<number, number> };
+      const byRoute = new Map<string, Record<number, number>>();
+      await fc.assert(
+        fc.asyncProperty(request, async (r) => {
+          const before = await stateDigest(ls, w);
+          const res = await send(port, r);
+          counts.requests++;
+          counts.byStatus[res.status] = (counts.byStatus[res.status] ?? 0) + 1;
+          const tally = byRoute.get(r.route ?? '') ?? {};
+          tally[res.status] = (tally[res.status] ?? 0) + 1;
+          byRoute.set(r.route ?? '', tally);
+          const what = `${describe(r)} -> ${res.status} ${res.body.subarray(0, 400).toString('utf8')}`;
 
-        const timedOut = res.status === 504 && r.timed && res.body.includes('COMMAND_TIMEOUT');
-        if (res.status >= 500 && !timedOut) throw new Error(`5xx: ${what}`);
-        if (res.status >= 400 && r.method !== 'HEAD') {
-          const problem = errorShapeProblem(res);
-          if (problem) throw new Error(`untyped error (${problem}): ${what}`);
-        }
-        if (res.status < 400 && r.target.startsWith('/v1') && !r.authenticated) throw new Error(`succeeded without a valid token: ${what}`);
-        if (res.status < 400 && r.cross) throw new Error(`succeeded on another tenant's object: ${what}`);
-        if (res.status === 200 && r.target.startsWith('/docs/static/') && /root:x:0:0|"name": "lockstep"/.test(res.body.toString('latin1'))) throw new Error(`served a file outside Swagger UI: ${what}`);
-
-        if (res.status >= 400) {
-          counts.refused++;
-          const after = await stateDigest(ls, w);
-          const changed = Object.keys(before).filter((k) => JSON.stringify(before[k]) !== JSON.stringify(after[k]));
-          if (changed.length) {
-            const diff = changed.map((k) => `${k}: ${JSON.stringify(before[k])} -> ${JSON.stringify(after[k])}`).join('\n');
-            throw new Error(`a refused request changed state: ${what}\n${diff}`);
+          const timedOut = res.status === 504 && r.timed && res.body.includes('COMMAND_TIMEOUT');
+          if (res.status >= 500 && !timedOut) throw new Error(`5xx: ${what}`);
+          if (res.status >= 400 && r.method !== 'HEAD') {
+            const problem = errorShapeProblem(res);
+            if (problem) throw new Error(`untyped error (${problem}): ${what}`);
           }
-        } else {
-          counts.ok++;
-          // Sandboxes a create or fork made: removed, so the quota has room again.
-          for (const s of ls.list()) if (!fixtures.has(s.id)) await ls.remove(s.id);
-        }
-        const health = await send(port, { method: 'GET', target: '/healthz', headers: {}, cross: false, authenticated: false, timed: false });
-        if (health.status !== 200 || JSON.parse(health.body.toString()).ok !== true) throw new Error(`/healthz answered ${health.status} after ${what}`);
-      }),
-      { numRuns: RUNS, seed: SEED, endOnFailure: true, includeErrorInReport: true },
-    );
-    t.log(`answers: ${JSON.stringify(counts)}`);
-    if (process.env.LOCKSTEP_FUZZ_VERBOSE) for (const [k, v] of [...byRoute].sort()) t.log(`${k}: ${JSON.stringify(v)}`);
+          if (res.status < 400 && r.target.startsWith('/v1') && !r.authenticated)
+            throw new Error(`succeeded without a valid token: ${what}`);
+          if (res.status < 400 && r.cross) throw new Error(`succeeded on another tenant's object: ${what}`);
+          if (
+            res.status === 200 &&
+            r.target.startsWith('/docs/static/') &&
+            /root:x:0:0|"name": "lockstep"/.test(res.body.toString('latin1'))
+          )
+            throw new Error(`served a file outside Swagger UI: ${what}`);
 
-    // The fixtures are whole and their own tenants still reach them.
-    for (const [name, f] of [['acme', w.a], ['globex', w.b]] as const) {
-      const api = client.as(f.token);
-      const run = await api.post(`/v1/sandboxes/${f.sandbox}/commands`, { cmd: ['cat', '/workspace/fuzz/seed.txt'] });
-      t.is(run.status, 200, `${name} can still run commands`);
-      t.true(typeof run.body.stdout === 'string', `${name}: ${run.text}`);
-      const ctx = await api.get(`/v1/sandboxes/${f.sandbox}/checkpoints/${f.checkpoint}/context`);
-      t.is(ctx.status, 200, `${name}'s fixture checkpoint is still there`);
-      t.is((await api.get(`/v1/sandboxes/${f.sandbox}/effects/${f.effect}`)).body.id, f.effect);
-    }
-    t.true(counts.ok > 0 && counts.refused > 0, `both accepted and refused requests were made: ${JSON.stringify(counts)}`);
-  });
+          if (res.status >= 400) {
+            counts.refused++;
+            const after = await stateDigest(ls, w);
+            const changed = Object.keys(before).filter((k) => JSON.stringify(before[k]) !== JSON.stringify(after[k]));
+            if (changed.length) {
+              const diff = changed
+                .map((k) => `${k}: ${JSON.stringify(before[k])} -> ${JSON.stringify(after[k])}`)
+                .join('\n');
+              throw new Error(`a refused request changed state: ${what}\n${diff}`);
+            }
+          } else {
+            counts.ok++;
+            // Sandboxes a create or fork made: removed, so the quota has room again.
+            for (const s of ls.list()) if (!fixtures.has(s.id)) await ls.remove(s.id);
+          }
+          const health = await send(port, {
+            method: 'GET',
+            target: '/healthz',
+            headers: {},
+            cross: false,
+            authenticated: false,
+            timed: false,
+          });
+          if (health.status !== 200 || JSON.parse(health.body.toString()).ok !== true)
+            throw new Error(`/healthz answered ${health.status} after ${what}`);
+        }),
+        { numRuns: RUNS, seed: SEED, endOnFailure: true, includeErrorInReport: true },
+      );
+      t.log(`answers: ${JSON.stringify(counts)}`);
+      if (process.env.LOCKSTEP_FUZZ_VERBOSE)
+        for (const [k, v] of [...byRoute].sort()) t.log(`${k}: ${JSON.stringify(v)}`);
+
+      // The fixtures are whole and their own tenants still reach them.
+      for (const [name, f] of [
+        ['acme', w.a],
+        ['globex', w.b],
+      ] as const) {
+        const api = client.as(f.token);
+        const run = await api.post(`/v1/sandboxes/${f.sandbox}/commands`, { cmd: ['cat', '/workspace/fuzz/seed.txt'] });
+        t.is(run.status, 200, `${name} can still run commands`);
+        t.true(typeof run.body.stdout === 'string', `${name}: ${run.text}`);
+        const ctx = await api.get(`/v1/sandboxes/${f.sandbox}/checkpoints/${f.checkpoint}/context`);
+        t.is(ctx.status, 200, `${name}'s fixture checkpoint is still there`);
+        t.is((await api.get(`/v1/sandboxes/${f.sandbox}/effects/${f.effect}`)).body.id, f.effect);
+      }
+      t.true(
+        counts.ok > 0 && counts.refused > 0,
+        `both accepted and refused requests were made: ${JSON.stringify(counts)}`,
+      );
+    },
+  );
 });

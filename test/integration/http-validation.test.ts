@@ -13,8 +13,14 @@ import { integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
 
 function rowCounts(db: Database.Database): Record<string, number> {
-  const tables = (db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name").all() as { name: string }[]).map((r) => r.name);
-  return Object.fromEntries(tables.map((t) => [t, (db.prepare(`SELECT COUNT(*) AS n FROM "${t}"`).get() as { n: number }).n]));
+  const tables = (
+    db
+      .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+      .all() as { name: string }[]
+  ).map((r) => r.name);
+  return Object.fromEntries(
+    tables.map((t) => [t, (db.prepare(`SELECT COUNT(*) AS n FROM "${t}"`).get() as { n: number }).n]),
+  );
 }
 
 const fileHash = (p: string) => createHash('sha256').update(fs.readFileSync(p)).digest('hex');
@@ -26,7 +32,9 @@ integration(test, () => {
     const api = client.as(tenantToken(ls, 'acme'));
     const id: string = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
     const ck: string = (await api.post(`/v1/sandboxes/${id}/checkpoints`, {})).body.id;
-    const eff: string = (await api.post(`/v1/sandboxes/${id}/effects`, { kind: 'k', input: 1, reversibility: 'irreversible' })).body.effectId;
+    const eff: string = (
+      await api.post(`/v1/sandboxes/${id}/effects`, { kind: 'k', input: 1, reversibility: 'irreversible' })
+    ).body.effectId;
     const S = `/v1/sandboxes/${id}`;
     const before = rowCounts(ls.engine.catalog.db);
 
@@ -86,8 +94,18 @@ integration(test, () => {
       ['POST', `${S}/checkpoints`, { context: 'just text' }, 'context'],
       ['POST', `${S}/checkpoints`, { context: { format: 'nope', messages: [] } }, 'context.format'],
       ['POST', `${S}/checkpoints`, { context: [{ role: 'user', content: 'hi' }] }, 'contextFormat'],
-      ['POST', `${S}/checkpoints`, { context: { format: 'openai-chat', messages: [{ role: 'robot', content: 'x' }] } }, 'context.messages[0].role'],
-      ['POST', `${S}/checkpoints`, { context: { format: 'anthropic', messages: [] }, contextFormat: 'openai-chat' }, 'contextFormat'],
+      [
+        'POST',
+        `${S}/checkpoints`,
+        { context: { format: 'openai-chat', messages: [{ role: 'robot', content: 'x' }] } },
+        'context.messages[0].role',
+      ],
+      [
+        'POST',
+        `${S}/checkpoints`,
+        { context: { format: 'anthropic', messages: [] }, contextFormat: 'openai-chat' },
+        'contextFormat',
+      ],
       ['POST', `${S}/checkpoints`, { contextFormat: 'yaml' }, 'contextFormat'],
       ['POST', `${S}/checkpoints`, { label: 'x', snapshot: true }, 'snapshot'],
       ['GET', `${S}/checkpoints/not-a-checkpoint/context`, undefined, 'ckpt'],
@@ -107,7 +125,12 @@ integration(test, () => {
       ['POST', `${S}/effects`, {}, 'kind'],
       ['POST', `${S}/effects`, { kind: 'k', input: 1 }, 'reversibility'],
       ['POST', `${S}/effects`, { kind: 'k', input: 1, reversibility: 'maybe' }, 'reversibility'],
-      ['POST', `${S}/effects`, { kind: 'k', input: 1, reversibility: 'compensable', compensation: { kind: 'undo' } }, 'compensation.input'],
+      [
+        'POST',
+        `${S}/effects`,
+        { kind: 'k', input: 1, reversibility: 'compensable', compensation: { kind: 'undo' } },
+        'compensation.input',
+      ],
       ['POST', `${S}/effects`, { kind: 'k', input: 1, reversibility: 'irreversible', scope: 'world' }, 'scope'],
       ['POST', `${S}/effects/${eff}/commit`, { output: 1, note: 'x' }, 'note'],
       ['POST', `${S}/effects/${eff}/fail`, { error: 'x' }, 'definite'],
@@ -124,7 +147,11 @@ integration(test, () => {
       ['POST', '/v1/sandboxes/sbx_../commands', { cmd: 'ls' }, 'id'],
     ];
     for (const [method, path, body, field, code] of cases) {
-      const r = await api.req(method, path, body === 'null' ? { body: 'null', raw: true, headers: { 'content-type': 'application/json' } } : { body });
+      const r = await api.req(
+        method,
+        path,
+        body === 'null' ? { body: 'null', raw: true, headers: { 'content-type': 'application/json' } } : { body },
+      );
       const label = `${method} ${path} ${JSON.stringify(body) ?? ''}`;
       const expected = code === 'IMAGE_NOT_FOUND' ? 404 : 400;
       t.is(r.status, expected, `${label} → ${r.text}`);
@@ -135,65 +162,99 @@ integration(test, () => {
     }
 
     // Malformed JSON, wrong content types, bodies over the limits.
-    const malformed = await api.req('POST', '/v1/sandboxes', { body: '{"memoryMb": 64', raw: true, headers: { 'content-type': 'application/json' } });
+    const malformed = await api.req('POST', '/v1/sandboxes', {
+      body: '{"memoryMb": 64',
+      raw: true,
+      headers: { 'content-type': 'application/json' },
+    });
     t.is(malformed.status, 400);
     t.deepEqual(malformed.body.error, { code: 'INVALID_JSON', message: 'The body is not valid JSON', field: 'body' });
-    const xml = await api.req('POST', '/v1/sandboxes', { body: '<sandbox/>', raw: true, headers: { 'content-type': 'application/xml' } });
+    const xml = await api.req('POST', '/v1/sandboxes', {
+      body: '<sandbox/>',
+      raw: true,
+      headers: { 'content-type': 'application/xml' },
+    });
     t.is(xml.status, 415);
     t.is(xml.body.error.code, 'UNSUPPORTED_MEDIA_TYPE');
-    const octetCreate = await api.req('POST', '/v1/sandboxes', { body: Buffer.from('{}'), raw: true, headers: { 'content-type': 'application/octet-stream' } });
+    const octetCreate = await api.req('POST', '/v1/sandboxes', {
+      body: Buffer.from('{}'),
+      raw: true,
+      headers: { 'content-type': 'application/octet-stream' },
+    });
     t.is(octetCreate.status, 415, 'raw bytes are taken only by file writes');
-    const textFile = await api.req('PUT', `${S}/files?path=t.txt`, { body: 'plain text', raw: true, headers: { 'content-type': 'text/plain' } });
+    const textFile = await api.req('PUT', `${S}/files?path=t.txt`, {
+      body: 'plain text',
+      raw: true,
+      headers: { 'content-type': 'text/plain' },
+    });
     t.is(textFile.status, 415);
     const hugeJson = await api.post('/v1/sandboxes', { metadata: { pad: 'x'.repeat(1024 * 1024) } });
     t.is(hugeJson.status, 413);
-    t.deepEqual(hugeJson.body.error, { code: 'PAYLOAD_TOO_LARGE', message: 'The request body is larger than this route accepts', field: 'body' });
-    const hugeFile = await api.req('PUT', `${S}/files?path=big.bin`, { body: Buffer.alloc(16 * 1024 * 1024 + 1), raw: true, headers: { 'content-type': 'application/octet-stream' } });
+    t.deepEqual(hugeJson.body.error, {
+      code: 'PAYLOAD_TOO_LARGE',
+      message: 'The request body is larger than this route accepts',
+      field: 'body',
+    });
+    const hugeFile = await api.req('PUT', `${S}/files?path=big.bin`, {
+      body: Buffer.alloc(16 * 1024 * 1024 + 1),
+      raw: true,
+      headers: { 'content-type': 'application/octet-stream' },
+    });
     t.is(hugeFile.status, 413);
-    const hugeCheckpoint = await api.post(`${S}/checkpoints`, { context: { format: 'openai-chat', messages: [{ role: 'user', content: 'x'.repeat(16 * 1024 * 1024) }] } });
+    const hugeCheckpoint = await api.post(`${S}/checkpoints`, {
+      context: { format: 'openai-chat', messages: [{ role: 'user', content: 'x'.repeat(16 * 1024 * 1024) }] },
+    });
     t.is(hugeCheckpoint.status, 413);
 
     t.deepEqual(rowCounts(ls.engine.catalog.db), before, 'no rows added or removed by any of it');
-    t.deepEqual(ls.list(tenantId(ls, 'acme')).map((s) => s.id), [id]);
+    t.deepEqual(
+      ls.list(tenantId(ls, 'acme')).map((s) => s.id),
+      [id],
+    );
     t.deepEqual((await api.get(`${S}/files/list?path=/workspace`)).body.entries, [], 'no file written');
     t.is((await api.get(`${S}/checkpoints`)).body.length, 1);
   });
 
-  test.serial('a symlink inside the sandbox that points outside is refused for read, write, list and remove; the host is untouched', async (t) => {
-    const ls = await openTestLockstep(t);
-    const { client } = await startServer(t, ls);
-    const api = client.as(tenantToken(ls, 'acme'));
-    const id: string = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
-    const S = `/v1/sandboxes/${id}`;
-    const plant = await api.post(`${S}/commands`, { cmd: 'ln -s /etc/passwd /workspace/passwd && ln -s ../../../../../../etc /workspace/etc-up && ln -s /tmp /workspace/tmp-abs && ls -l /workspace | wc -l' });
-    t.is(plant.body.exitCode, 0, plant.text);
-    const hostPasswd = fileHash('/etc/passwd');
-    const marker = `/tmp/lockstep-escape-${process.pid}`;
+  test.serial(
+    'a symlink inside the sandbox that points outside is refused for read, write, list and remove; the host is untouched',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const { client } = await startServer(t, ls);
+      const api = client.as(tenantToken(ls, 'acme'));
+      const id: string = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
+      const S = `/v1/sandboxes/${id}`;
+      const plant = await api.post(`${S}/commands`, {
+        cmd: 'ln -s /etc/passwd /workspace/passwd && ln -s ../../../../../../etc /workspace/etc-up && ln -s /tmp /workspace/tmp-abs && ls -l /workspace | wc -l',
+      });
+      t.is(plant.body.exitCode, 0, plant.text);
+      const hostPasswd = fileHash('/etc/passwd');
+      const marker = `/tmp/lockstep-escape-${process.pid}`;
 
-    const attempts: [string, string, unknown?][] = [
-      ['GET', `${S}/files?path=/workspace/passwd`],
-      ['GET', `${S}/files?path=passwd`],
-      ['PUT', `${S}/files?path=/workspace/passwd`, { content: 'root::0:0::/:/bin/sh\n' }],
-      ['PUT', `${S}/files?path=/workspace/etc-up/lockstep-pwned`, { content: 'x' }],
-      ['PUT', `${S}/files?path=/workspace/tmp-abs/lockstep-escape-${process.pid}`, { content: 'x' }],
-      ['GET', `${S}/files/list?path=/workspace/etc-up`],
-      ['GET', `${S}/files/list?path=/workspace/tmp-abs`],
-      ['GET', `${S}/files?path=/workspace/etc-up/hostname`],
-      ['DELETE', `${S}/files?path=/workspace/etc-up/hostname`],
-      ['POST', `${S}/verdicts`, { path: '/workspace/passwd', verdict: 'looks fine' }],
-    ];
-    for (const [method, path, body] of attempts) {
-      const r = await api.req(method, path, { body });
-      t.is(r.status, 400, `${method} ${path}: ${r.text}`);
-      t.like(r.body.error, { code: 'PATH_ESCAPES_SANDBOX', field: 'path' }, `${method} ${path}`);
-    }
-    t.is(fileHash('/etc/passwd'), hostPasswd);
-    t.false(fs.existsSync('/etc/lockstep-pwned'));
-    t.false(fs.existsSync(marker));
-    t.true(fs.existsSync('/etc/hostname'));
-    // The symlinks themselves are still there, and inside the sandbox they
-    // resolve inside it (its own /etc/passwd).
-    const inside = await api.post(`${S}/commands`, { cmd: 'head -c 5 /workspace/passwd' });
-    t.is(inside.body.stdout, 'root:');
-  });
+      const attempts: [string, string, unknown?][] = [
+        ['GET', `${S}/files?path=/workspace/passwd`],
+        ['GET', `${S}/files?path=passwd`],
+        ['PUT', `${S}/files?path=/workspace/passwd`, { content: 'root::0:0::/:/bin/sh\n' }],
+        ['PUT', `${S}/files?path=/workspace/etc-up/lockstep-pwned`, { content: 'x' }],
+        ['PUT', `${S}/files?path=/workspace/tmp-abs/lockstep-escape-${process.pid}`, { content: 'x' }],
+        ['GET', `${S}/files/list?path=/workspace/etc-up`],
+        ['GET', `${S}/files/list?path=/workspace/tmp-abs`],
+        ['GET', `${S}/files?path=/workspace/etc-up/hostname`],
+        ['DELETE', `${S}/files?path=/workspace/etc-up/hostname`],
+        ['POST', `${S}/verdicts`, { path: '/workspace/passwd', verdict: 'looks fine' }],
+      ];
+      for (const [method, path, body] of attempts) {
+        const r = await api.req(method, path, { body });
+        t.is(r.status, 400, `${method} ${path}: ${r.text}`);
+        t.like(r.body.error, { code: 'PATH_ESCAPES_SANDBOX', field: 'path' }, `${method} ${path}`);
+      }
+      t.is(fileHash('/etc/passwd'), hostPasswd);
+      t.false(fs.existsSync('/etc/lockstep-pwned'));
+      t.false(fs.existsSync(marker));
+      t.true(fs.existsSync('/etc/hostname'));
+      // The symlinks themselves are still there, and inside the sandbox they
+      // resolve inside it (its own /etc/passwd).
+      const inside = await api.post(`${S}/commands`, { cmd: 'head -c 5 /workspace/passwd' });
+      t.is(inside.body.stdout, 'root:');
+    },
+  );
 });

@@ -34,7 +34,11 @@ async function killInitFromInside(sb: Sandbox): Promise<void> {
  * serves as well (it is not the init: its start time differs). Returns the
  * holder's start time, and whether it is this test's own process.
  */
-async function hostProcessWithPid(t: { teardown: (fn: () => void) => void }, pid: number, initStart: number): Promise<{ start: number; ours: boolean }> {
+async function hostProcessWithPid(
+  t: { teardown: (fn: () => void) => void },
+  pid: number,
+  initStart: number,
+): Promise<{ start: number; ours: boolean }> {
   for (let attempt = 0; attempt < 500; attempt++) {
     const holder = startTime(pid);
     if (holder !== undefined && holder !== initStart) return { start: holder, ours: false };
@@ -103,7 +107,11 @@ integration(test, () => {
     await eventually(() => startTime(before.init_pid!) !== before.init_start, 10_000);
     await hostProcessWithPid(t, before.init_pid!, before.init_start!);
     // A manager that missed the exit (this row as an old one would have left it).
-    ls.engine.catalog.updateSandbox(sb.id, { state: 'running', init_pid: before.init_pid, init_start: before.init_start });
+    ls.engine.catalog.updateSandbox(sb.id, {
+      state: 'running',
+      init_pid: before.init_pid,
+      init_start: before.init_start,
+    });
     const marker = `/tmp/lockstep-identity-${randomBytes(6).toString('hex')}`;
     t.teardown(() => fs.rmSync(marker, { force: true }));
     await t.throwsAsync(sb.commands.run(['touch', marker]), { code: 'SANDBOX_NOT_RUNNING' });
@@ -129,7 +137,10 @@ integration(test, () => {
     t.is((await other.commands.run(['echo', 'ok'])).stdout, 'ok\n');
     // Removing a stopped sandbox works as for any other.
     await ls.remove(sb.id);
-    t.deepEqual(ls.list().map((s) => s.id), [other.id]);
+    t.deepEqual(
+      ls.list().map((s) => s.id),
+      [other.id],
+    );
   });
 
   test.serial('a rollback kills the old init on purpose: the sandbox stays running on the new one', async (t) => {
@@ -154,63 +165,81 @@ integration(test, () => {
     await eventually(() => sb.info().state === 'stopped', 10_000);
   });
 
-  test.serial('a background command is signalled through a pidfd: its whole process group goes, nothing else', async (t) => {
-    const ls = await openTestLockstep(t);
-    const sb = await ls.create();
-    const cg = ls.engine.runtime.cgroupName(ls.engine.catalog.sandbox(sb.id)!.instance);
-    const handle = await sb.commands.run('sleep 600 & sleep 600; wait', { background: true });
-    await eventually(() => ls.engine.cgroups.pids(cg).length >= 5); // init, the wrapper sh, sh, two sleeps
-    t.true(await handle.kill('SIGKILL'));
-    t.deepEqual(await handle.wait({ timeoutMs: 10_000 }), { exitCode: null });
-    await eventually(() => ls.engine.cgroups.pids(cg).length === 1, 10_000);
-    t.deepEqual(ls.engine.cgroups.pids(cg), [ls.engine.catalog.sandbox(sb.id)!.init_pid]);
-    t.false(await handle.kill(), 'an exited command is not signalled again');
-  });
+  test.serial(
+    'a background command is signalled through a pidfd: its whole process group goes, nothing else',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const sb = await ls.create();
+      const cg = ls.engine.runtime.cgroupName(ls.engine.catalog.sandbox(sb.id)!.instance);
+      const handle = await sb.commands.run('sleep 600 & sleep 600; wait', { background: true });
+      await eventually(() => ls.engine.cgroups.pids(cg).length >= 5); // init, the wrapper sh, sh, two sleeps
+      t.true(await handle.kill('SIGKILL'));
+      t.deepEqual(await handle.wait({ timeoutMs: 10_000 }), { exitCode: null });
+      await eventually(() => ls.engine.cgroups.pids(cg).length === 1, 10_000);
+      t.deepEqual(ls.engine.cgroups.pids(cg), [ls.engine.catalog.sandbox(sb.id)!.init_pid]);
+      t.false(await handle.kill(), 'an exited command is not signalled again');
+    },
+  );
 
-  test.serial('checkpoint and freeze of a stopped sandbox are refused and change nothing; rollback and fork bring it back', async (t) => {
-    const ls = await openTestLockstep(t);
-    const sb = await ls.create();
-    await sb.files.write('/workspace/f', 'kept');
-    const ckpt = await sb.checkpoint();
-    await sb.settled();
-    await killInitFromInside(sb);
-    await eventually(() => sb.info().state === 'stopped', 10_000);
-    await ls.engine.inits.settled();
-    const before = ls.engine.catalog.sandbox(sb.id)!;
-    t.is(before.standby_instance, null, 'the warm standby of a stopped sandbox is dropped');
+  test.serial(
+    'checkpoint and freeze of a stopped sandbox are refused and change nothing; rollback and fork bring it back',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const sb = await ls.create();
+      await sb.files.write('/workspace/f', 'kept');
+      const ckpt = await sb.checkpoint();
+      await sb.settled();
+      await killInitFromInside(sb);
+      await eventually(() => sb.info().state === 'stopped', 10_000);
+      await ls.engine.inits.settled();
+      const before = ls.engine.catalog.sandbox(sb.id)!;
+      t.is(before.standby_instance, null, 'the warm standby of a stopped sandbox is dropped');
 
-    await t.throwsAsync(sb.checkpoint(), { code: 'SANDBOX_NOT_RUNNING' });
-    await t.throwsAsync(sb.freeze(), { code: 'SANDBOX_NOT_RUNNING' });
-    await t.throwsAsync(sb.commands.run(['true']), { code: 'SANDBOX_NOT_RUNNING' });
-    t.deepEqual(ls.engine.catalog.sandbox(sb.id), before);
-    t.deepEqual(sb.checkpoints().map((c) => c.id), [ckpt.id]);
-    t.deepEqual(ls.engine.catalog.operations(), []);
+      await t.throwsAsync(sb.checkpoint(), { code: 'SANDBOX_NOT_RUNNING' });
+      await t.throwsAsync(sb.freeze(), { code: 'SANDBOX_NOT_RUNNING' });
+      await t.throwsAsync(sb.commands.run(['true']), { code: 'SANDBOX_NOT_RUNNING' });
+      t.deepEqual(ls.engine.catalog.sandbox(sb.id), before);
+      t.deepEqual(
+        sb.checkpoints().map((c) => c.id),
+        [ckpt.id],
+      );
+      t.deepEqual(ls.engine.catalog.operations(), []);
 
-    // A fork starts from the checkpoint, not from the dead processes.
-    const [fork] = await sb.fork(ckpt.id);
-    if (!fork?.ok) return t.fail(`the fork failed: ${JSON.stringify(fork)}`);
-    t.is((await ls.get(fork.id).commands.run(['cat', '/workspace/f'])).stdout, 'kept');
-    // Rolling back is how a stopped sandbox comes back: processes restored from the checkpoint.
-    const report = await sb.rollback(ckpt.id);
-    t.is(report.path, 'restore');
-    t.is(sb.info().state, 'running');
-    t.is((await sb.commands.run(['cat', '/workspace/f'])).stdout, 'kept');
-  });
+      // A fork starts from the checkpoint, not from the dead processes.
+      const [fork] = await sb.fork(ckpt.id);
+      if (!fork?.ok) return t.fail(`the fork failed: ${JSON.stringify(fork)}`);
+      t.is((await ls.get(fork.id).commands.run(['cat', '/workspace/f'])).stdout, 'kept');
+      // Rolling back is how a stopped sandbox comes back: processes restored from the checkpoint.
+      const report = await sb.rollback(ckpt.id);
+      t.is(report.path, 'restore');
+      t.is(sb.info().state, 'running');
+      t.is((await sb.commands.run(['cat', '/workspace/f'])).stdout, 'kept');
+    },
+  );
 
   test.serial('env values reach the command but never a command line on the host', async (t) => {
     const ls = await openTestLockstep(t);
     const sb = await ls.create({ envs: { BASE_SECRET: `base-${randomBytes(8).toString('hex')}` } });
     const secret = `x${randomBytes(16).toString('hex')}`;
     const big = 'y'.repeat(100_000); // larger than the helper's first read: the request is read to its end
-    const running = sb.commands.run(['sh', '-c', 'echo "$SECRET $BASE_SECRET"; printf %s "$BIG" | wc -c; sleep 2'], { env: { SECRET: secret, BIG: big } });
-    const helperLines = await eventually(() => {
-      const lines = allCommandLines().filter((l) => l.startsWith(helperPath + '\0enter'));
-      return lines.length ? lines : undefined;
-    }, 10_000, 10);
+    const running = sb.commands.run(['sh', '-c', 'echo "$SECRET $BASE_SECRET"; printf %s "$BIG" | wc -c; sleep 2'], {
+      env: { SECRET: secret, BIG: big },
+    });
+    const helperLines = await eventually(
+      () => {
+        const lines = allCommandLines().filter((l) => l.startsWith(helperPath + '\0enter'));
+        return lines.length ? lines : undefined;
+      },
+      10_000,
+      10,
+    );
     const everyLine = allCommandLines();
     const result = await running;
     t.deepEqual(helperLines![0]!.split('\0').filter(Boolean), [helperPath, 'enter', '--request-fd', '4']);
-    t.false(everyLine.some((l) => l.includes(secret)), 'no process on the host shows the value');
+    t.false(
+      everyLine.some((l) => l.includes(secret)),
+      'no process on the host shows the value',
+    );
     t.false(everyLine.some((l) => l.includes(JSON.parse(sb.core.row().env).BASE_SECRET)));
     t.is(result.exitCode, 0);
     t.is(result.stdout, `${secret} ${JSON.parse(sb.core.row().env).BASE_SECRET}\n100000\n`);
@@ -224,15 +253,23 @@ integration(test, () => {
       const ls = await Lockstep.open({ home: ${JSON.stringify(ls.home)} });
       ls.get(${JSON.stringify(sb.id)}).core.runningRow();
       console.log(ls.engine.inits.track(ls.engine.catalog.sandbox(${JSON.stringify(sb.id)})) ? 'watching' : 'not watching');`;
-    const { stdout } = await run(process.execPath, ['--input-type=module', '-e', script], { timeout: 30_000, env: { ...process.env, LOCKSTEP_LOG_LEVEL: 'warn' } });
+    const { stdout } = await run(process.execPath, ['--input-type=module', '-e', script], {
+      timeout: 30_000,
+      env: { ...process.env, LOCKSTEP_LOG_LEVEL: 'warn' },
+    });
     t.is(stdout.trim(), 'watching');
   });
 
   test.serial('`lockstep serve` marks a sandbox stopped when its init exits (GET shows it)', async (t) => {
     const ls = await openTestLockstep(t);
     const env = { ...process.env, LOCKSTEP_HOME: ls.home, LOCKSTEP_LOG_LEVEL: 'warn' };
-    const { token } = JSON.parse((await run(process.execPath, [CLI, 'tenant', 'add', 'acme', '--json'], { env })).stdout) as { token: string };
-    const child = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--json'], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+    const { token } = JSON.parse(
+      (await run(process.execPath, [CLI, 'tenant', 'add', 'acme', '--json'], { env })).stdout,
+    ) as { token: string };
+    const child = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--json'], {
+      env,
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
     t.teardown(() => void child.kill('SIGKILL'));
     const url = await new Promise<string>((resolve, reject) => {
       let out = '';

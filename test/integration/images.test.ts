@@ -30,7 +30,11 @@ async function dockerEngine(): Promise<Docker> {
 }
 
 async function removeDockerImage(docker: Docker, ref: string): Promise<void> {
-  for (const c of await docker.listContainers({ all: true, filters: { ancestor: [ref] } })) await docker.getContainer(c.Id).remove({ force: true }).catch(() => undefined);
+  for (const c of await docker.listContainers({ all: true, filters: { ancestor: [ref] } }))
+    await docker
+      .getContainer(c.Id)
+      .remove({ force: true })
+      .catch(() => undefined);
   await docker
     .getImage(ref)
     .remove({ force: true })
@@ -82,42 +86,45 @@ integration(test, () => {
     t.is(sb.info().image, 'base');
   });
 
-  test.serial('image rm: removed at once when unused; hidden while a sandbox uses it, collected when that sandbox goes', async (t) => {
-    const ls = await openTestLockstep(t);
-    const dir = ls.engine.paths.image('base');
-    t.deepEqual(ls.images.remove('base'), { removed: true, pending: false });
-    t.false(fs.existsSync(dir));
-    t.deepEqual(ls.images.list(), []);
-    t.throws(() => ls.images.get('base'), { code: 'IMAGE_NOT_FOUND' });
-    t.throws(() => ls.images.remove('base'), { code: 'IMAGE_NOT_FOUND' });
+  test.serial(
+    'image rm: removed at once when unused; hidden while a sandbox uses it, collected when that sandbox goes',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const dir = ls.engine.paths.image('base');
+      t.deepEqual(ls.images.remove('base'), { removed: true, pending: false });
+      t.false(fs.existsSync(dir));
+      t.deepEqual(ls.images.list(), []);
+      t.throws(() => ls.images.get('base'), { code: 'IMAGE_NOT_FOUND' });
+      t.throws(() => ls.images.remove('base'), { code: 'IMAGE_NOT_FOUND' });
 
-    await ls.images.build('base');
-    const sb = await ls.create();
-    t.deepEqual(ls.images.remove('base'), { removed: false, pending: true });
-    // Hidden: not listed, not usable for new sandboxes, not removable twice...
-    t.deepEqual(ls.images.list(), []);
-    t.throws(() => ls.images.get('base'), { code: 'IMAGE_NOT_FOUND' });
-    await t.throwsAsync(ls.create({ image: 'base' }), { code: 'IMAGE_NOT_FOUND' });
-    t.throws(() => ls.images.remove('base'), { code: 'IMAGE_NOT_FOUND' });
-    // ...but still there for the sandbox that uses it.
-    t.true(fs.existsSync(path.join(dir, 'rootfs/bin/busybox')));
-    t.deepEqual(
-      ls.engine.catalog.allImages().map((r) => [r.name, r.deleted]),
-      [['base', 1]],
-    );
-    t.is((await sb.commands.run(['sh', '-c', 'head -n 1 /etc/passwd'])).stdout, 'root:x:0:0:root:/root:/bin/sh\n');
+      await ls.images.build('base');
+      const sb = await ls.create();
+      t.deepEqual(ls.images.remove('base'), { removed: false, pending: true });
+      // Hidden: not listed, not usable for new sandboxes, not removable twice...
+      t.deepEqual(ls.images.list(), []);
+      t.throws(() => ls.images.get('base'), { code: 'IMAGE_NOT_FOUND' });
+      await t.throwsAsync(ls.create({ image: 'base' }), { code: 'IMAGE_NOT_FOUND' });
+      t.throws(() => ls.images.remove('base'), { code: 'IMAGE_NOT_FOUND' });
+      // ...but still there for the sandbox that uses it.
+      t.true(fs.existsSync(path.join(dir, 'rootfs/bin/busybox')));
+      t.deepEqual(
+        ls.engine.catalog.allImages().map((r) => [r.name, r.deleted]),
+        [['base', 1]],
+      );
+      t.is((await sb.commands.run(['sh', '-c', 'head -n 1 /etc/passwd'])).stdout, 'root:x:0:0:root:/root:/bin/sh\n');
 
-    await ls.remove(sb.id);
-    t.false(fs.existsSync(dir), 'collected with its last sandbox');
-    t.deepEqual(ls.engine.catalog.allImages(), []);
-    t.deepEqual(listDir(ls.engine.paths.images), []);
+      await ls.remove(sb.id);
+      t.false(fs.existsSync(dir), 'collected with its last sandbox');
+      t.deepEqual(ls.engine.catalog.allImages(), []);
+      t.deepEqual(listDir(ls.engine.paths.images), []);
 
-    await ls.images.build('base');
-    t.deepEqual(
-      ls.images.list().map((r) => r.name),
-      ['base'],
-    );
-  });
+      await ls.images.build('base');
+      t.deepEqual(
+        ls.images.list().map((r) => r.name),
+        ['base'],
+      );
+    },
+  );
 
   test.serial('export to a real Docker engine: the image exists there with the same files', async (t) => {
     const docker = await dockerEngine();
@@ -132,7 +139,11 @@ integration(test, () => {
     t.true(info.Size > 1_000_000, `${info.Size} bytes`);
 
     // Read files back out of the Docker image (a created, never started container).
-    const container = await docker.createContainer({ Image: ref, Cmd: ['/bin/true'], Labels: { 'dev.lockstep.test': ref } });
+    const container = await docker.createContainer({
+      Image: ref,
+      Cmd: ['/bin/true'],
+      Labels: { 'dev.lockstep.test': ref },
+    });
     const out = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-docker-archive-'));
     t.teardown(async () => {
       await container.remove({ force: true }).catch(() => undefined);
@@ -161,13 +172,16 @@ integration(test, () => {
     const base = ls.images.get('base');
 
     // Failures leave nothing behind.
-    await t.throwsAsync(ls.images.importFromDocker(`lockstep-test-missing-${suffix}:v1`, `missing-${suffix}`), { code: 'DOCKER_IMAGE_NOT_FOUND' });
+    await t.throwsAsync(ls.images.importFromDocker(`lockstep-test-missing-${suffix}:v1`, `missing-${suffix}`), {
+      code: 'DOCKER_IMAGE_NOT_FOUND',
+    });
     t.deepEqual(listDir(ls.engine.paths.images), ['base']);
 
     const row = await ls.images.importFromDocker(ref, imported);
     t.is(row.name, imported);
     t.is(row.source, `docker:${ref}`);
-    for (const f of ['bin/busybox', 'etc/passwd', 'etc/group']) t.is(sha256File(path.join(row.rootfs, f)), sha256File(path.join(base.rootfs, f)), f);
+    for (const f of ['bin/busybox', 'etc/passwd', 'etc/group'])
+      t.is(sha256File(path.join(row.rootfs, f)), sha256File(path.join(base.rootfs, f)), f);
     t.is(fs.readlinkSync(path.join(row.rootfs, 'etc/mtab')), '/proc/mounts', 'absolute symlinks are kept as they are');
     t.deepEqual(
       ls.images

@@ -77,7 +77,11 @@ integration(test, () => {
 
     // /proc itself: the numeric entries are the init and this shell (the glob
     // is expanded before the loop forks anything), nothing of the host.
-    const proc = await sb.commands.run(['sh', '-c', 'for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr "\\0" " " < $p/cmdline)"; done']);
+    const proc = await sb.commands.run([
+      'sh',
+      '-c',
+      'for p in /proc/[0-9]*; do echo "${p#/proc/} $(tr "\\0" " " < $p/cmdline)"; done',
+    ]);
     t.is(proc.exitCode, 0, proc.stderr);
     const entries = proc.stdout.trim().split('\n');
     t.is(entries.length, 2, proc.stdout);
@@ -87,40 +91,59 @@ integration(test, () => {
     t.false(entries.some((e) => e.startsWith(`${child.pid} `)));
   });
 
-  test.serial('host files outside the sandbox root are not visible, and /proc/1/root is the sandbox root', async (t) => {
-    const ls = await openTestLockstep(t);
-    const name = `lockstep-marker-${randomBytes(6).toString('hex')}`;
-    const markers = [path.join('/tmp', name), path.join('/root', name)];
-    for (const m of markers) {
-      fs.writeFileSync(m, 'host secret\n');
-      t.teardown(() => fs.rmSync(m, { force: true }));
-    }
-    const sb = await ls.create();
-    await sb.files.write('/workspace/own-file', 'sandbox data\n');
+  test.serial(
+    'host files outside the sandbox root are not visible, and /proc/1/root is the sandbox root',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const name = `lockstep-marker-${randomBytes(6).toString('hex')}`;
+      const markers = [path.join('/tmp', name), path.join('/root', name)];
+      for (const m of markers) {
+        fs.writeFileSync(m, 'host secret\n');
+        t.teardown(() => fs.rmSync(m, { force: true }));
+      }
+      const sb = await ls.create();
+      await sb.files.write('/workspace/own-file', 'sandbox data\n');
 
-    for (const m of markers) {
-      const r = await sb.commands.run(['cat', m]);
-      t.not(r.exitCode, 0, `${m} must not exist inside`);
-      t.is(r.stdout, '');
-      t.false(await sb.files.exists(m));
-    }
-    const listing = await sb.commands.run(['sh', '-c', `ls -a /tmp /root; find / -xdev -name '${name}*' 2>/dev/null; echo end`]);
-    t.false(listing.stdout.includes(name));
-    t.true(listing.stdout.endsWith('end\n'));
+      for (const m of markers) {
+        const r = await sb.commands.run(['cat', m]);
+        t.not(r.exitCode, 0, `${m} must not exist inside`);
+        t.is(r.stdout, '');
+        t.false(await sb.files.exists(m));
+      }
+      const listing = await sb.commands.run([
+        'sh',
+        '-c',
+        `ls -a /tmp /root; find / -xdev -name '${name}*' 2>/dev/null; echo end`,
+      ]);
+      t.false(listing.stdout.includes(name));
+      t.true(listing.stdout.endsWith('end\n'));
 
-    // The host's state directory and the sandbox's own host path do not exist inside.
-    const hostPaths = await sb.commands.run(['sh', '-c', `test -e '${ls.home}' && echo home; test -e '${ls.engine.paths.sandboxRoot(sb.id)}' && echo root; echo done`]);
-    t.is(hostPaths.stdout, 'done\n');
+      // The host's state directory and the sandbox's own host path do not exist inside.
+      const hostPaths = await sb.commands.run([
+        'sh',
+        '-c',
+        `test -e '${ls.home}' && echo home; test -e '${ls.engine.paths.sandboxRoot(sb.id)}' && echo root; echo done`,
+      ]);
+      t.is(hostPaths.stdout, 'done\n');
 
-    const root = await sb.commands.run(['sh', '-c', `tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/1/root/workspace/own-file; test -e /proc/1/root/tmp/${name} || echo no-marker`]);
-    t.is(root.stdout, 'lockstep-init \nsandbox data\nno-marker\n');
-  });
+      const root = await sb.commands.run([
+        'sh',
+        '-c',
+        `tr '\\0' ' ' </proc/1/cmdline; echo; cat /proc/1/root/workspace/own-file; test -e /proc/1/root/tmp/${name} || echo no-marker`,
+      ]);
+      t.is(root.stdout, 'lockstep-init \nsandbox data\nno-marker\n');
+    },
+  );
 
   test.serial('no host network: only lo, and a host TCP server is unreachable', async (t) => {
     const ls = await openTestLockstep(t);
     const loopback = await countingServer(t, '127.0.0.1');
     const anyAddr = await countingServer(t, '0.0.0.0');
-    t.is(await connectFromHost(loopback.port, '127.0.0.1'), 'hello from the host\n', 'control: reachable from the host');
+    t.is(
+      await connectFromHost(loopback.port, '127.0.0.1'),
+      'hello from the host\n',
+      'control: reachable from the host',
+    );
     t.is(loopback.accepted(), 1);
     const sb = await ls.create();
 
@@ -132,7 +155,11 @@ integration(test, () => {
       .map((l) => l.split(':')[0]!.trim());
     t.deepEqual(interfaces, ['lo']);
 
-    const viaLoopback = await sb.commands.run(['sh', '-c', `nc -w 2 127.0.0.1 ${loopback.port} </dev/null; echo rc=$?`]);
+    const viaLoopback = await sb.commands.run([
+      'sh',
+      '-c',
+      `nc -w 2 127.0.0.1 ${loopback.port} </dev/null; echo rc=$?`,
+    ]);
     t.regex(viaLoopback.stdout, /rc=[1-9]/);
     t.regex(viaLoopback.stderr, /Connection refused/);
     t.is(loopback.accepted(), 1, 'the host server saw no connection from the sandbox');
@@ -215,11 +242,19 @@ integration(test, () => {
       t.is((capOf(field) >> CAP_SYS_MODULE) & 1n, 0n, `${field} lacks CAP_SYS_MODULE`);
     }
 
-    const mount = await sb.commands.run(['sh', '-c', 'mkdir -p /mnt && mount -t tmpfs none /mnt; echo rc=$?; grep -c " /mnt " /proc/self/mounts']);
+    const mount = await sb.commands.run([
+      'sh',
+      '-c',
+      'mkdir -p /mnt && mount -t tmpfs none /mnt; echo rc=$?; grep -c " /mnt " /proc/self/mounts',
+    ]);
     t.regex(mount.stdout, /^rc=[1-9]\d*\n0\n$/);
     t.regex(mount.stderr, /permission denied|not permitted/i);
 
-    const more = await sb.commands.run(['sh', '-c', 'mknod /tmp/mem c 1 1; echo mknod=$?; unshare -m true; echo unshare=$?']);
+    const more = await sb.commands.run([
+      'sh',
+      '-c',
+      'mknod /tmp/mem c 1 1; echo mknod=$?; unshare -m true; echo unshare=$?',
+    ]);
     t.regex(more.stdout, /mknod=[1-9]/);
     t.regex(more.stdout, /unshare=[1-9]/);
   });
@@ -247,10 +282,24 @@ integration(test, () => {
     t.teardown(() => fs.rmSync(hostDir, { recursive: true, force: true }));
     fs.writeFileSync(path.join(hostDir, 'marker'), 'host secret\n');
     // A second manager whose parent left fd 200 open on a host directory.
-    const child = spawn('/bin/bash', ['-c', 'exec "$0" "$@" 200<"$DIR"', process.execPath, path.join(fixtures, 'run-in-sandbox.mjs'), ls.home, sb.id, 'sh', '-c', 'ls /proc/self/fd; cat /proc/self/fd/200/marker'], {
-      env: { ...process.env, DIR: hostDir },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      '/bin/bash',
+      [
+        '-c',
+        'exec "$0" "$@" 200<"$DIR"',
+        process.execPath,
+        path.join(fixtures, 'run-in-sandbox.mjs'),
+        ls.home,
+        sb.id,
+        'sh',
+        '-c',
+        'ls /proc/self/fd; cat /proc/self/fd/200/marker',
+      ],
+      {
+        env: { ...process.env, DIR: hostDir },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let out = '';
     child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
     const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));

@@ -78,14 +78,25 @@ integration(test, () => {
     const tuple = await saver.getTuple(afterA.config);
     t.is(tuple?.checkpoint.id, afterA.config.configurable!.checkpoint_id);
     t.deepEqual(
-      tuple!.pendingWrites!.filter(([, channel]) => channel === 'log' || channel === 'seen').map(([, channel, value]) => [channel, value]),
+      tuple!
+        .pendingWrites!.filter(([, channel]) => channel === 'log' || channel === 'seen')
+        .map(([, channel, value]) => [channel, value]),
       [
         ['log', ['b']],
         ['seen', ['A\n']],
       ],
     );
     t.deepEqual((await saver.getTuple(thread))?.checkpoint.id, history[0]!.config.configurable!.checkpoint_id);
-    t.is(await saver.getTuple({ configurable: { thread_id: 'agent-1', checkpoint_ns: '', checkpoint_id: '1f000000-0000-6000-8000-000000000000' } }), undefined);
+    t.is(
+      await saver.getTuple({
+        configurable: {
+          thread_id: 'agent-1',
+          checkpoint_ns: '',
+          checkpoint_id: '1f000000-0000-6000-8000-000000000000',
+        },
+      }),
+      undefined,
+    );
     const listed = [];
     for await (const tup of saver.list(thread, { limit: 2 })) listed.push(tup.checkpoint.id);
     t.deepEqual(
@@ -96,7 +107,7 @@ integration(test, () => {
     // Replay from the checkpoint after node a: the sandbox goes back before node b runs again.
     const branchBefore = sb.info().branchId;
     const replayed = await graph.invoke(null, afterA.config);
-    t.deepEqual(replayed, { log: ['start', 'a', 'b'], seen: ['A\n'] }, 'node b found only node a\'s line');
+    t.deepEqual(replayed, { log: ['start', 'a', 'b'], seen: ['A\n'] }, "node b found only node a's line");
     t.is(await fileText(sb, '/workspace/a.txt'), 'A\nB\n');
     t.not(sb.info().branchId, branchBefore, 'the sandbox was rolled back');
     t.is(events.length, 1);
@@ -119,7 +130,10 @@ integration(test, () => {
 
     await saver.deleteThread('agent-1');
     t.is(await saver.getTuple(thread), undefined);
-    t.deepEqual(sb.checkpoints().filter((c) => c.label?.startsWith('langgraph:')), []);
+    t.deepEqual(
+      sb.checkpoints().filter((c) => c.label?.startsWith('langgraph:')),
+      [],
+    );
     t.is(await fileText(sb, '/workspace/a.txt'), 'A\nB\n', 'the sandbox itself stays');
   });
 
@@ -167,7 +181,10 @@ integration(test, () => {
       .addEdge(START, 'a')
       .addEdge('a', END)
       .compile({ checkpointer: saver });
-    await t.throwsAsync(graph.invoke({ log: [] }, { configurable: { thread_id: 't' } }), { code: 'INVALID_ARGUMENT', message: /durability/ });
+    await t.throwsAsync(graph.invoke({ log: [] }, { configurable: { thread_id: 't' } }), {
+      code: 'INVALID_ARGUMENT',
+      message: /durability/,
+    });
     t.deepEqual(sb.checkpoints(), []);
   });
 });

@@ -48,7 +48,10 @@ integration(test, () => {
         await new Promise((r) => setImmediate(r));
       }
     })();
-    const bomb = await sb.commands.run(['sh', '-c', 'i=0; while [ $i -lt 500 ]; do sleep 2 & i=$((i+1)); done; echo "all $i started"'], { timeoutMs: 60_000 });
+    const bomb = await sb.commands.run(
+      ['sh', '-c', 'i=0; while [ $i -lt 500 ]; do sleep 2 & i=$((i+1)); done; echo "all $i started"'],
+      { timeoutMs: 60_000 },
+    );
     // The sleeps outlive the shell: keep sampling until they are gone.
     await eventually(() => ls.engine.cgroups.pids(cg).length === 1, 30_000);
     sampling = false;
@@ -92,7 +95,10 @@ integration(test, () => {
     const direct = await small.commands.run(['sh', '-c', 'head -c 200m /dev/zero | tail'], { timeoutMs: 60_000 });
     t.is(direct.exitCode, 137);
     t.is(direct.signal, 'SIGKILL');
-    t.true(ls.engine.cgroups.oomKills(cg) >= oomBefore + 2, `OOM kills: ${oomBefore} -> ${ls.engine.cgroups.oomKills(cg)}`);
+    t.true(
+      ls.engine.cgroups.oomKills(cg) >= oomBefore + 2,
+      `OOM kills: ${oomBefore} -> ${ls.engine.cgroups.oomKills(cg)}`,
+    );
 
     // Everything else lives on: the manager (us), the supervisor, the sandbox's init.
     t.true(sameProcessAlive(process.pid, undefined));

@@ -13,7 +13,11 @@ import { eventually, integration, openTestLockstep } from '../helpers/harness.js
 // through a fixture; then it becomes bin/lockstep.js.
 const CLI = fileURLToPath(new URL('../../../bin/lockstep.js', import.meta.url));
 
-async function connect(t: { teardown: (fn: () => Promise<void>) => void }, home: string, args: string[] = []): Promise<{ client: Client; transport: StdioClientTransport }> {
+async function connect(
+  t: { teardown: (fn: () => Promise<void>) => void },
+  home: string,
+  args: string[] = [],
+): Promise<{ client: Client; transport: StdioClientTransport }> {
   const transport = new StdioClientTransport({
     command: process.execPath,
     args: [CLI, 'mcp', ...args],
@@ -27,10 +31,19 @@ async function connect(t: { teardown: (fn: () => Promise<void>) => void }, home:
 }
 
 /** Calls a tool and parses its JSON text; fails the test on a tool error unless `error` is set. */
-async function call(client: Client, name: string, args: Record<string, unknown> = {}, opts: { error?: boolean } = {}): Promise<any> {
-  const r = (await client.callTool({ name, arguments: args })) as { isError?: boolean; content: { type: string; text: string }[] };
+async function call(
+  client: Client,
+  name: string,
+  args: Record<string, unknown> = {},
+  opts: { error?: boolean } = {},
+): Promise<any> {
+  const r = (await client.callTool({ name, arguments: args })) as {
+    isError?: boolean;
+    content: { type: string; text: string }[];
+  };
   const text = r.content[0]!.text;
-  if (Boolean(r.isError) !== Boolean(opts.error)) throw new Error(`${name}: ${r.isError ? 'tool error' : 'expected a tool error'}: ${text}`);
+  if (Boolean(r.isError) !== Boolean(opts.error))
+    throw new Error(`${name}: ${r.isError ? 'tool error' : 'expected a tool error'}: ${text}`);
   try {
     return JSON.parse(text);
   } catch {
@@ -39,76 +52,128 @@ async function call(client: Client, name: string, args: Record<string, unknown> 
 }
 
 integration(test, () => {
-  test.serial('an MCP client runs commands, writes and reads files, checkpoints and rolls back; the sandbox it got is removed when it leaves', async (t) => {
-    const ls = await openTestLockstep(t);
-    const { client } = await connect(t, ls.home, ['--image', 'base']);
-    t.is(ls.list().length, 1);
-    const id = ls.list()[0]!.id;
-    t.true(client.getInstructions()?.includes(id));
+  test.serial(
+    'an MCP client runs commands, writes and reads files, checkpoints and rolls back; the sandbox it got is removed when it leaves',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const { client } = await connect(t, ls.home, ['--image', 'base']);
+      t.is(ls.list().length, 1);
+      const id = ls.list()[0]!.id;
+      t.true(client.getInstructions()?.includes(id));
 
-    const { tools } = await client.listTools();
-    const names = tools.map((x) => x.name).sort();
-    t.deepEqual(names, ['checkpoint', 'fork', 'list_checkpoints', 'list_files', 'read_file', 'record_effect', 'rollback', 'run_command', 'write_file']);
-    for (const tool of tools) {
-      t.is(tool.inputSchema.type, 'object', tool.name);
-      t.truthy(tool.description, tool.name);
-    }
-    const runSchema = tools.find((x) => x.name === 'run_command')!.inputSchema;
-    t.deepEqual(runSchema.required, ['cmd']);
-    t.truthy(runSchema.properties?.cwd);
+      const { tools } = await client.listTools();
+      const names = tools.map((x) => x.name).sort();
+      t.deepEqual(names, [
+        'checkpoint',
+        'fork',
+        'list_checkpoints',
+        'list_files',
+        'read_file',
+        'record_effect',
+        'rollback',
+        'run_command',
+        'write_file',
+      ]);
+      for (const tool of tools) {
+        t.is(tool.inputSchema.type, 'object', tool.name);
+        t.truthy(tool.description, tool.name);
+      }
+      const runSchema = tools.find((x) => x.name === 'run_command')!.inputSchema;
+      t.deepEqual(runSchema.required, ['cmd']);
+      t.truthy(runSchema.properties?.cwd);
 
-    const ran = await call(client, 'run_command', { cmd: 'echo hello from mcp; echo err >&2; exit 2' });
-    t.like(ran, { exitCode: 2, stdout: 'hello from mcp\n', stderr: 'err\n' });
-    t.regex(ran.observationId, /^obs_/);
-    t.is((await call(client, 'run_command', { cmd: ['sh', '-c', 'echo "$A"'], envs: { A: 'argv' }, cwd: '/tmp' })).stdout, 'argv\n');
+      const ran = await call(client, 'run_command', { cmd: 'echo hello from mcp; echo err >&2; exit 2' });
+      t.like(ran, { exitCode: 2, stdout: 'hello from mcp\n', stderr: 'err\n' });
+      t.regex(ran.observationId, /^obs_/);
+      t.is(
+        (await call(client, 'run_command', { cmd: ['sh', '-c', 'echo "$A"'], envs: { A: 'argv' }, cwd: '/tmp' }))
+          .stdout,
+        'argv\n',
+      );
 
-    const written = await call(client, 'write_file', { path: 'plan.md', content: '# plan v1\n' });
-    t.like(written, { path: 'plan.md', bytes: 10 });
-    const read = await call(client, 'read_file', { path: '/workspace/plan.md' });
-    t.like(read, { content: '# plan v1\n', encoding: 'utf8', sha256: written.sha256 });
-    t.deepEqual((await call(client, 'list_files', {})).entries.map((e: { name: string }) => e.name), ['plan.md']);
+      const written = await call(client, 'write_file', { path: 'plan.md', content: '# plan v1\n' });
+      t.like(written, { path: 'plan.md', bytes: 10 });
+      const read = await call(client, 'read_file', { path: '/workspace/plan.md' });
+      t.like(read, { content: '# plan v1\n', encoding: 'utf8', sha256: written.sha256 });
+      t.deepEqual(
+        (await call(client, 'list_files', {})).entries.map((e: { name: string }) => e.name),
+        ['plan.md'],
+      );
 
-    const context = { format: 'openai-chat', messages: [{ role: 'user', content: 'Write the plan.' }] };
-    const ck = await call(client, 'checkpoint', { label: 'plan v1', context });
-    t.regex(ck.id, /^ckpt_/);
-    t.deepEqual((await call(client, 'list_checkpoints')).map((c: { id: string }) => c.id), [ck.id]);
+      const context = { format: 'openai-chat', messages: [{ role: 'user', content: 'Write the plan.' }] };
+      const ck = await call(client, 'checkpoint', { label: 'plan v1', context });
+      t.regex(ck.id, /^ckpt_/);
+      t.deepEqual(
+        (await call(client, 'list_checkpoints')).map((c: { id: string }) => c.id),
+        [ck.id],
+      );
 
-    // The attempt that goes wrong.
-    await call(client, 'write_file', { path: 'plan.md', content: '# plan v2, broken\n' });
-    const looked = await call(client, 'run_command', { cmd: 'cat plan.md' });
-    const e1 = await call(client, 'record_effect', { kind: 'ticket.create', input: { title: 'Plan' }, key: 'ticket-1', output: { ticket: 42 } });
-    t.like(e1, { replayed: false, status: 'committed' });
-    const e2 = await call(client, 'record_effect', { kind: 'ticket.create', input: { title: 'Plan' }, key: 'ticket-1', output: { ticket: 43 } });
-    t.deepEqual(e2, { replayed: true, effectId: e1.effectId, output: { ticket: 42 } });
+      // The attempt that goes wrong.
+      await call(client, 'write_file', { path: 'plan.md', content: '# plan v2, broken\n' });
+      const looked = await call(client, 'run_command', { cmd: 'cat plan.md' });
+      const e1 = await call(client, 'record_effect', {
+        kind: 'ticket.create',
+        input: { title: 'Plan' },
+        key: 'ticket-1',
+        output: { ticket: 42 },
+      });
+      t.like(e1, { replayed: false, status: 'committed' });
+      const e2 = await call(client, 'record_effect', {
+        kind: 'ticket.create',
+        input: { title: 'Plan' },
+        key: 'ticket-1',
+        output: { ticket: 43 },
+      });
+      t.deepEqual(e2, { replayed: true, effectId: e1.effectId, output: { ticket: 42 } });
 
-    const report = await call(client, 'rollback', { checkpointId: ck.id, failure: 'v2 broke the plan', lessons: ['keep the heading'] });
-    t.is(report.checkpointId, ck.id);
-    t.deepEqual(report.context, context);
-    t.true(report.staleObservations.some((o: { id: string }) => o.id === looked.observationId));
-    t.deepEqual(report.effectsAfter.map((e: { id: string }) => e.id), [e1.effectId]);
-    t.true(report.recoverySummary.text.includes('v2 broke the plan'));
-    t.true(JSON.stringify(report.contextWithRecovery.messages.at(-1)).includes('keep the heading'));
-    t.is((await call(client, 'read_file', { path: 'plan.md' })).content, '# plan v1\n');
-    // After the rollback the effect is still known: a retry is replayed, not repeated.
-    t.like(await call(client, 'record_effect', { kind: 'ticket.create', input: { title: 'Plan' }, key: 'ticket-1' }), { replayed: true, output: { ticket: 42 } });
+      const report = await call(client, 'rollback', {
+        checkpointId: ck.id,
+        failure: 'v2 broke the plan',
+        lessons: ['keep the heading'],
+      });
+      t.is(report.checkpointId, ck.id);
+      t.deepEqual(report.context, context);
+      t.true(report.staleObservations.some((o: { id: string }) => o.id === looked.observationId));
+      t.deepEqual(
+        report.effectsAfter.map((e: { id: string }) => e.id),
+        [e1.effectId],
+      );
+      t.true(report.recoverySummary.text.includes('v2 broke the plan'));
+      t.true(JSON.stringify(report.contextWithRecovery.messages.at(-1)).includes('keep the heading'));
+      t.is((await call(client, 'read_file', { path: 'plan.md' })).content, '# plan v1\n');
+      // After the rollback the effect is still known: a retry is replayed, not repeated.
+      t.like(
+        await call(client, 'record_effect', { kind: 'ticket.create', input: { title: 'Plan' }, key: 'ticket-1' }),
+        { replayed: true, output: { ticket: 42 } },
+      );
 
-    const forked = await call(client, 'fork', { checkpointId: ck.id, count: 1 });
-    t.is(forked.ids.length, 1);
-    t.is(ls.get(forked.ids[0]).info().forkedFrom, ck.id);
+      const forked = await call(client, 'fork', { checkpointId: ck.id, count: 1 });
+      t.is(forked.ids.length, 1);
+      t.is(ls.get(forked.ids[0]).info().forkedFrom, ck.id);
 
-    // Errors come back as tool errors with the API's error body.
-    t.like(await call(client, 'read_file', { path: 'nope.txt' }, { error: true }), { error: { code: 'FILE_NOT_FOUND', field: 'path' } });
-    t.like(await call(client, 'read_file', { path: '../../../etc/shadow' }, { error: true }), { error: { code: 'PATH_ESCAPES_SANDBOX' } });
-    t.like(await call(client, 'rollback', { checkpointId: 'ckpt_missing' }, { error: true }), { error: { code: 'CHECKPOINT_NOT_FOUND' } });
-    const badInput = (await client.callTool({ name: 'run_command', arguments: { cmd: 5 } })) as { isError?: boolean; content: { text: string }[] };
-    t.true(badInput.isError);
-    t.regex(badInput.content[0]!.text, /cmd/);
+      // Errors come back as tool errors with the API's error body.
+      t.like(await call(client, 'read_file', { path: 'nope.txt' }, { error: true }), {
+        error: { code: 'FILE_NOT_FOUND', field: 'path' },
+      });
+      t.like(await call(client, 'read_file', { path: '../../../etc/shadow' }, { error: true }), {
+        error: { code: 'PATH_ESCAPES_SANDBOX' },
+      });
+      t.like(await call(client, 'rollback', { checkpointId: 'ckpt_missing' }, { error: true }), {
+        error: { code: 'CHECKPOINT_NOT_FOUND' },
+      });
+      const badInput = (await client.callTool({ name: 'run_command', arguments: { cmd: 5 } })) as {
+        isError?: boolean;
+        content: { text: string }[];
+      };
+      t.true(badInput.isError);
+      t.regex(badInput.content[0]!.text, /cmd/);
 
-    await client.close();
-    // The server removes what it created: the sandbox and its fork.
-    await eventually(() => ls.list().length === 0, 15_000, 50);
-    t.deepEqual(ls.list(), []);
-  });
+      await client.close();
+      // The server removes what it created: the sandbox and its fork.
+      await eventually(() => ls.list().length === 0, 15_000, 50);
+      t.deepEqual(ls.list(), []);
+    },
+  );
 
   test.serial('attached to an existing sandbox, the MCP server leaves it running', async (t) => {
     const ls = await openTestLockstep(t);
@@ -119,14 +184,18 @@ integration(test, () => {
     t.is((await call(client, 'run_command', { cmd: 'hostname' })).exitCode, 0);
     const pid = transport.pid;
     await client.close();
-    await eventually(() => {
-      try {
-        process.kill(pid!, 0);
-        return false;
-      } catch {
-        return true;
-      }
-    }, 10_000, 50);
+    await eventually(
+      () => {
+        try {
+          process.kill(pid!, 0);
+          return false;
+        } catch {
+          return true;
+        }
+      },
+      10_000,
+      50,
+    );
     t.is(ls.get(sb.id).info().state, 'running');
     t.is((await sb.commands.run('cat /workspace/existing.txt')).stdout, 'was here before');
   });
@@ -135,8 +204,12 @@ integration(test, () => {
     const ls = await openTestLockstep(t);
     const { execFile } = await import('node:child_process');
     const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-      const child = execFile(process.execPath, [CLI, 'mcp', '--sandbox', 'sbx_missing'], { env: { ...process.env, LOCKSTEP_HOME: ls.home } }, (err, stdout, stderr) =>
-        resolve({ code: child.exitCode ?? (err as { code?: number } | null)?.code ?? 0, stdout, stderr }),
+      const child = execFile(
+        process.execPath,
+        [CLI, 'mcp', '--sandbox', 'sbx_missing'],
+        { env: { ...process.env, LOCKSTEP_HOME: ls.home } },
+        (err, stdout, stderr) =>
+          resolve({ code: child.exitCode ?? (err as { code?: number } | null)?.code ?? 0, stdout, stderr }),
       );
       child.stdin?.end();
     });

@@ -35,7 +35,11 @@ function userEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
 
 const transcript: string[] = [];
 
-function run(cmd: string, args: string[], opts: { cwd: string; env?: Record<string, string>; show?: string }): Promise<Run> {
+function run(
+  cmd: string,
+  args: string[],
+  opts: { cwd: string; env?: Record<string, string>; show?: string },
+): Promise<Run> {
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, args, { cwd: opts.cwd, env: userEnv(opts.env ?? {}), stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
@@ -47,7 +51,12 @@ function run(cmd: string, args: string[], opts: { cwd: string; env?: Record<stri
       const envText = Object.entries(opts.env ?? {})
         .map(([k, v]) => `${k}=${v} `)
         .join('');
-      transcript.push(`$ ${envText}${opts.show ?? [cmd, ...args].join(' ')}`, ...[stdout, stderr].filter((s) => s.trim()).map((s) => s.trimEnd()), `[exit ${code}]`, '');
+      transcript.push(
+        `$ ${envText}${opts.show ?? [cmd, ...args].join(' ')}`,
+        ...[stdout, stderr].filter((s) => s.trim()).map((s) => s.trimEnd()),
+        `[exit ${code}]`,
+        '',
+      );
       resolve({ code: code ?? 1, stdout, stderr });
     });
   });
@@ -62,42 +71,58 @@ integration(test, () => {
     packDir = fs.mkdtempSync(path.join(TEST_ROOT, 'pack-'));
     // --ignore-scripts: the tests run from a dist/ that is already compiled;
     // prepack would only recompile it under the feet of other test files.
-    const r = await run('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', packDir], { cwd: root, show: 'npm pack' });
+    const r = await run('npm', ['pack', '--silent', '--ignore-scripts', '--pack-destination', packDir], {
+      cwd: root,
+      show: 'npm pack',
+    });
     if (r.code !== 0) throw new Error(`npm pack failed: ${r.stderr}`);
     tarball = path.join(packDir, r.stdout.trim().split('\n').pop()!);
   });
 
   test.after.always(() => {
     if (packDir) fs.rmSync(packDir, { recursive: true, force: true });
-    if (process.env.LOCKSTEP_PACKAGING_TRANSCRIPT) fs.writeFileSync(process.env.LOCKSTEP_PACKAGING_TRANSCRIPT, transcript.join('\n') + '\n');
+    if (process.env.LOCKSTEP_PACKAGING_TRANSCRIPT)
+      fs.writeFileSync(process.env.LOCKSTEP_PACKAGING_TRANSCRIPT, transcript.join('\n') + '\n');
   });
 
   /** `npx lockstep ARGS` without ever asking the registry (`--no`); `--` keeps npx from reading the flags. */
-  const npx = (args: string[], opts: { cwd: string; env?: Record<string, string> }) => run('npx', ['--no', '--', 'lockstep', ...args], { ...opts, show: `npx lockstep ${args.join(' ')}` });
+  const npx = (args: string[], opts: { cwd: string; env?: Record<string, string> }) =>
+    run('npx', ['--no', '--', 'lockstep', ...args], { ...opts, show: `npx lockstep ${args.join(' ')}` });
 
-  test.serial('the tarball holds the sources to build, the set-up scripts and deploy/, and no build output or tests', async (t) => {
-    const r = await run('tar', ['-tzf', tarball], { cwd: packDir });
-    const files = new Set(r.stdout.split('\n').filter(Boolean));
-    for (const f of [
-      'package/package.json',
-      'package/binding.gyp',
-      'package/native/addon/criu.cc',
-      'package/native/helper/lockstep-helper.c',
-      'package/scripts/install.js',
-      'package/scripts/provision-host.sh',
-      'package/sandbox-images/base/build.sh',
-      'package/sandbox-images/lib.sh',
-      'package/deploy/lockstep.service',
-      'package/deploy/config.json',
-      'package/CHANGELOG.md',
-      'package/bin/lockstep.js',
-      'package/dist/src/index.js',
-      'package/dist/src/cli/main.js',
-    ]) {
-      t.true(files.has(f), f);
-    }
-    t.false([...files].some((f) => f.startsWith('package/build/') || f.startsWith('package/dist/test/') || f.startsWith('package/node_modules/') || f === 'package/scripts/setup.sh'));
-  });
+  test.serial(
+    'the tarball holds the sources to build, the set-up scripts and deploy/, and no build output or tests',
+    async (t) => {
+      const r = await run('tar', ['-tzf', tarball], { cwd: packDir });
+      const files = new Set(r.stdout.split('\n').filter(Boolean));
+      for (const f of [
+        'package/package.json',
+        'package/binding.gyp',
+        'package/native/addon/criu.cc',
+        'package/native/helper/lockstep-helper.c',
+        'package/scripts/install.js',
+        'package/scripts/provision-host.sh',
+        'package/sandbox-images/base/build.sh',
+        'package/sandbox-images/lib.sh',
+        'package/deploy/lockstep.service',
+        'package/deploy/config.json',
+        'package/CHANGELOG.md',
+        'package/bin/lockstep.js',
+        'package/dist/src/index.js',
+        'package/dist/src/cli/main.js',
+      ]) {
+        t.true(files.has(f), f);
+      }
+      t.false(
+        [...files].some(
+          (f) =>
+            f.startsWith('package/build/') ||
+            f.startsWith('package/dist/test/') ||
+            f.startsWith('package/node_modules/') ||
+            f === 'package/scripts/setup.sh',
+        ),
+      );
+    },
+  );
 
   test.serial('a fresh project installs the tarball and uses the SDK and the CLI from it', async (t) => {
     t.timeout(30 * 60_000, 'npm install builds the native parts');
@@ -107,15 +132,26 @@ integration(test, () => {
       if (fs.existsSync(home)) await destroyHome(home);
       fs.rmSync(project, { recursive: true, force: true });
     });
-    fs.writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'smoke-project', version: '1.0.0', private: true, type: 'module' }, null, 2));
+    fs.writeFileSync(
+      path.join(project, 'package.json'),
+      JSON.stringify({ name: 'smoke-project', version: '1.0.0', private: true, type: 'module' }, null, 2),
+    );
 
     // 1. npm install: the install hook builds the addon, the helper and the init.
-    const install = await run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--foreground-scripts', tarball], { cwd: project, show: `npm install --prefer-offline --foreground-scripts ./${path.basename(tarball)}` });
+    const install = await run(
+      'npm',
+      ['install', '--prefer-offline', '--no-audit', '--no-fund', '--foreground-scripts', tarball],
+      { cwd: project, show: `npm install --prefer-offline --foreground-scripts ./${path.basename(tarball)}` },
+    );
     t.is(install.code, 0, install.stderr);
     const installed = path.join(project, 'node_modules', 'lockstep');
-    for (const f of ['lockstep.node', 'lockstep-helper', 'lockstep-init']) t.true(fs.existsSync(path.join(installed, 'build', 'Release', f)), f);
+    for (const f of ['lockstep.node', 'lockstep-helper', 'lockstep-init'])
+      t.true(fs.existsSync(path.join(installed, 'build', 'Release', f)), f);
     t.regex(install.stderr + install.stdout, /lockstep: native parts built/);
-    t.true(fs.existsSync(path.join(project, 'node_modules', 'node-gyp', 'package.json')), 'node-gyp is a regular dependency');
+    t.true(
+      fs.existsSync(path.join(project, 'node_modules', 'node-gyp', 'package.json')),
+      'node-gyp is a regular dependency',
+    );
 
     // 2. The installed CLI answers its version.
     const version = await npx(['--version'], { cwd: project });
@@ -170,7 +206,14 @@ try {
     // 6. The script: create, run, checkpoint, roll back, fork, through the installed package.
     const smoke = await run('node', ['smoke.mjs'], { cwd: project, env });
     t.is(smoke.code, 0, smoke.stdout + smoke.stderr);
-    const result = JSON.parse(smoke.stdout) as { sandbox: string; checkpoint: string; afterRollback: string; fork: string; inFork: string; module: string };
+    const result = JSON.parse(smoke.stdout) as {
+      sandbox: string;
+      checkpoint: string;
+      afterRollback: string;
+      fork: string;
+      inFork: string;
+      module: string;
+    };
     t.is(result.afterRollback, 'one');
     t.is(result.inFork, 'one');
     t.is(fileURLToPath(result.module), path.join(installed, 'dist', 'src', 'index.js'));

@@ -64,7 +64,9 @@ integration(test, () => {
   function pythonPid(sb: Sandbox): number {
     const e = ls.engine;
     const row = e.catalog.requireSandbox(sb.id);
-    const pid = e.cgroups.pids(e.runtime.cgroupName(row.instance)).find((p) => fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('memory.py'));
+    const pid = e.cgroups
+      .pids(e.runtime.cgroupName(row.instance))
+      .find((p) => fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('memory.py'));
     if (!pid) throw new Error(`no python in ${sb.id}`);
     return pid;
   }
@@ -76,23 +78,31 @@ integration(test, () => {
     // Asked again every 2 s: a report request sent just as a restored tree starts was seen to go unanswered
     // once in a few dozen runs on a loaded machine. Asking twice changes nothing in memory.
     let asked = 0;
-    return eventually(() => {
-      if (Date.now() - asked > 2000) {
-        process.kill(pythonPid(sb), 'SIGUSR2');
-        asked = Date.now();
-      }
-      return fs.existsSync(file) && fs.readFileSync(file, 'utf8');
-    }, 60_000, 5) as Promise<string>;
+    return eventually(
+      () => {
+        if (Date.now() - asked > 2000) {
+          process.kill(pythonPid(sb), 'SIGUSR2');
+          asked = Date.now();
+        }
+        return fs.existsSync(file) && fs.readFileSync(file, 'utf8');
+      },
+      60_000,
+      5,
+    ) as Promise<string>;
   }
 
   /** Changes 64 KiB of the blob and a dict entry, and returns the new memory report. */
   async function change(sb: Sandbox): Promise<string> {
     const before = await memory(sb);
     process.kill(pythonPid(sb), 'SIGUSR1');
-    return eventually(async () => {
-      const now = fs.readFileSync(hostPath(ls, sb.id, '/tmp/report'), 'utf8');
-      return now !== before && now.split(' ')[0] !== before.split(' ')[0] && now;
-    }, 60_000, 5) as Promise<string>;
+    return eventually(
+      async () => {
+        const now = fs.readFileSync(hostPath(ls, sb.id, '/tmp/report'), 'utf8');
+        return now !== before && now.split(' ')[0] !== before.split(' ')[0] && now;
+      },
+      60_000,
+      5,
+    ) as Promise<string>;
   }
 
   async function pythonSandbox(t: ExecutionContext): Promise<Sandbox> {
@@ -118,7 +128,12 @@ integration(test, () => {
     return out;
   }
 
-  async function expectAt(t: ExecutionContext, sb: Sandbox, at: { ckpt: CheckpointInfo; mem: string; file: string }, path: 'standby' | 'restore') {
+  async function expectAt(
+    t: ExecutionContext,
+    sb: Sandbox,
+    at: { ckpt: CheckpointInfo; mem: string; file: string },
+    path: 'standby' | 'restore',
+  ) {
     await change(sb); // move away first, so that the rollback has something to undo
     if (path === 'restore') {
       // A warm standby (of the latest checkpoint, or of the last rollback's) would spare CRIU the chain.
@@ -141,7 +156,8 @@ integration(test, () => {
     t.is(chainDepth(imageDir(c3!.ckpt)), 2);
     // 64 KiB of the 8 MiB blob changed, plus what the interpreter touched.
     t.true(c1!.ckpt.sizes.processImageBytes > BLOB_MIB << 20, `whole: ${c1!.ckpt.sizes.processImageBytes}`);
-    for (const c of [c2!, c3!]) t.true(c.ckpt.sizes.processImageBytes < (BLOB_MIB << 20) / 4, `delta: ${c.ckpt.sizes.processImageBytes}`);
+    for (const c of [c2!, c3!])
+      t.true(c.ckpt.sizes.processImageBytes < (BLOB_MIB << 20) / 4, `delta: ${c.ckpt.sizes.processImageBytes}`);
 
     await expectAt(t, sb, c3!, 'standby'); // the standby itself was restored through the chain
     await expectAt(t, sb, c1!, 'restore');
@@ -149,34 +165,44 @@ integration(test, () => {
     await expectAt(t, sb, c3!, 'restore');
   });
 
-  test.serial('deleting the middle of a chain keeps its child restorable; deleting the root makes the child whole', async (t) => {
-    t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
-    const sb = await pythonSandbox(t);
-    const [c1, c2, c3] = await chainOfThree(sb);
-    await sb.deleteCheckpoint(c2!.ckpt.id);
-    t.false(fs.existsSync(imageDir(c2!.ckpt)));
-    t.is(parentOf(imageDir(c3!.ckpt)), c1!.ckpt.id, 'the child links to its grandparent');
-    await expectAt(t, sb, c3!, 'restore');
+  test.serial(
+    'deleting the middle of a chain keeps its child restorable; deleting the root makes the child whole',
+    async (t) => {
+      t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
+      const sb = await pythonSandbox(t);
+      const [c1, c2, c3] = await chainOfThree(sb);
+      await sb.deleteCheckpoint(c2!.ckpt.id);
+      t.false(fs.existsSync(imageDir(c2!.ckpt)));
+      t.is(parentOf(imageDir(c3!.ckpt)), c1!.ckpt.id, 'the child links to its grandparent');
+      await expectAt(t, sb, c3!, 'restore');
 
-    await sb.deleteCheckpoint(c1!.ckpt.id);
-    t.is(parentOf(imageDir(c3!.ckpt)), null, 'no parent left');
-    await expectAt(t, sb, c3!, 'restore');
-    // The next checkpoint links to the surviving one.
-    const mem = await change(sb);
-    const c4 = await sb.checkpoint({ label: 'v4' });
-    await sb.settled();
-    t.is(parentOf(imageDir(c4)), c3!.ckpt.id);
-    await expectAt(t, sb, { ckpt: c4, mem, file: c3!.file }, 'restore');
-  });
+      await sb.deleteCheckpoint(c1!.ckpt.id);
+      t.is(parentOf(imageDir(c3!.ckpt)), null, 'no parent left');
+      await expectAt(t, sb, c3!, 'restore');
+      // The next checkpoint links to the surviving one.
+      const mem = await change(sb);
+      const c4 = await sb.checkpoint({ label: 'v4' });
+      await sb.settled();
+      t.is(parentOf(imageDir(c4)), c3!.ckpt.id);
+      await expectAt(t, sb, { ckpt: c4, mem, file: c3!.file }, 'restore');
+    },
+  );
 
   test.serial('kill -9 after the child absorbed its parent: the checkpoint stays, and both restore', async (t) => {
     t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
     const sb = await pythonSandbox(t);
     const [c1, c2, c3] = await chainOfThree(sb);
-    const child = spawn(process.execPath, [CRASH_RUNNER, 'delete-checkpoint', ls.home, sb.id, c2!.ckpt.id], { env: { ...process.env, LOCKSTEP_FAULT: 'deleteCheckpoint:flattened' }, stdio: 'ignore' });
+    const child = spawn(process.execPath, [CRASH_RUNNER, 'delete-checkpoint', ls.home, sb.id, c2!.ckpt.id], {
+      env: { ...process.env, LOCKSTEP_FAULT: 'deleteCheckpoint:flattened' },
+      stdio: 'ignore',
+    });
     const [, signal] = await once(child, 'exit');
     t.is(signal, 'SIGKILL', 'the manager died at the fault point');
-    t.deepEqual(sb.checkpoints().map((c) => c.id), [c1!.ckpt.id, c2!.ckpt.id, c3!.ckpt.id], 'nothing was deleted');
+    t.deepEqual(
+      sb.checkpoints().map((c) => c.id),
+      [c1!.ckpt.id, c2!.ckpt.id, c3!.ckpt.id],
+      'nothing was deleted',
+    );
     t.is(parentOf(imageDir(c3!.ckpt)), c1!.ckpt.id, 'the child already stands without its parent');
     await expectAt(t, sb, c2!, 'restore');
     await expectAt(t, sb, c3!, 'restore');

@@ -41,7 +41,12 @@ async function serve(t: { teardown: (fn: () => Promise<void>) => void }, home: s
 }
 
 /** Runs a command; resolves with its exit code and combined output. */
-function run(cmd: string, args: string[], env: NodeJS.ProcessEnv, cwd: string): Promise<{ code: number | null; output: string }> {
+function run(
+  cmd: string,
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  cwd: string,
+): Promise<{ code: number | null; output: string }> {
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, args, { env, cwd, stdio: ['ignore', 'pipe', 'pipe'] });
     let output = '';
@@ -55,7 +60,10 @@ function run(cmd: string, args: string[], env: NodeJS.ProcessEnv, cwd: string): 
 integration(test, () => {
   test.serial('the Python SDK passes its pytest suite against lockstep serve', async (t) => {
     t.timeout(600_000);
-    if (!fs.existsSync(PYTHON)) return t.fail(`${PYTHON} is missing: run npm run setup (scripts/provision-host.sh installs python3 and python3-pytest)`);
+    if (!fs.existsSync(PYTHON))
+      return t.fail(
+        `${PYTHON} is missing: run npm run setup (scripts/provision-host.sh installs python3 and python3-pytest)`,
+      );
     const ls = await openTestLockstep(t);
     const url = await serve(t, ls.home);
     const env = {

@@ -9,10 +9,11 @@ integration(test, () => {
     return {
       create: async (opts) => (await ls.create(opts)) as unknown as ScenarioSandbox,
       connect: async (id) => ls.get(id) as unknown as ScenarioSandbox,
-      list: async (metadata) => ls
-        .list()
-        .filter((s) => Object.entries(metadata).every(([k, v]) => s.metadata[k] === v))
-        .map((s) => s.id),
+      list: async (metadata) =>
+        ls
+          .list()
+          .filter((s) => Object.entries(metadata).every(([k, v]) => s.metadata[k] === v))
+          .map((s) => s.id),
     };
   });
 });

@@ -26,9 +26,17 @@ class ScriptedAgent {
   constructor(private readonly sb: Sandbox) {}
 
   /** Runs one tool through the observed sandbox APIs, as the agent's runtime would. */
-  async step(n: number, name: 'list_dir' | 'run' | 'write_file' | 'read_file', args: Record<string, string>): Promise<string> {
+  async step(
+    n: number,
+    name: 'list_dir' | 'run' | 'write_file' | 'read_file',
+    args: Record<string, string>,
+  ): Promise<string> {
     const toolCallId = `call_step${n}`;
-    this.messages.push({ role: 'assistant', content: null, tool_calls: [{ id: toolCallId, type: 'function', function: { name, arguments: JSON.stringify(args) } }] });
+    this.messages.push({
+      role: 'assistant',
+      content: null,
+      tool_calls: [{ id: toolCallId, type: 'function', function: { name, arguments: JSON.stringify(args) } }],
+    });
     let result: string;
     let observationId: string | undefined;
     if (name === 'list_dir') {
@@ -68,7 +76,9 @@ function believedFiles(messages: OpenAIChatMessage[]): string[] {
   for (const m of messages) {
     for (const call of m.tool_calls ?? []) {
       if (call.function?.name !== 'write_file') continue;
-      const answered = messages.some((r) => r.role === 'tool' && r.tool_call_id === call.id && String(r.content).startsWith('wrote '));
+      const answered = messages.some(
+        (r) => r.role === 'tool' && r.tool_call_id === call.id && String(r.content).startsWith('wrote '),
+      );
       if (answered) files.add((JSON.parse(call.function.arguments) as { path: string }).path);
     }
     const text = typeof m.content === 'string' ? m.content : '';
@@ -115,7 +125,11 @@ integration(test, () => {
     await agent.step(5, 'run', { cmd: 'wc -c < /workspace/out/report.txt' });
     await after(5);
     // Step 6 fails (the publishing API rate-limits the agent): roll back past step 3.
-    t.deepEqual(believedFiles(agent.messages), ['/workspace/out/report.txt'], 'before the rollback the agent knows of the file');
+    t.deepEqual(
+      believedFiles(agent.messages),
+      ['/workspace/out/report.txt'],
+      'before the rollback the agent knows of the file',
+    );
     const report = await sb.rollback(checkpoints[2]!, {
       failure: 'step 6: the publishing API answered 429 Too Many Requests',
       lessons: ['The publishing API allows one request per minute: batch uploads.'],
@@ -123,7 +137,10 @@ integration(test, () => {
 
     // The world: the file is gone.
     t.false(await sb.files.exists('/workspace/out/report.txt'));
-    t.deepEqual((await sb.files.list('/workspace/out')).map((e) => e.name), []);
+    t.deepEqual(
+      (await sb.files.list('/workspace/out')).map((e) => e.name),
+      [],
+    );
 
     // The context that comes back is exactly the one stored at step 2: no step-3 fact in it.
     t.deepEqual(report.context, contexts[2]);
@@ -143,7 +160,9 @@ integration(test, () => {
     t.regex(text, /No longer true[\s\S]*- write\/read \/workspace\/out\/report\.txt/);
     t.true(text.includes('Reason: step 6: the publishing API answered 429 Too Many Requests'));
     t.true(text.includes('- The publishing API allows one request per minute: batch uploads.'));
-    t.deepEqual(report.recoverySummary.structured.filesTouched, [{ path: '/workspace/out/report.txt', how: ['write', 'read'] }]);
+    t.deepEqual(report.recoverySummary.structured.filesTouched, [
+      { path: '/workspace/out/report.txt', how: ['write', 'read'] },
+    ]);
 
     // The report marks the step-3 write (and what built on it) stale, by tool-call id; steps 1-2 stay true.
     const stale = report.staleObservations;
@@ -155,7 +174,10 @@ integration(test, () => {
       stale.find((o) => o.toolCallId === 'call_step3'),
       { id: agent.observationIds.get('call_step3'), kind: 'file-write', subject: '/workspace/out/report.txt' },
     );
-    t.like(stale.find((o) => o.toolCallId === 'call_step4'), { kind: 'file-read', subject: '/workspace/out/report.txt' });
+    t.like(
+      stale.find((o) => o.toolCallId === 'call_step4'),
+      { kind: 'file-read', subject: '/workspace/out/report.txt' },
+    );
     for (const o of stale) t.truthy(o.staleRollbackId);
     const live = sb.observations({ includeStale: false }).map((o) => o.toolCallId);
     t.true(live.includes('call_step1') && live.includes('call_step2'));

@@ -46,18 +46,21 @@ async function rawConnection(socket: string): Promise<{ conn: net.Socket; closed
 }
 
 integration(test, () => {
-  test.serial('a request written 6 s after connect (a stalled event loop) is answered and run, not dropped with EPIPE', async (t) => {
-    const ls = await openTestLockstep(t);
-    const { supervisor, paths } = ls.engine;
-    await supervisor.ensureRunning();
-    const dev = freshDevDir(t, paths.run, 'stall-dev');
+  test.serial(
+    'a request written 6 s after connect (a stalled event loop) is answered and run, not dropped with EPIPE',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const { supervisor, paths } = ls.engine;
+      await supervisor.ensureRunning();
+      const dev = freshDevDir(t, paths.run, 'stall-dev');
 
-    // connect() happens now; the request is written on the next turn, after the stall.
-    const answer = supervisor.run([helperPath, 'prepare', '--dev', dev]);
-    stallEventLoop(6000);
-    t.deepEqual(JSON.parse(await answer), { prepared: true });
-    t.true(fs.statSync(path.join(dev, 'null')).isCharacterDevice());
-  });
+      // connect() happens now; the request is written on the next turn, after the stall.
+      const answer = supervisor.run([helperPath, 'prepare', '--dev', dev]);
+      stallEventLoop(6000);
+      t.deepEqual(JSON.parse(await answer), { prepared: true });
+      t.true(fs.statSync(path.join(dev, 'null')).isCharacterDevice());
+    },
+  );
 
   test.serial('a connection that sends nothing holds up no other request', async (t) => {
     const ls = await openTestLockstep(t);
@@ -96,7 +99,9 @@ integration(test, () => {
     await supervisor.stop();
     t.teardown(() => supervisor.ensureRunning());
     const dev = freshDevDir(t, paths.run, 'gone-dev');
-    const err = await t.throwsAsync(supervisor.run([helperPath, 'prepare', '--dev', dev]), { code: 'SUPERVISOR_UNREACHABLE' });
+    const err = await t.throwsAsync(supervisor.run([helperPath, 'prepare', '--dev', dev]), {
+      code: 'SUPERVISOR_UNREACHABLE',
+    });
     t.true(err?.message.includes(paths.supervisorSocket), err?.message);
     t.deepEqual(fs.readdirSync(dev), []);
   });

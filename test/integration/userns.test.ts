@@ -21,7 +21,10 @@ integration(test, () => {
 
   test.before(async () => {
     // Explicitly on, whatever LOCKSTEP_USERNS says.
-    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['base'], open: { userNamespaces: true } });
+    ls = await openTestLockstep(
+      { teardown: (fn: () => Promise<void>) => teardowns.push(fn) },
+      { images: ['base'], open: { userNamespaces: true } },
+    );
   });
   test.after.always(async () => {
     for (const fn of teardowns.reverse()) await fn();
@@ -50,11 +53,15 @@ integration(test, () => {
 
   /** Host uid of a process, from /proc/PID/status ("Uid: real effective saved fs"). */
   function hostUid(pid: number): number {
-    const line = fs.readFileSync(`/proc/${pid}/status`, 'utf8').split('\n').find((l) => l.startsWith('Uid:'))!;
+    const line = fs
+      .readFileSync(`/proc/${pid}/status`, 'utf8')
+      .split('\n')
+      .find((l) => l.startsWith('Uid:'))!;
     return Number(line.split(/\s+/)[1]);
   }
 
-  const upperPath = (sb: Sandbox, p: string) => path.join(ls.engine.layers.upperDir(ls.engine.catalog.sandbox(sb.id)!.instance).upper, p);
+  const upperPath = (sb: Sandbox, p: string) =>
+    path.join(ls.engine.layers.upperDir(ls.engine.catalog.sandbox(sb.id)!.instance).upper, p);
 
   test.serial('root inside is root of a user namespace mapped onto the sandbox’s own host id range', async (t) => {
     const sb = await sandbox(t);
@@ -65,27 +72,42 @@ integration(test, () => {
     t.is(hostUid(sb.info().pid!), base);
     // Its own cgroup namespace: the sandbox's cgroup is its root.
     const cg = await sb.commands.run('cat /proc/self/cgroup');
-    t.true(cg.stdout.trim().split('\n').every((l) => l.endsWith(':/')), cg.stdout);
+    t.true(
+      cg.stdout
+        .trim()
+        .split('\n')
+        .every((l) => l.endsWith(':/')),
+      cg.stdout,
+    );
   });
 
-  test.serial('files written inside are root-owned inside and owned by the mapped ids on the host; the image stays as it was', async (t) => {
-    const sb = await sandbox(t);
-    const base = idBase(sb.id);
-    const image = ls.images.get('base').rootfs;
-    const imagePasswd = fs.readFileSync(path.join(image, 'etc/passwd'), 'utf8');
-    const r = await sb.commands.run('echo made-inside > /workspace/new.txt && touch /workspace/user.txt && chown 1000:1001 /workspace/user.txt && echo extra >> /etc/passwd && stat -c "%u %g" /workspace/new.txt /etc/passwd /bin/busybox /workspace/user.txt');
-    t.is(r.exitCode, 0, r.stderr);
-    t.deepEqual(r.stdout.trim().split('\n'), ['0 0', '0 0', '0 0', '1000 1001']);
-    for (const [p, uid, gid] of [['workspace/new.txt', base, base], ['etc/passwd', base, base], ['workspace/user.txt', base + 1000, base + 1001]] as const) {
-      const st = fs.statSync(upperPath(sb, p));
-      t.deepEqual([st.uid, st.gid], [uid, gid], p);
-    }
-    t.is(fs.readFileSync(upperPath(sb, 'workspace/new.txt'), 'utf8'), 'made-inside\n');
-    // The shared image layer is neither written nor chowned.
-    const st = fs.statSync(path.join(image, 'etc/passwd'));
-    t.deepEqual([st.uid, st.gid], [0, 0]);
-    t.is(fs.readFileSync(path.join(image, 'etc/passwd'), 'utf8'), imagePasswd);
-  });
+  test.serial(
+    'files written inside are root-owned inside and owned by the mapped ids on the host; the image stays as it was',
+    async (t) => {
+      const sb = await sandbox(t);
+      const base = idBase(sb.id);
+      const image = ls.images.get('base').rootfs;
+      const imagePasswd = fs.readFileSync(path.join(image, 'etc/passwd'), 'utf8');
+      const r = await sb.commands.run(
+        'echo made-inside > /workspace/new.txt && touch /workspace/user.txt && chown 1000:1001 /workspace/user.txt && echo extra >> /etc/passwd && stat -c "%u %g" /workspace/new.txt /etc/passwd /bin/busybox /workspace/user.txt',
+      );
+      t.is(r.exitCode, 0, r.stderr);
+      t.deepEqual(r.stdout.trim().split('\n'), ['0 0', '0 0', '0 0', '1000 1001']);
+      for (const [p, uid, gid] of [
+        ['workspace/new.txt', base, base],
+        ['etc/passwd', base, base],
+        ['workspace/user.txt', base + 1000, base + 1001],
+      ] as const) {
+        const st = fs.statSync(upperPath(sb, p));
+        t.deepEqual([st.uid, st.gid], [uid, gid], p);
+      }
+      t.is(fs.readFileSync(upperPath(sb, 'workspace/new.txt'), 'utf8'), 'made-inside\n');
+      // The shared image layer is neither written nor chowned.
+      const st = fs.statSync(path.join(image, 'etc/passwd'));
+      t.deepEqual([st.uid, st.gid], [0, 0]);
+      t.is(fs.readFileSync(path.join(image, 'etc/passwd'), 'utf8'), imagePasswd);
+    },
+  );
 
   test.serial('two sandboxes get disjoint ranges, a removed sandbox’s range is reused', async (t) => {
     const a = await sandbox(t);
@@ -105,29 +127,38 @@ integration(test, () => {
     t.is(idBase(c.id), Math.min(ba, ...ls.engine.catalog.idBases()));
   });
 
-  test.serial('files only a host id owns are not writable from inside; files the API writes are the sandbox root’s', async (t) => {
-    const sb = await sandbox(t);
-    // Written by host root through the sandbox root: owned by host uid 0,
-    // which the sandbox's namespace does not map.
-    const file = hostPath(ls, sb.id, '/workspace/host-owned.txt');
-    fs.writeFileSync(file, 'host data\n', { mode: 0o644 });
-    const r = await sb.commands.run('stat -c %u /workspace/host-owned.txt; echo tampered >> /workspace/host-owned.txt');
-    t.not(r.exitCode, 0);
-    t.regex(r.stderr, /Permission denied/);
-    t.is(r.stdout.trim(), '65534'); // the overflow id: unmapped
-    t.is(fs.readFileSync(file, 'utf8'), 'host data\n');
-    // What the files API writes is the sandbox root's, as if made inside.
-    await sb.files.write('/workspace/api/made-by-api.txt', 'api\n');
-    const api = await sb.commands.run('stat -c "%u %g" /workspace/api /workspace/api/made-by-api.txt && echo inside >> /workspace/api/made-by-api.txt');
-    t.is(api.exitCode, 0, api.stderr);
-    t.is(api.stdout, '0 0\n0 0\n');
-    t.is(fs.readFileSync(hostPath(ls, sb.id, '/workspace/api/made-by-api.txt'), 'utf8'), 'api\ninside\n');
-    // /dev is a host folder, mounted read-only: root inside cannot add to it.
-    const dev = await sb.commands.run('touch /dev/planted');
-    t.not(dev.exitCode, 0);
-    t.regex(dev.stderr, /Read-only file system/);
-    t.false(fs.existsSync(path.join(ls.engine.paths.sandboxDev(ls.engine.catalog.sandbox(sb.id)!.instance), 'planted')));
-  });
+  test.serial(
+    'files only a host id owns are not writable from inside; files the API writes are the sandbox root’s',
+    async (t) => {
+      const sb = await sandbox(t);
+      // Written by host root through the sandbox root: owned by host uid 0,
+      // which the sandbox's namespace does not map.
+      const file = hostPath(ls, sb.id, '/workspace/host-owned.txt');
+      fs.writeFileSync(file, 'host data\n', { mode: 0o644 });
+      const r = await sb.commands.run(
+        'stat -c %u /workspace/host-owned.txt; echo tampered >> /workspace/host-owned.txt',
+      );
+      t.not(r.exitCode, 0);
+      t.regex(r.stderr, /Permission denied/);
+      t.is(r.stdout.trim(), '65534'); // the overflow id: unmapped
+      t.is(fs.readFileSync(file, 'utf8'), 'host data\n');
+      // What the files API writes is the sandbox root's, as if made inside.
+      await sb.files.write('/workspace/api/made-by-api.txt', 'api\n');
+      const api = await sb.commands.run(
+        'stat -c "%u %g" /workspace/api /workspace/api/made-by-api.txt && echo inside >> /workspace/api/made-by-api.txt',
+      );
+      t.is(api.exitCode, 0, api.stderr);
+      t.is(api.stdout, '0 0\n0 0\n');
+      t.is(fs.readFileSync(hostPath(ls, sb.id, '/workspace/api/made-by-api.txt'), 'utf8'), 'api\ninside\n');
+      // /dev is a host folder, mounted read-only: root inside cannot add to it.
+      const dev = await sb.commands.run('touch /dev/planted');
+      t.not(dev.exitCode, 0);
+      t.regex(dev.stderr, /Read-only file system/);
+      t.false(
+        fs.existsSync(path.join(ls.engine.paths.sandboxDev(ls.engine.catalog.sandbox(sb.id)!.instance), 'planted')),
+      );
+    },
+  );
 
   const rollbackKeepsNamespace = test.macro({
     async exec(t, via: 'standby' | 'restore') {
@@ -162,7 +193,9 @@ integration(test, () => {
   test.serial('a fork gets a range of its own, with the checkpoint’s files and processes', async (t) => {
     const parent = await sandbox(t);
     const parentBase = idBase(parent.id);
-    await parent.commands.run('echo from-parent > /root/note && touch /workspace/u && chown 1000:1000 /workspace/u && cp /bin/busybox /workspace/suid && chmod 4755 /workspace/suid');
+    await parent.commands.run(
+      'echo from-parent > /root/note && touch /workspace/u && chown 1000:1000 /workspace/u && cp /bin/busybox /workspace/suid && chmod 4755 /workspace/suid',
+    );
     await startCounter(parent, ls);
     await waitCounter(ls, parent.id, (v) => v >= 5);
     const ckpt = await parent.checkpoint();
@@ -174,13 +207,20 @@ integration(test, () => {
     t.teardown(() => ls.remove(fork.id).catch(() => undefined));
     const forkBase = idBase(fork.id);
     t.true(Math.abs(forkBase - parentBase) >= ID_RANGE_SIZE);
-    t.deepEqual(await identity(fork, '1'), { uid: '0', gid: '0', uidMap: mapLine(forkBase), gidMap: mapLine(forkBase) });
+    t.deepEqual(await identity(fork, '1'), {
+      uid: '0',
+      gid: '0',
+      uidMap: mapLine(forkBase),
+      gidMap: mapLine(forkBase),
+    });
     t.is(hostUid(result!.ok ? result.pid : 0), forkBase);
     // The counter carries on from the checkpoint in the fork.
     const v = await waitCounter(ls, fork.id, (x) => x > atCheckpoint);
     t.true(v > atCheckpoint);
     // Same files, same ids inside; the fork's range on the host; set-uid bit kept.
-    const r = await fork.commands.run('cat /root/note; stat -c "%u %g %a" /root/note /workspace/u /workspace/suid; echo fork-write > /root/note');
+    const r = await fork.commands.run(
+      'cat /root/note; stat -c "%u %g %a" /root/note /workspace/u /workspace/suid; echo fork-write > /root/note',
+    );
     t.is(r.exitCode, 0, r.stderr);
     t.is(r.stdout, 'from-parent\n0 0 644\n1000 1000 644\n0 0 4755\n');
     t.is(fs.statSync(upperPath(fork, 'root/note')).uid, forkBase);

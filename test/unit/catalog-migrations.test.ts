@@ -8,7 +8,13 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { Catalog, MIGRATIONS, SCHEMA_VERSION, migrateCatalog, type CatalogMigration } from '../../src/catalog/catalog.js';
+import {
+  Catalog,
+  MIGRATIONS,
+  SCHEMA_VERSION,
+  migrateCatalog,
+  type CatalogMigration,
+} from '../../src/catalog/catalog.js';
 
 function tempFile(t: { teardown: (fn: () => void) => void }): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-migrations-'));
@@ -38,12 +44,14 @@ INSERT INTO sandboxes (id, image, runtime_layer, state, init_pid, hostname, line
 function writeOldCatalog(file: string, version: number, sql = V1_SQL): void {
   const db = new Database(file);
   db.exec(sql);
-  if (version >= 2) db.exec('ALTER TABLE sandboxes ADD COLUMN expires_at INTEGER; UPDATE sandboxes SET expires_at = 1800000000000');
+  if (version >= 2)
+    db.exec('ALTER TABLE sandboxes ADD COLUMN expires_at INTEGER; UPDATE sandboxes SET expires_at = 1800000000000');
   db.pragma(`user_version = ${version}`);
   db.close();
 }
 
-const columns = (db: Database.Database, table: string) => (db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name);
+const columns = (db: Database.Database, table: string) =>
+  (db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[]).map((c) => c.name);
 
 test('the numbered steps run in order and the last one is the schema version', (t) => {
   t.deepEqual(
@@ -58,7 +66,15 @@ test('a new catalog starts at the current schema version with every column', (t)
   const c = new Catalog(file);
   t.teardown(() => c.close());
   t.is(c.db.pragma('user_version', { simple: true }), SCHEMA_VERSION);
-  for (const col of ['expires_at', 'instance', 'standby_instance', 'standby_checkpoint', 'standby_pid', 'standby_start']) t.true(columns(c.db, 'sandboxes').includes(col), col);
+  for (const col of [
+    'expires_at',
+    'instance',
+    'standby_instance',
+    'standby_checkpoint',
+    'standby_pid',
+    'standby_start',
+  ])
+    t.true(columns(c.db, 'sandboxes').includes(col), col);
 });
 
 for (const from of [0, 1, 2]) {
@@ -70,7 +86,15 @@ for (const from of [0, 1, 2]) {
     t.teardown(() => c.close());
     t.is(c.db.pragma('user_version', { simple: true }), SCHEMA_VERSION);
     const row = c.sandbox('sbx_old');
-    t.like(row, { id: 'sbx_old', image: 'base', state: 'running', init_pid: 4242, hostname: 'sbx-old', instance: 'sbx_old', standby_instance: null });
+    t.like(row, {
+      id: 'sbx_old',
+      image: 'base',
+      state: 'running',
+      init_pid: 4242,
+      hostname: 'sbx-old',
+      instance: 'sbx_old',
+      standby_instance: null,
+    });
     t.is(row?.expires_at, from >= 2 ? 1800000000000 : null);
     t.is(c.image('base')?.size_bytes, 1234);
     // The migrated catalog works like a new one.
@@ -96,7 +120,11 @@ test('a catalog from a newer Lockstep is refused with both versions named, and l
   writeOldCatalog(file, SCHEMA_VERSION + 4);
   const err = t.throws(() => new Catalog(file), { code: 'CATALOG_TOO_NEW' });
   t.regex(err!.message, new RegExp(`schema version ${SCHEMA_VERSION + 4}\\b.*version ${SCHEMA_VERSION}\\b`));
-  t.like((err as unknown as { details: object }).details, { found: SCHEMA_VERSION + 4, supported: SCHEMA_VERSION, file });
+  t.like((err as unknown as { details: object }).details, {
+    found: SCHEMA_VERSION + 4,
+    supported: SCHEMA_VERSION,
+    file,
+  });
   const db = new Database(file, { readonly: true });
   t.teardown(() => db.close());
   t.is(db.pragma('user_version', { simple: true }), SCHEMA_VERSION + 4);

@@ -148,7 +148,10 @@ test('v1 oomKills reads oom_kill from memory.oom_control', (t) => {
   const cg = new CgroupV1(root);
   t.is(cg.oomKills(NAME), 0, 'no cgroup');
   cg.create(NAME, {});
-  fs.writeFileSync(path.join(root, 'memory', NAME, 'memory.oom_control'), 'oom_kill_disable 0\nunder_oom 0\noom_kill 3\n');
+  fs.writeFileSync(
+    path.join(root, 'memory', NAME, 'memory.oom_control'),
+    'oom_kill_disable 0\nunder_oom 0\noom_kill 3\n',
+  );
   t.is(cg.oomKills(NAME), 3);
 });
 
@@ -236,7 +239,10 @@ test('v2 remove is idempotent; children and oomKills read the unified tree', (t)
   cg.create('lockstep/tag0123456/sbx_b', {});
   t.deepEqual(cg.children('lockstep/tag0123456').sort(), ['sbx_a', 'sbx_b']);
   t.deepEqual(cg.children('lockstep/missing'), []);
-  fs.writeFileSync(path.join(root, 'lockstep/tag0123456/sbx_a', 'memory.events'), 'low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n');
+  fs.writeFileSync(
+    path.join(root, 'lockstep/tag0123456/sbx_a', 'memory.events'),
+    'low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n',
+  );
   t.is(cg.oomKills('lockstep/tag0123456/sbx_a'), 2);
   t.is(cg.oomKills('lockstep/tag0123456/sbx_b'), 0);
   dropControlFiles(path.join(root, 'lockstep/tag0123456/sbx_a'));
@@ -280,8 +286,10 @@ test('detectCgroups names the missing v1 controllers', (t) => {
 
 test('v1 writes cpu.shares (weight * 1024 / 100) and the CFS quota in the cpu hierarchy, and joins cpu and cpuacct too', (t) => {
   const root = fakeRoot(t);
-  for (const c of ['pids', 'memory', 'freezer', 'cpu', 'cpuacct']) fs.mkdirSync(path.join(root, c), { recursive: true });
-  for (const c of ['pids', 'memory', 'freezer', 'cpu', 'cpuacct']) fs.writeFileSync(path.join(root, c, 'cgroup.procs'), '');
+  for (const c of ['pids', 'memory', 'freezer', 'cpu', 'cpuacct'])
+    fs.mkdirSync(path.join(root, c), { recursive: true });
+  for (const c of ['pids', 'memory', 'freezer', 'cpu', 'cpuacct'])
+    fs.writeFileSync(path.join(root, c, 'cgroup.procs'), '');
   fs.writeFileSync(path.join(root, 'cpu', 'cpu.shares'), '1024');
   const cg = new CgroupV1(root);
   t.true(cg.cpuControl);

@@ -63,7 +63,12 @@ for (const { at, thawed } of failures) {
     t.deepEqual(engine.catalog.checkpointsOf(sb.id), []);
     t.deepEqual(engine.catalog.operations(), []);
     t.false(host.cgroupDriver.isFrozen(cg));
-    t.like(row(sb.id), { state: 'running', init_pid: before.init_pid, head_checkpoint_id: null, branch_id: before.branch_id });
+    t.like(row(sb.id), {
+      state: 'running',
+      init_pid: before.init_pid,
+      head_checkpoint_id: null,
+      branch_id: before.branch_id,
+    });
     t.true(host.proc.isAlive(before.init_pid!));
   });
 }

@@ -6,12 +6,24 @@
 import test from 'ava';
 import { envFlags, intFlag, need, parse, splitCommand } from '../../src/cli/args.js';
 import { EXIT, UsageError, exitCodeFor, reportError } from '../../src/cli/output.js';
-import { AlreadyExistsError, CriuError, HostError, InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../../src/errors.js';
+import {
+  AlreadyExistsError,
+  CriuError,
+  HostError,
+  InvalidArgumentError,
+  InvalidStateError,
+  LockstepError,
+  NotFoundError,
+} from '../../src/errors.js';
 
 const USAGE = 'lockstep thing ID [--json]';
 
 test('parse: flags and positionals', (t) => {
-  const r = parse(['sbx_1', '--json', '--env', 'A=1', '--env', 'B=2', '--cwd', '/tmp'], { json: { type: 'boolean' }, env: { type: 'string', multiple: true }, cwd: { type: 'string' } }, USAGE);
+  const r = parse(
+    ['sbx_1', '--json', '--env', 'A=1', '--env', 'B=2', '--cwd', '/tmp'],
+    { json: { type: 'boolean' }, env: { type: 'string', multiple: true }, cwd: { type: 'string' } },
+    USAGE,
+  );
   t.deepEqual(r.positionals, ['sbx_1']);
   t.true(r.values.json);
   t.deepEqual(r.values.env, ['A=1', 'B=2']);
@@ -86,7 +98,8 @@ const exitCode = test.macro({
   exec(t, error: unknown, expected: number) {
     t.is(exitCodeFor(error), expected);
   },
-  title: (_p, error: unknown, expected: number) => `exit code ${expected} for ${error instanceof LockstepError ? error.code : String(error)}`,
+  title: (_p, error: unknown, expected: number) =>
+    `exit code ${expected} for ${error instanceof LockstepError ? error.code : String(error)}`,
 });
 
 test(exitCode, new UsageError('bad'), EXIT.usage);

@@ -10,7 +10,17 @@ import http from 'node:http';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { AddressInfo } from 'node:net';
-import { CommandAbortedError, ConnectionError, InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError, RemoteCommandHandle, RequestAbortedError, Sandbox } from '../../src/client/index.js';
+import {
+  CommandAbortedError,
+  ConnectionError,
+  InvalidArgumentError,
+  InvalidStateError,
+  LockstepError,
+  NotFoundError,
+  RemoteCommandHandle,
+  RequestAbortedError,
+  Sandbox,
+} from '../../src/client/index.js';
 import { WAIT_SLICE_MS } from '../../src/client/sandbox.js';
 import type { ErrorCode } from '../../src/errors.js';
 
@@ -21,7 +31,10 @@ interface Canned {
   text?: string;
 }
 
-async function scripted(t: { teardown: (fn: () => Promise<void>) => void }, answers: Canned[]): Promise<{ url: string; seen: http.IncomingHttpHeaders[] }> {
+async function scripted(
+  t: { teardown: (fn: () => Promise<void>) => void },
+  answers: Canned[],
+): Promise<{ url: string; seen: http.IncomingHttpHeaders[] }> {
   const seen: http.IncomingHttpHeaders[] = [];
   const server = http.createServer((req, res) => {
     req.resume();
@@ -40,7 +53,9 @@ async function scripted(t: { teardown: (fn: () => Promise<void>) => void }, answ
 }
 
 const info = { id: 'sbx_abc', image: 'base', state: 'running', metadata: {} };
-const err = (code: string, message = code, field?: string) => ({ error: { code, message, ...(field ? { field } : {}) } });
+const err = (code: string, message = code, field?: string) => ({
+  error: { code, message, ...(field ? { field } : {}) },
+});
 const fast = { apiKey: 'lst_test', retryDelayMs: 1 };
 
 test('a POST retried after 503 SERVER_SHUTTING_DOWN and 409 IDEMPOTENCY_KEY_IN_PROGRESS carries one Idempotency-Key', async (t) => {
@@ -147,9 +162,14 @@ test('lockstep/client loads nothing native and no server code: only its own modu
   t.deepEqual(outside.sort(), ['errors.js', 'http/defaults.js']);
 });
 
-test('wait() waits in slices on the server: a slice that times out is followed by another, within the caller\'s deadline', async (t) => {
+test("wait() waits in slices on the server: a slice that times out is followed by another, within the caller's deadline", async (t) => {
   const bodies: string[] = [];
-  const answers: Canned[] = [{ status: 200, body: info }, { status: 504, body: err('COMMAND_TIMEOUT') }, { status: 504, body: err('COMMAND_TIMEOUT') }, { status: 200, body: { pid: 7, exitCode: 3 } }];
+  const answers: Canned[] = [
+    { status: 200, body: info },
+    { status: 504, body: err('COMMAND_TIMEOUT') },
+    { status: 504, body: err('COMMAND_TIMEOUT') },
+    { status: 200, body: { pid: 7, exitCode: 3 } },
+  ];
   const server = http.createServer((req, res) => {
     let body = '';
     req.on('data', (c: Buffer) => (body += c.toString()));

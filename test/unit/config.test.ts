@@ -32,7 +32,10 @@ test("the README's defaults are the manager's defaults", (t) => {
   const defaults = resolveConfig({}, {});
   for (const [name, v] of Object.entries(ENVIRONMENT)) {
     if (!('key' in v) || !(v.key in DEFAULTS)) continue;
-    t.true(table.get(name)!.includes(String(defaults[v.key])), `${name}: README says ${table.get(name)}, the code ${String(defaults[v.key])}`);
+    t.true(
+      table.get(name)!.includes(String(defaults[v.key])),
+      `${name}: README says ${table.get(name)}, the code ${String(defaults[v.key])}`,
+    );
   }
 });
 
@@ -43,25 +46,47 @@ const OWN_READERS = [`src${path.sep}config.ts`, `src${path.sep}client${path.sep}
 
 test('every variable named in src/ and bin/ is in the list, and only src/config.ts (and the remote client) reads process.env.LOCKSTEP_*', (t) => {
   const files = (dir: string): string[] =>
-    fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => (e.isDirectory() ? files(path.join(dir, e.name)) : [path.join(dir, e.name)]));
+    fs
+      .readdirSync(dir, { withFileTypes: true })
+      .flatMap((e) => (e.isDirectory() ? files(path.join(dir, e.name)) : [path.join(dir, e.name)]));
   const unknown = new Set<string>();
   const direct: string[] = [];
   for (const file of [...files(path.join(root, 'src')), ...files(path.join(root, 'bin'))]) {
     const text = fs.readFileSync(file, 'utf8');
     for (const m of text.matchAll(/\bLOCKSTEP_[A-Z_]+/g)) if (!(m[0] in ENVIRONMENT)) unknown.add(m[0]);
-    if (!OWN_READERS.some((f) => file.endsWith(f)) && /process\.env\.LOCKSTEP_/.test(text)) direct.push(path.relative(root, file));
+    if (!OWN_READERS.some((f) => file.endsWith(f)) && /process\.env\.LOCKSTEP_/.test(text))
+      direct.push(path.relative(root, file));
   }
   t.deepEqual([...unknown], []);
   t.deepEqual(direct, []);
 });
 
 test('options beat the environment, which beats the defaults', (t) => {
-  const env = { LOCKSTEP_HOME: '/srv/ls', LOCKSTEP_STANDBY: 'off', LOCKSTEP_CRIU_LOG_LEVEL: '4', LOCKSTEP_DISK_QUOTA: 'on', LOCKSTEP_KEEP_CRIU_LOGS: '1' };
+  const env = {
+    LOCKSTEP_HOME: '/srv/ls',
+    LOCKSTEP_STANDBY: 'off',
+    LOCKSTEP_CRIU_LOG_LEVEL: '4',
+    LOCKSTEP_DISK_QUOTA: 'on',
+    LOCKSTEP_KEEP_CRIU_LOGS: '1',
+  };
   const fromEnv = resolveConfig({}, env);
-  t.like(fromEnv, { home: '/srv/ls', standby: false, criuLogLevel: 4, diskQuota: 'on', keepCriuLogs: true, storeGib: 64 });
+  t.like(fromEnv, {
+    home: '/srv/ls',
+    standby: false,
+    criuLogLevel: 4,
+    diskQuota: 'on',
+    keepCriuLogs: true,
+    storeGib: 64,
+  });
   const fromOptions = resolveConfig({ home: 'rel/dir', standby: true, criuLogLevel: 1 }, env);
   t.like(fromOptions, { home: path.resolve('rel/dir'), standby: true, criuLogLevel: 1, diskQuota: 'on' });
-  t.like(resolveConfig({}, {}), { home: DEFAULTS.home, standby: true, diskQuota: 'auto', keepCriuLogs: false, fault: undefined });
+  t.like(resolveConfig({}, {}), {
+    home: DEFAULTS.home,
+    standby: true,
+    diskQuota: 'auto',
+    keepCriuLogs: false,
+    fault: undefined,
+  });
   // An empty variable is unset, as a shell's `VAR= cmd` means.
   t.is(resolveConfig({}, { LOCKSTEP_HOME: '' }).home, DEFAULTS.home);
 });

@@ -32,7 +32,11 @@ function ledger(t: ExecutionContext): EffectLedger {
 }
 
 const root: EffectContext = { sandboxId: 'sbx_root', lineageId: 'sbx_root', branchId: 'br_1', epochCheckpointId: null };
-const pay: EffectSpec = { kind: 'payments.charge', input: { amount: 500, currency: 'EUR', to: 'acct_42' }, reversibility: 'irreversible' };
+const pay: EffectSpec = {
+  kind: 'payments.charge',
+  input: { amount: 500, currency: 'EUR', to: 'acct_42' },
+  reversibility: 'irreversible',
+};
 
 /** A call counter standing in for the outside world. */
 function world<T>(output: T): { calls: number; fn: () => Promise<T> } {
@@ -54,7 +58,13 @@ test('run twice with the same effect runs it once and replays the recorded outpu
   t.is(w.calls, 1);
   const rows = l.list('sbx_root');
   t.is(rows.length, 1);
-  t.like(rows[0], { status: 'committed', kind: 'payments.charge', output: { chargeId: 'ch_1' }, attempt: 1, scope: 'lineage' });
+  t.like(rows[0], {
+    status: 'committed',
+    kind: 'payments.charge',
+    output: { chargeId: 'ch_1' },
+    attempt: 1,
+    scope: 'lineage',
+  });
   t.regex(rows[0]!.id, /^eff_[0-9a-f]{20}$/);
 });
 
@@ -62,7 +72,11 @@ test('begin records the intent before the effect runs', (t) => {
   const l = ledger(t);
   const b = l.begin(root, pay);
   t.false(b.replayed);
-  t.like(l.get(b.effectId), { status: 'pending', output: undefined, input: { amount: 500, currency: 'EUR', to: 'acct_42' } });
+  t.like(l.get(b.effectId), {
+    status: 'pending',
+    output: undefined,
+    input: { amount: 500, currency: 'EUR', to: 'acct_42' },
+  });
   l.commit(b.effectId, null);
   const again = l.begin(root, pay);
   t.true(again.replayed);
@@ -88,7 +102,10 @@ test('a crash while run() is executing the effect leaves it unknown, never retri
   t.deepEqual(after.recoverAfterCrash(() => true).length, 0, 'a live runner is left alone');
   after.recoverAfterCrash(() => false); // the runner process is gone
   t.like(after.get(pending!.id), { status: 'unknown', error: { name: 'Interrupted' } });
-  const err = t.throws(() => after.begin(root, pay), { code: 'EFFECT_OUTCOME_UNKNOWN', instanceOf: EffectOutcomeUnknownError });
+  const err = t.throws(() => after.begin(root, pay), {
+    code: 'EFFECT_OUTCOME_UNKNOWN',
+    instanceOf: EffectOutcomeUnknownError,
+  });
   t.is((err as EffectOutcomeUnknownError).effect.id, pending!.id);
 
   const w = world('x');
@@ -128,7 +145,10 @@ test('an operator settles an unknown effect: committed replays, failed allows a 
   t.throws(() => l.resolveUnknown(m.effectId, { outcome: 'failed' }), { code: 'EFFECT_NOT_UNKNOWN' });
   t.is(await l.run(root, mail, world('sent').fn), 'sent');
   t.deepEqual(
-    l.list('sbx_root').filter((e) => e.kind === 'mail.send').map((e) => [e.attempt, e.status]),
+    l
+      .list('sbx_root')
+      .filter((e) => e.kind === 'mail.send')
+      .map((e) => [e.attempt, e.status]),
     [
       [1, 'failed'],
       [2, 'committed'],
@@ -162,14 +182,29 @@ const failure = test.macro({
   title: (title) => `a throw from fn: ${title}`,
 });
 test('a plain error is an unknown outcome', failure, new Error('ECONNRESET'), { status: 'unknown', retried: false });
-test('an error marked definite may be retried', failure, Object.assign(new Error('card declined'), { definite: true }), { status: 'failed', retried: true });
+test(
+  'an error marked definite may be retried',
+  failure,
+  Object.assign(new Error('card declined'), { definite: true }),
+  { status: 'failed', retried: true },
+);
 test('a non-Error throw is an unknown outcome', failure, 'boom', { status: 'unknown', retried: false });
 
 // --- scope across forks and rollbacks -----------------------------------------------------------
 
-const fork: EffectContext = { sandboxId: 'sbx_fork', lineageId: 'sbx_root', branchId: 'br_fork', epochCheckpointId: 'ckpt_1' };
+const fork: EffectContext = {
+  sandboxId: 'sbx_fork',
+  lineageId: 'sbx_root',
+  branchId: 'br_fork',
+  epochCheckpointId: 'ckpt_1',
+};
 const rolledBack: EffectContext = { ...root, branchId: 'br_2', epochCheckpointId: 'ckpt_1' };
-const otherLineage: EffectContext = { sandboxId: 'sbx_other', lineageId: 'sbx_other', branchId: 'br_9', epochCheckpointId: null };
+const otherLineage: EffectContext = {
+  sandboxId: 'sbx_other',
+  lineageId: 'sbx_other',
+  branchId: 'br_9',
+  epochCheckpointId: null,
+};
 
 const scoped = test.macro({
   async exec(t, spec: EffectSpec, second: EffectContext, expectedCalls: number) {
@@ -179,7 +214,8 @@ const scoped = test.macro({
     await l.run(second, spec, w.fn);
     t.is(w.calls, expectedCalls);
   },
-  title: (title, spec: EffectSpec, _second, expectedCalls: number) => `${spec.reversibility}/${spec.scope ?? 'default'} ${title}: runs ${expectedCalls}x`,
+  title: (title, spec: EffectSpec, _second, expectedCalls: number) =>
+    `${spec.reversibility}/${spec.scope ?? 'default'} ${title}: runs ${expectedCalls}x`,
 });
 const refund = { kind: 'refund', input: { charge: 'ch_1' } };
 test('again in a fork of the lineage', scoped, pay, fork, 1);
@@ -188,8 +224,20 @@ test('again in another lineage', scoped, pay, otherLineage, 2);
 test('again in a fork of the lineage', scoped, { ...pay, reversibility: 'compensable', compensation: refund }, fork, 1);
 test('again in a fork of the lineage', scoped, { ...pay, scope: 'branch' }, fork, 2);
 test('again on the same branch', scoped, { ...pay, scope: 'branch' }, root, 1);
-test('again after a rollback', scoped, { kind: 'fs.write', input: { path: '/w/a' }, reversibility: 'sandbox-local' }, rolledBack, 2);
-test('again on the same branch', scoped, { kind: 'fs.write', input: { path: '/w/a' }, reversibility: 'sandbox-local' }, root, 1);
+test(
+  'again after a rollback',
+  scoped,
+  { kind: 'fs.write', input: { path: '/w/a' }, reversibility: 'sandbox-local' },
+  rolledBack,
+  2,
+);
+test(
+  'again on the same branch',
+  scoped,
+  { kind: 'fs.write', input: { path: '/w/a' }, reversibility: 'sandbox-local' },
+  root,
+  1,
+);
 
 test('a caller key dedupes within its lineage only, and cannot be reused for another effect', async (t) => {
   const l = ledger(t);
@@ -204,7 +252,10 @@ test('a caller key dedupes within its lineage only, and cannot be reused for ano
 // --- keys and validation ------------------------------------------------------------------------
 
 test('deriveKey hashes canonical JSON: key order and whitespace do not matter, scope does', (t) => {
-  t.is(canonicalJson({ b: [1, { d: 'x', c: null }], a: true, skip: undefined }), '{"a":true,"b":[1,{"c":null,"d":"x"}]}');
+  t.is(
+    canonicalJson({ b: [1, { d: 'x', c: null }], a: true, skip: undefined }),
+    '{"a":true,"b":[1,{"c":null,"d":"x"}]}',
+  );
   const base = { lineageId: 'L', kind: 'k', scope: 'lineage' as const };
   const k = deriveKey({ ...base, input: { a: 1, b: 2 } });
   t.regex(k, /^[0-9a-f]{64}$/);
@@ -212,7 +263,10 @@ test('deriveKey hashes canonical JSON: key order and whitespace do not matter, s
   t.is(deriveKey({ ...base, branchId: 'B1', input: { a: 1, b: 2 } }), k, 'lineage scope ignores the branch');
   t.not(deriveKey({ ...base, lineageId: 'L2', input: { a: 1, b: 2 } }), k);
   t.not(deriveKey({ ...base, toolCallId: 'call_1', input: { a: 1, b: 2 } }), k);
-  t.not(deriveKey({ ...base, scope: 'branch', branchId: 'B1', input: { a: 1, b: 2 } }), deriveKey({ ...base, scope: 'branch', branchId: 'B2', input: { a: 1, b: 2 } }));
+  t.not(
+    deriveKey({ ...base, scope: 'branch', branchId: 'B1', input: { a: 1, b: 2 } }),
+    deriveKey({ ...base, scope: 'branch', branchId: 'B2', input: { a: 1, b: 2 } }),
+  );
   t.not(deriveKey({ ...base, input: null, key: 'x' }), deriveKey({ ...base, lineageId: 'L2', input: null, key: 'x' }));
   t.throws(() => deriveKey({ ...base, scope: 'branch', input: 1 }), { code: 'INVALID_ARGUMENT', message: /branchId/ });
 });
@@ -245,7 +299,10 @@ test('settling twice or settling an unknown id are typed errors', (t) => {
   t.throws(() => l.commit(b.effectId, 'again'), { code: 'EFFECT_ALREADY_SETTLED' });
   t.throws(() => l.fail(b.effectId, new Error('x'), { definite: true }), { code: 'EFFECT_ALREADY_SETTLED' });
   t.throws(() => l.commit('eff_missing', 'x'), { code: 'EFFECT_NOT_FOUND' });
-  t.throws(() => l.commit(l.begin(root, { ...pay, kind: 'other' }).effectId, { f: () => 1 } as never), { code: 'INVALID_ARGUMENT', message: /output\.f/ });
+  t.throws(() => l.commit(l.begin(root, { ...pay, kind: 'other' }).effectId, { f: () => 1 } as never), {
+    code: 'INVALID_ARGUMENT',
+    message: /output\.f/,
+  });
 });
 
 // --- timelines: seal, cursor, effectsAfter, rollback policy ---------------------------------------
@@ -265,13 +322,24 @@ test('effectsAfter lists what happened after the target checkpoint, and the poli
   t.is(l.seal('sbx_root', 'ckpt_1'), 1);
   const c1 = l.cursor('sbx_root');
   const at1 = { ...root, epochCheckpointId: 'ckpt_1' };
-  await l.run(at1, { kind: 'hotel.book', input: { night: 1 }, reversibility: 'compensable', compensation: { kind: 'hotel.cancel', input: { night: 1 } } }, async () => ({ booking: 'b1' }));
+  await l.run(
+    at1,
+    {
+      kind: 'hotel.book',
+      input: { night: 1 },
+      reversibility: 'compensable',
+      compensation: { kind: 'hotel.cancel', input: { night: 1 } },
+    },
+    async () => ({ booking: 'b1' }),
+  );
   await l.run(at1, { kind: 'fs.write', input: { path: 'a' }, reversibility: 'sandbox-local' }, async () => undefined);
   l.seal('sbx_root', 'ckpt_2');
   await l.run(at1, { ...pay, input: { amount: 2 } }, async () => 'ch_late');
-  await l.run(at1, { ...pay, input: { amount: 3 } }, async () => {
-    throw Object.assign(new Error('declined'), { definite: true });
-  }).catch(() => undefined);
+  await l
+    .run(at1, { ...pay, input: { amount: 3 } }, async () => {
+      throw Object.assign(new Error('declined'), { definite: true });
+    })
+    .catch(() => undefined);
   t.true(l.cursor('sbx_root') > c1);
 
   const after = l.effectsAfter('sbx_root', 'ckpt_1', ancestorOrSelf('ckpt_1'));
@@ -284,7 +352,10 @@ test('effectsAfter lists what happened after the target checkpoint, and the poli
       ['payments.charge', 'failed', null],
     ],
   );
-  t.deepEqual(l.effectsAfter('sbx_root', 'ckpt_2', ancestorOrSelf('ckpt_2')).map((e) => e.output), ['ch_late', undefined]);
+  t.deepEqual(
+    l.effectsAfter('sbx_root', 'ckpt_2', ancestorOrSelf('ckpt_2')).map((e) => e.output),
+    ['ch_late', undefined],
+  );
 
   const warnings = checkRollbackPolicy(after, 'warn');
   t.deepEqual(
@@ -294,13 +365,23 @@ test('effectsAfter lists what happened after the target checkpoint, and the poli
       ['payments.charge', 'irreversible'],
     ],
   );
-  const err = t.throws(() => checkRollbackPolicy(after, 'refuse'), { code: 'ROLLBACK_REFUSED_IRREVERSIBLE', instanceOf: IrreversibleEffectError });
-  t.deepEqual((err as IrreversibleEffectError).effects.map((e) => e.output), ['ch_late']);
+  const err = t.throws(() => checkRollbackPolicy(after, 'refuse'), {
+    code: 'ROLLBACK_REFUSED_IRREVERSIBLE',
+    instanceOf: IrreversibleEffectError,
+  });
+  t.deepEqual(
+    (err as IrreversibleEffectError).effects.map((e) => e.output),
+    ['ch_late'],
+  );
   t.throws(() => checkRollbackPolicy(after, 'ignore' as never), { code: 'INVALID_ARGUMENT' });
 
   // Roll back to ckpt_1; the next checkpoint (ckpt_3) must not seal the abandoned effects.
   l.applyRollback('sbx_root', 'ckpt_1', ancestorOrSelf('ckpt_1'), 'rb_1');
-  await l.run({ ...root, branchId: 'br_2', epochCheckpointId: 'ckpt_1' }, { kind: 'fs.write', input: { path: 'b' }, reversibility: 'sandbox-local' }, async () => undefined);
+  await l.run(
+    { ...root, branchId: 'br_2', epochCheckpointId: 'ckpt_1' },
+    { kind: 'fs.write', input: { path: 'b' }, reversibility: 'sandbox-local' },
+    async () => undefined,
+  );
   t.is(l.seal('sbx_root', 'ckpt_3'), 1);
   t.deepEqual(
     l.effectsAfter('sbx_root', 'ckpt_3', ancestorOrSelf('ckpt_3')).map((e) => [e.kind, e.abandonedBy]),
@@ -317,9 +398,22 @@ test('an unknown irreversible effect also blocks a refusing rollback', (t) => {
   const l = ledger(t);
   const b = l.begin(root, pay);
   l.fail(b.effectId, new Error('timeout'), { definite: false });
-  const warnings = checkRollbackPolicy(l.effectsAfter('sbx_root', 'ckpt_1', () => false), 'warn');
-  t.deepEqual(warnings.map((w) => w.reason), ['outcome-unknown']);
-  t.throws(() => checkRollbackPolicy(l.effectsAfter('sbx_root', 'ckpt_1', () => false), 'refuse'), { code: 'ROLLBACK_REFUSED_IRREVERSIBLE' });
+  const warnings = checkRollbackPolicy(
+    l.effectsAfter('sbx_root', 'ckpt_1', () => false),
+    'warn',
+  );
+  t.deepEqual(
+    warnings.map((w) => w.reason),
+    ['outcome-unknown'],
+  );
+  t.throws(
+    () =>
+      checkRollbackPolicy(
+        l.effectsAfter('sbx_root', 'ckpt_1', () => false),
+        'refuse',
+      ),
+    { code: 'ROLLBACK_REFUSED_IRREVERSIBLE' },
+  );
 });
 
 test('a fork sees its parent effects up to the fork point when it rolls back past it', async (t) => {
@@ -332,16 +426,31 @@ test('a fork sees its parent effects up to the fork point when it rolls back pas
   t.is(l.inheritForFork('sbx_root', 'ckpt_1', 'sbx_fork', ancestorOrSelf('ckpt_1')), 0, 'idempotent');
   await l.run(fork, { kind: 'fs.write', input: {}, reversibility: 'sandbox-local' }, async () => undefined);
   // Rolling the fork back to before ckpt_1 (nothing is an ancestor) reports the inherited charge too.
-  t.deepEqual(l.effectsAfter('sbx_fork', 'ckpt_0', () => false).map((e) => e.output), ['ch_1', undefined]);
-  t.deepEqual(l.effectsAfter('sbx_fork', 'ckpt_1', ancestorOrSelf('ckpt_1')).map((e) => e.kind), ['fs.write']);
-  t.deepEqual(l.list('sbx_fork').map((e) => e.kind), ['fs.write'], 'list() shows rows the sandbox recorded');
+  t.deepEqual(
+    l.effectsAfter('sbx_fork', 'ckpt_0', () => false).map((e) => e.output),
+    ['ch_1', undefined],
+  );
+  t.deepEqual(
+    l.effectsAfter('sbx_fork', 'ckpt_1', ancestorOrSelf('ckpt_1')).map((e) => e.kind),
+    ['fs.write'],
+  );
+  t.deepEqual(
+    l.list('sbx_fork').map((e) => e.kind),
+    ['fs.write'],
+    'list() shows rows the sandbox recorded',
+  );
   t.is(l.list({ lineageId: 'sbx_root' }).length, 3);
 });
 
 // --- compensation -----------------------------------------------------------------------------
 
 function book(night: number): EffectSpec {
-  return { kind: 'hotel.book', input: { night }, reversibility: 'compensable', compensation: { kind: 'hotel.cancel', input: { night } } };
+  return {
+    kind: 'hotel.book',
+    input: { night },
+    reversibility: 'compensable',
+    compensation: { kind: 'hotel.cancel', input: { night } },
+  };
 }
 
 test('compensate runs compensations in reverse commit order, each as its own linked row', async (t) => {
@@ -361,7 +470,10 @@ test('compensate runs compensations in reverse commit order, each as its own lin
     return { cancelled: e.output ?? null };
   });
   t.deepEqual(order, [{ night: 3 }, { night: 1 }, { night: 2 }]);
-  t.deepEqual(results.map((r) => r.output), [{ cancelled: 'b3' }, { cancelled: 'b1' }, { cancelled: 'b2' }]);
+  t.deepEqual(
+    results.map((r) => r.output),
+    [{ cancelled: 'b3' }, { cancelled: 'b1' }, { cancelled: 'b2' }],
+  );
   for (const r of results) {
     t.like(l.get(r.effectId), { status: 'compensated', compensatedBy: r.compensationId });
     t.like(l.get(r.compensationId), { status: 'committed', kind: 'hotel.cancel', compensatesId: r.effectId });
@@ -386,10 +498,13 @@ test('compensate { after } picks the compensable effects after the target and st
   await l.run(root, pay, async () => 'ch');
   const seen: unknown[] = [];
   await t.throwsAsync(
-    l.compensate({ after: { sandboxId: 'sbx_root', targetCheckpointId: 'ckpt_1', isAncestorOrSelf: ancestorOrSelf('ckpt_1') } }, async (e) => {
-      seen.push(e.output);
-      throw new Error('hotel API down');
-    }),
+    l.compensate(
+      { after: { sandboxId: 'sbx_root', targetCheckpointId: 'ckpt_1', isAncestorOrSelf: ancestorOrSelf('ckpt_1') } },
+      async (e) => {
+        seen.push(e.output);
+        throw new Error('hotel API down');
+      },
+    ),
     { message: 'hotel API down' },
   );
   t.deepEqual(seen, ['b3'], 'stopped after the first failure');
@@ -405,7 +520,10 @@ test('compensate { after } picks the compensable effects after the target and st
     ],
   );
   await t.throwsAsync(
-    l.compensate({ after: { sandboxId: 'sbx_root', targetCheckpointId: 'ckpt_1', isAncestorOrSelf: ancestorOrSelf('ckpt_1') } }, async () => 'x'),
+    l.compensate(
+      { after: { sandboxId: 'sbx_root', targetCheckpointId: 'ckpt_1', isAncestorOrSelf: ancestorOrSelf('ckpt_1') } },
+      async () => 'x',
+    ),
     { code: 'EFFECT_OUTCOME_UNKNOWN' },
   );
 });
@@ -414,7 +532,16 @@ test('compensate refuses effects that are not committed compensable ones', async
   const l = ledger(t);
   await l.run(root, pay, async () => 'ch');
   const [charge] = l.list('sbx_root');
-  await t.throwsAsync(l.compensate([charge!.id], async () => 'x'), { code: 'EFFECT_NOT_COMPENSABLE' });
-  await t.throwsAsync(l.compensate(['eff_missing'], async () => 'x'), { code: 'EFFECT_NOT_FOUND' });
-  await t.throwsAsync(l.compensate('eff_x' as never, async () => 'x'), { code: 'INVALID_ARGUMENT' });
+  await t.throwsAsync(
+    l.compensate([charge!.id], async () => 'x'),
+    { code: 'EFFECT_NOT_COMPENSABLE' },
+  );
+  await t.throwsAsync(
+    l.compensate(['eff_missing'], async () => 'x'),
+    { code: 'EFFECT_NOT_FOUND' },
+  );
+  await t.throwsAsync(
+    l.compensate('eff_x' as never, async () => 'x'),
+    { code: 'INVALID_ARGUMENT' },
+  );
 });

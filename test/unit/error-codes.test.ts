@@ -33,8 +33,10 @@ function codesInSource(): Map<string, string> {
     const text = fs.readFileSync(file, 'utf8');
     const where = path.relative(root, file);
     for (const re of patterns) for (const m of text.matchAll(re)) if (!found.has(m[1]!)) found.set(m[1]!, where);
-    for (const m of text.matchAll(/new NotFoundError\(\s*'([a-z]+)'/g)) found.set(`${m[1]!.toUpperCase()}_NOT_FOUND`, where);
-    for (const m of text.matchAll(/new AlreadyExistsError\(\s*'([a-z]+)'/g)) found.set(`${m[1]!.toUpperCase()}_EXISTS`, where);
+    for (const m of text.matchAll(/new NotFoundError\(\s*'([a-z]+)'/g))
+      found.set(`${m[1]!.toUpperCase()}_NOT_FOUND`, where);
+    for (const m of text.matchAll(/new AlreadyExistsError\(\s*'([a-z]+)'/g))
+      found.set(`${m[1]!.toUpperCase()}_EXISTS`, where);
   }
   return found;
 }
@@ -42,7 +44,9 @@ function codesInSource(): Map<string, string> {
 test('every code thrown or answered in src/ is an ErrorCode', (t) => {
   const found = codesInSource();
   t.true(found.size > 60, `the scan found only ${found.size} codes: the patterns no longer match the source`);
-  const missing = [...found].filter(([code]) => !(ERROR_CODES as readonly string[]).includes(code)).map(([code, where]) => `${code} (${where})`);
+  const missing = [...found]
+    .filter(([code]) => !(ERROR_CODES as readonly string[]).includes(code))
+    .map(([code, where]) => `${code} (${where})`);
   t.deepEqual(missing, []);
 });
 
@@ -56,14 +60,26 @@ test('every ErrorCode has an HTTP status, and no status is a silent fallback', (
 });
 
 test('a NotFoundError of each kind has a code in the union', (t) => {
-  for (const kind of ['sandbox', 'image', 'checkpoint', 'effect', 'observation', 'context', 'layer', 'tenant'] as const) {
+  for (const kind of [
+    'sandbox',
+    'image',
+    'checkpoint',
+    'effect',
+    'observation',
+    'context',
+    'layer',
+    'tenant',
+  ] as const) {
     const code: ErrorCode = new NotFoundError(kind, 'x').code;
     t.is(statusForCode(code), 404, kind);
   }
 });
 
 test('fault points: the flat list is FAULT_POINTS, and a misspelled LOCKSTEP_FAULT is refused', (t) => {
-  t.is(ALL_FAULT_POINTS.length, Object.values(FAULT_POINTS).reduce((n, steps) => n + steps.length, 0));
+  t.is(
+    ALL_FAULT_POINTS.length,
+    Object.values(FAULT_POINTS).reduce((n, steps) => n + steps.length, 0),
+  );
   t.true(isFaultPoint('checkpoint:frozen'));
   t.false(isFaultPoint('checkpoint:frozem'));
   const err = t.throws(() => envFaultHook('checkpoint:frozem'), { instanceOf: HostError });
@@ -78,5 +94,8 @@ test('every fault point the source reaches is a FaultPoint', (t) => {
     for (const m of fs.readFileSync(file, 'utf8').matchAll(/fault\('([a-z-]+:[a-z-]+)'\)/g)) used.add(m[1]!);
   }
   t.true(used.size > 10);
-  t.deepEqual([...used].filter((p) => !isFaultPoint(p)), []);
+  t.deepEqual(
+    [...used].filter((p) => !isFaultPoint(p)),
+    [],
+  );
 });

@@ -30,7 +30,11 @@ test('each child is built in order and starts from the checkpoint; the parent is
     const cg = m.engine.runtime.cgroupName(r.id);
     t.deepEqual(
       m.host.since(mark).filter((c) => c.includes(r.id)),
-      [`cgroups.create ${cg}`, `layers.resetUpperTo ${r.id} ${m.ckpt.layerId}`, `native.mountOverlay ${m.engine.paths.sandboxRoot(r.id)}`],
+      [
+        `cgroups.create ${cg}`,
+        `layers.resetUpperTo ${r.id} ${m.ckpt.layerId}`,
+        `native.mountOverlay ${m.engine.paths.sandboxRoot(r.id)}`,
+      ],
     );
     t.like(child, { state: 'running', init_pid: r.pid, forked_from: m.ckpt.id, head_checkpoint_id: null });
     t.not(child.branch_id, parentBefore.branch_id);
@@ -56,9 +60,20 @@ test('a failed child is removed whole and reported; the others are made', async 
   t.is(m.engine.catalog.allSandboxes().length, sandboxesBefore + 2);
   // Nothing of the failed child is left: no cgroup, no layer, no mount beyond the live sandboxes'.
   const live = new Set(m.engine.catalog.instanceKeys());
-  t.deepEqual([...m.host.uppers.keys()].filter((k) => !live.has(k)), []);
-  t.deepEqual(m.host.cgroupDriver.children(m.engine.runtime.cgroupGroup).filter((k) => !live.has(k)), []);
-  t.deepEqual([...m.host.mounts].filter((p) => p.includes('/sandboxes/') && ![...live].some((k) => p.includes(`/sandboxes/${k}/`))), []);
+  t.deepEqual(
+    [...m.host.uppers.keys()].filter((k) => !live.has(k)),
+    [],
+  );
+  t.deepEqual(
+    m.host.cgroupDriver.children(m.engine.runtime.cgroupGroup).filter((k) => !live.has(k)),
+    [],
+  );
+  t.deepEqual(
+    [...m.host.mounts].filter(
+      (p) => p.includes('/sandboxes/') && ![...live].some((k) => p.includes(`/sandboxes/${k}/`)),
+    ),
+    [],
+  );
   t.deepEqual(m.engine.catalog.operations(), []);
 });
 
@@ -66,7 +81,11 @@ test('an abort stops the forks that have not started; the one running finishes w
   const m = await checkpointed(t);
   const controller = new AbortController();
   const ckpt = m.engine.catalog.checkpoint(m.ckpt.id)!;
-  const results = await forkSandbox(m.engine, m.row(m.parent.id), ckpt, 3, { concurrency: 1, signal: controller.signal, onProgress: () => controller.abort() });
+  const results = await forkSandbox(m.engine, m.row(m.parent.id), ckpt, 3, {
+    concurrency: 1,
+    signal: controller.signal,
+    onProgress: () => controller.abort(),
+  });
   t.deepEqual(
     results.map((r) => (r.ok ? 'ok' : r.error.code)),
     ['ok', 'FORK_ABORTED', 'FORK_ABORTED'],

@@ -60,8 +60,17 @@ function setup(t: { teardown: (fn: () => void) => void }) {
     chain = next.catch(() => undefined);
     return next;
   };
-  const runtime = { killProcesses: async (id: string) => void killed.push(id), destroy: async (id: string) => void killed.push(`destroy:${id}`) };
-  const inits = new InitWatcher(catalog, runtime, withLock, pino({ level: 'silent' }), (onExit) => (fake = new FakeWatcher(alive, onExit)));
+  const runtime = {
+    killProcesses: async (id: string) => void killed.push(id),
+    destroy: async (id: string) => void killed.push(`destroy:${id}`),
+  };
+  const inits = new InitWatcher(
+    catalog,
+    runtime,
+    withLock,
+    pino({ level: 'silent' }),
+    (onExit) => (fake = new FakeWatcher(alive, onExit)),
+  );
   t.teardown(() => {
     catalog.close();
     fs.rmSync(dir, { recursive: true, force: true });
@@ -69,14 +78,34 @@ function setup(t: { teardown: (fn: () => void) => void }) {
   const sandbox = (id: string, pid: number, start: number): SandboxRow => {
     alive.set(pid, start);
     catalog.insertSandbox({
-      id, tenant: null, image: 'base', runtime_layer: 'rt', state: 'running', init_pid: pid, init_start: start, memory_bytes: null, pids_max: null,
-      hostname: id, lineage_id: 'lin', branch_id: 'br', head_checkpoint_id: null, forked_from: null, env: '{}', metadata: '{}', created_at: 0,
-      expires_at: null, instance: id, standby_instance: null, standby_checkpoint: null, standby_pid: null, standby_start: null,
-    cpu_weight: null,
-    cpu_quota_us: null,
-    io_weight: null,
-    disk_bytes: null,
-    id_base: null,
+      id,
+      tenant: null,
+      image: 'base',
+      runtime_layer: 'rt',
+      state: 'running',
+      init_pid: pid,
+      init_start: start,
+      memory_bytes: null,
+      pids_max: null,
+      hostname: id,
+      lineage_id: 'lin',
+      branch_id: 'br',
+      head_checkpoint_id: null,
+      forked_from: null,
+      env: '{}',
+      metadata: '{}',
+      created_at: 0,
+      expires_at: null,
+      instance: id,
+      standby_instance: null,
+      standby_checkpoint: null,
+      standby_pid: null,
+      standby_start: null,
+      cpu_weight: null,
+      cpu_quota_us: null,
+      io_weight: null,
+      disk_bytes: null,
+      id_base: null,
     });
     return catalog.sandbox(id)!;
   };
@@ -86,12 +115,23 @@ function setup(t: { teardown: (fn: () => void) => void }) {
 test('an init that exits on its own stops its sandbox, clears the pid and removes what is left', async (t) => {
   const { catalog, inits, killed, sandbox, fake } = setup(t);
   sandbox('sbx_a', 100, 5);
-  catalog.updateSandbox('sbx_a', { standby_instance: 'sbx_a.st', standby_checkpoint: 'ckpt_1', standby_pid: 300, standby_start: 7 });
+  catalog.updateSandbox('sbx_a', {
+    standby_instance: 'sbx_a.st',
+    standby_checkpoint: 'ckpt_1',
+    standby_pid: 300,
+    standby_start: 7,
+  });
   t.true(inits.track(catalog.sandbox('sbx_a')!));
   t.true(inits.track(sandbox('sbx_b', 200, 6)));
   fake().exit(100);
   await inits.settled();
-  t.like(catalog.sandbox('sbx_a'), { state: 'stopped', init_pid: null, init_start: null, standby_instance: null, standby_pid: null });
+  t.like(catalog.sandbox('sbx_a'), {
+    state: 'stopped',
+    init_pid: null,
+    init_start: null,
+    standby_instance: null,
+    standby_pid: null,
+  });
   t.like(catalog.sandbox('sbx_b'), { state: 'running', init_pid: 200 });
   t.deepEqual(killed, ['sbx_a', 'destroy:sbx_a.st']);
 });

@@ -28,13 +28,20 @@ function packageCopy(t: { teardown: (fn: () => void) => void }): string {
 }
 
 const hook = (dir: string, args: string[] = []) =>
-  spawnSync(process.execPath, [path.join(dir, 'scripts', 'install.js'), ...args], { cwd: dir, env: { PATH: '/nonexistent' }, encoding: 'utf8' });
+  spawnSync(process.execPath, [path.join(dir, 'scripts', 'install.js'), ...args], {
+    cwd: dir,
+    env: { PATH: '/nonexistent' },
+    encoding: 'utf8',
+  });
 
 test('without a toolchain, npm install succeeds and records why nothing was built', (t) => {
   const dir = packageCopy(t);
   const r = hook(dir);
   t.is(r.status, 0);
-  t.regex(r.stderr, /not building the native parts now: the build tools are missing \(Debian packages: python3, make, g\+\+, gcc\)/);
+  t.regex(
+    r.stderr,
+    /not building the native parts now: the build tools are missing \(Debian packages: python3, make, g\+\+, gcc\)/,
+  );
   t.regex(r.stderr, /run `npx lockstep setup` as root/);
   t.regex(fs.readFileSync(path.join(dir, 'build', 'install-skipped.txt'), 'utf8'), /the build tools are missing/);
   t.false(fs.existsSync(path.join(dir, 'build', 'Release')));
@@ -53,7 +60,14 @@ test('only Linux x86_64 is supported, and the error says which platform this is'
 });
 
 test('"not set up" errors exit with the host code and answer 503', (t) => {
-  for (const code of ['NATIVE_NOT_BUILT', 'NATIVE_LOAD_FAILED', 'UNSUPPORTED_PLATFORM', 'CRIU_NOT_INSTALLED', 'CATALOG_TOO_NEW', 'HOST_PROVISIONING_FAILED'] as const) {
+  for (const code of [
+    'NATIVE_NOT_BUILT',
+    'NATIVE_LOAD_FAILED',
+    'UNSUPPORTED_PLATFORM',
+    'CRIU_NOT_INSTALLED',
+    'CATALOG_TOO_NEW',
+    'HOST_PROVISIONING_FAILED',
+  ] as const) {
     t.is(exitCodeFor(new HostError(code, 'x')), EXIT.host, code);
     t.is(statusForCode(code, new HostError(code, 'x')), 503, code);
   }

@@ -7,7 +7,16 @@
 import test from 'ava';
 import Database from 'better-sqlite3';
 import { HumanMessage, AIMessage } from '@langchain/core/messages';
-import { Annotation, Command, MessagesAnnotation, START, END, StateGraph, interrupt, type LangGraphRunnableConfig } from '@langchain/langgraph';
+import {
+  Annotation,
+  Command,
+  MessagesAnnotation,
+  START,
+  END,
+  StateGraph,
+  interrupt,
+  type LangGraphRunnableConfig,
+} from '@langchain/langgraph';
 import { emptyCheckpoint, uuid6, type Checkpoint, type CheckpointMetadata } from '@langchain/langgraph-checkpoint';
 import { ContextStore } from '../../src/context/context-store.js';
 import type { AgentContext } from '../../src/context/formats.js';
@@ -106,14 +115,25 @@ const SYNC = { durability: 'sync' } as const;
 function ckpt(channelValues: Record<string, unknown> = {}): Checkpoint {
   return { ...emptyCheckpoint(), id: uuid6(-1), channel_values: channelValues };
 }
-const md = (step: number, extra: Record<string, unknown> = {}): CheckpointMetadata => ({ source: 'loop', step, parents: {}, ...extra });
-const cfg = (thread: string, id?: string, ns = '') => ({ configurable: { thread_id: thread, checkpoint_ns: ns, ...(id ? { checkpoint_id: id } : {}) } });
+const md = (step: number, extra: Record<string, unknown> = {}): CheckpointMetadata => ({
+  source: 'loop',
+  step,
+  parents: {},
+  ...extra,
+});
+const cfg = (thread: string, id?: string, ns = '') => ({
+  configurable: { thread_id: thread, checkpoint_ns: ns, ...(id ? { checkpoint_id: id } : {}) },
+});
 
 test('put stores the checkpoint as a langgraph context and getTuple revives class instances', async (t) => {
   const w = world();
   const sb = w.make('sb1');
   const saver = new LockstepSaver({ sandbox: sb.saverView, db: w.db });
-  const cp = ckpt({ messages: [new HumanMessage('fix the build'), new AIMessage('on it')], seen: new Set(['a', 'b']), nothing: undefined });
+  const cp = ckpt({
+    messages: [new HumanMessage('fix the build'), new AIMessage('on it')],
+    seen: new Set(['a', 'b']),
+    nothing: undefined,
+  });
   const returned = await saver.put({ ...cfg('t1'), ...SYNC }, cp, md(0, { writer: 'me' }), {});
   t.deepEqual(returned, { configurable: { thread_id: 't1', checkpoint_ns: '', checkpoint_id: cp.id } });
 
@@ -125,10 +145,13 @@ test('put stores the checkpoint as a langgraph context and getTuple revives clas
   if (ctx?.format !== 'langgraph') return;
   // Plain LangChain-serialized dicts, the shape Lockstep's recovery note writes.
   const stored = (ctx.checkpoint.channel_values as { messages: { lc: number; id: string[] }[] }).messages;
-  t.deepEqual(stored.map((m) => [m.lc, m.id.at(-1)]), [
-    [1, 'HumanMessage'],
-    [1, 'AIMessage'],
-  ]);
+  t.deepEqual(
+    stored.map((m) => [m.lc, m.id.at(-1)]),
+    [
+      [1, 'HumanMessage'],
+      [1, 'AIMessage'],
+    ],
+  );
   t.deepEqual(ctx.metadata, { source: 'loop', step: 0, parents: {}, writer: 'me' });
   t.deepEqual(ctx.config, returned);
 
@@ -167,7 +190,15 @@ test('putWrites round-trips in writesSortKey order; special writes replace, ordi
   const saver = new LockstepSaver({ sandbox: w.make('sb1').saverView, db: w.db });
   const a = ckpt();
   const config = await saver.put({ ...cfg('t1'), ...SYNC }, a, md(0), {});
-  await saver.putWrites(config, [['log', 'from task b'], ['branch:to:x', null]], 'task-b', 'path~1');
+  await saver.putWrites(
+    config,
+    [
+      ['log', 'from task b'],
+      ['branch:to:x', null],
+    ],
+    'task-b',
+    'path~1',
+  );
   await saver.putWrites(config, [['log', { deep: [1, new Set([2])] }]], 'task-a', 'path~1');
   await saver.putWrites(config, [['log', 'input']], 'task-z');
   await saver.putWrites(config, [['log', 'retry must not replace']], 'task-b', 'path~1');
@@ -191,7 +222,12 @@ test('list: newest first, before, limit, metadata filter, namespaces and threads
   let parent: string | undefined;
   for (let i = 0; i < 5; i++) {
     const c = ckpt({ i });
-    await saver.put({ ...cfg('t1', parent), ...SYNC }, c, md(i, { kind: i % 2 ? 'odd' : 'even', tags: { i: i % 2 } }), {});
+    await saver.put(
+      { ...cfg('t1', parent), ...SYNC },
+      c,
+      md(i, { kind: i % 2 ? 'odd' : 'even', tags: { i: i % 2 } }),
+      {},
+    );
     ids.push(c.id);
     parent = c.id;
   }
@@ -246,7 +282,13 @@ test('a put from an earlier parent rolls the sandbox back first; other threads, 
   t.is(sb.files.get('/a.txt'), 'A');
   t.is(sb.ckpts.get(sb.head!)!.parentId, l1, 'the fork checkpoint is a child of c1 in the sandbox tree');
   t.is(events.length, 1);
-  t.like(events[0]!, { threadId: 't1', checkpointNs: '', checkpointId: c1.id, lockstepCheckpointId: l1, previousCheckpointId: c3.id });
+  t.like(events[0]!, {
+    threadId: 't1',
+    checkpointNs: '',
+    checkpointId: c1.id,
+    lockstepCheckpointId: l1,
+    previousCheckpointId: c3.id,
+  });
 
   // updateState on c2 (a bare config, no durability needed) moves the sandbox again.
   await saver.put(cfg('t1', c2.id), ckpt(), md(2, { source: 'update' }), {});
@@ -285,18 +327,36 @@ test('followTimeTravel: false never rolls back', async (t) => {
   await saver.put({ ...cfg('t1', c1.id), ...SYNC }, ckpt(), md(1, { source: 'fork' }), {});
   await saver.getTuple({ ...cfg('t1', c1.id), recursionLimit: 25, ...SYNC });
   t.deepEqual(sb.rollbacks, []);
-  t.throws(() => new LockstepSaver({ sandbox: sb.saverView, db: w.db, followTimeTravel: 'yes' as unknown as boolean }), { code: 'INVALID_ARGUMENT' });
+  t.throws(
+    () => new LockstepSaver({ sandbox: sb.saverView, db: w.db, followTimeTravel: 'yes' as unknown as boolean }),
+    { code: 'INVALID_ARGUMENT' },
+  );
 });
 
 test('a running graph must checkpoint with durability "sync"', async (t) => {
   const w = world();
   const sb = w.make('sb1');
   const saver = new LockstepSaver({ sandbox: sb.saverView, db: w.db });
-  const err = await t.throwsAsync(saver.put({ ...cfg('t1'), recursionLimit: 25 }, ckpt(), md(0), {}), { code: 'INVALID_ARGUMENT' });
+  const err = await t.throwsAsync(saver.put({ ...cfg('t1'), recursionLimit: 25 }, ckpt(), md(0), {}), {
+    code: 'INVALID_ARGUMENT',
+  });
   t.is((err as unknown as { field: string }).field, 'config.durability');
-  await t.throwsAsync(saver.put({ ...cfg('t1'), recursionLimit: 25, durability: 'async' } as object, ckpt(), md(0, { source: 'input' }), {}), { code: 'INVALID_ARGUMENT' });
+  await t.throwsAsync(
+    saver.put(
+      { ...cfg('t1'), recursionLimit: 25, durability: 'async' } as object,
+      ckpt(),
+      md(0, { source: 'input' }),
+      {},
+    ),
+    { code: 'INVALID_ARGUMENT' },
+  );
   t.is(sb.checkpoints().length, 0, 'refused before touching the sandbox');
-  await saver.put({ ...cfg('t1'), recursionLimit: 25, configurable: { ...cfg('t1').configurable, __pregel_durability: 'sync' } }, ckpt(), md(0), {});
+  await saver.put(
+    { ...cfg('t1'), recursionLimit: 25, configurable: { ...cfg('t1').configurable, __pregel_durability: 'sync' } },
+    ckpt(),
+    md(0),
+    {},
+  );
   // updateState, or copying checkpoints in from another saver: a bare config, no nodes running.
   await saver.put(cfg('t1'), ckpt(), md(0, { source: 'update' }), {});
   await saver.put(cfg('t2'), ckpt(), md(3), {});
@@ -327,7 +387,10 @@ test('deleteThread removes its Lockstep checkpoints and writes and leaves other 
   t.is(sb.checkpoints().length, 3);
   await saver.deleteThread('t1');
   t.is(await saver.getTuple(cfg('t1')), undefined);
-  t.deepEqual(sb.checkpoints().map((c) => c.label), [`langgraph:${keep.configurable!.checkpoint_id}`]);
+  t.deepEqual(
+    sb.checkpoints().map((c) => c.label),
+    [`langgraph:${keep.configurable!.checkpoint_id}`],
+  );
   t.is((w.db.prepare('SELECT COUNT(*) AS n FROM langgraph_writes').get() as { n: number }).n, 0);
   t.truthy(await saver.getTuple(cfg('t2')));
   await saver.deleteThread('t1');
@@ -423,7 +486,10 @@ test('a real graph: one Lockstep checkpoint per step, replay rolls the files bac
     .addEdge(START, 'reply')
     .addEdge('reply', END)
     .compile({ checkpointer: saver });
-  const out = await messages.invoke({ messages: [new HumanMessage('hi')] }, { configurable: { thread_id: 'chat' }, durability: 'sync' });
+  const out = await messages.invoke(
+    { messages: [new HumanMessage('hi')] },
+    { configurable: { thread_id: 'chat' }, durability: 'sync' },
+  );
   t.deepEqual(
     out.messages.map((m) => m.content),
     ['hi', 'done'],
@@ -441,7 +507,9 @@ test('a real graph invoked with the default (async) durability fails with the re
     .addEdge(START, 'a')
     .addEdge('a', END)
     .compile({ checkpointer: saver });
-  const err = await t.throwsAsync(graph.invoke({ log: [] }, { configurable: { thread_id: 't1' } }), { code: 'INVALID_ARGUMENT' });
+  const err = await t.throwsAsync(graph.invoke({ log: [] }, { configurable: { thread_id: 't1' } }), {
+    code: 'INVALID_ARGUMENT',
+  });
   t.is((err as unknown as { field: string }).field, 'config.durability');
   t.is(sb.checkpoints().length, 0);
 });
@@ -461,7 +529,9 @@ test('a real graph with a subgraph and an interrupt resumes without the sandbox 
     .addEdge('c2', END)
     .compile();
   const graph = new StateGraph(LogState)
-    .addNode('sub', async (_state: typeof LogState.State, config: LangGraphRunnableConfig) => ({ log: (await child.invoke({ log: [] }, config)).log }))
+    .addNode('sub', async (_state: typeof LogState.State, config: LangGraphRunnableConfig) => ({
+      log: (await child.invoke({ log: [] }, config)).log,
+    }))
     .addNode('ask', () => {
       const answer = interrupt('continue?') as string;
       return { log: [`ask:${answer}`] };
@@ -477,6 +547,8 @@ test('a real graph with a subgraph and an interrupt resumes without the sandbox 
   t.deepEqual(out.log, ['start', 'c1', 'c2', 'ask:yes']);
   t.deepEqual(sb.rollbacks, []);
   t.is(sb.files.get('/child.txt'), 'child');
-  const subgraphCheckpoints = w.db.prepare("SELECT COUNT(*) AS n FROM langgraph_checkpoints WHERE checkpoint_ns != ''").get() as { n: number };
+  const subgraphCheckpoints = w.db
+    .prepare("SELECT COUNT(*) AS n FROM langgraph_checkpoints WHERE checkpoint_ns != ''")
+    .get() as { n: number };
   t.true(subgraphCheckpoints.n > 0, 'the subgraph checkpointed in its own namespace');
 });

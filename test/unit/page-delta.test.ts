@@ -68,11 +68,16 @@ function changed(m: Map<number, Buffer>, addrs: number[]): Map<number, Buffer> {
 
 async function assertPages(t: ExecutionContext, dir: string, want: Map<number, Buffer>, what: string) {
   const got = await resolvedPages(dir, MAP);
-  t.deepEqual([...got.keys()].sort((a, b) => a - b), [...want.keys()].sort((a, b) => a - b), `${what}: addresses`);
+  t.deepEqual(
+    [...got.keys()].sort((a, b) => a - b),
+    [...want.keys()].sort((a, b) => a - b),
+    `${what}: addresses`,
+  );
   for (const [a, b] of want) t.true(got.get(a)?.equals(b), `${what}: page ${a.toString(16)}`);
 }
 
-const pagesBytes = (dir: string) => fs.statSync(path.join(dir, `pages-${readPagemap(path.join(dir, MAP)).pagesId}.img`)).size;
+const pagesBytes = (dir: string) =>
+  fs.statSync(path.join(dir, `pages-${readPagemap(path.join(dir, MAP)).pagesId}.img`)).size;
 
 test('a delta stores only the changed pages and restores every byte through a chain', async (t) => {
   const root = store(t);
@@ -121,7 +126,11 @@ test('flattening before a delete keeps every byte: middle first, then the root',
   t.is(parentOf(c), null);
   fs.rmSync(a, { recursive: true });
   await assertPages(t, c, m3, 'C alone');
-  t.deepEqual(fs.readdirSync(c).filter((n) => n.startsWith('pages-')), [`pages-${readPagemap(path.join(c, MAP)).pagesId}.img`], 'the old pages file is gone');
+  t.deepEqual(
+    fs.readdirSync(c).filter((n) => n.startsWith('pages-')),
+    [`pages-${readPagemap(path.join(c, MAP)).pagesId}.img`],
+    'the old pages file is gone',
+  );
 });
 
 test('a parent that cannot be read leaves the new image whole and unlinked', async (t) => {
@@ -140,7 +149,14 @@ test('a parent that cannot be read leaves the new image whole and unlinked', asy
 test('damaged pagemaps and links outside the store are refused', (t) => {
   const root = store(t);
   const a = dump(root, 'A', memoryOf());
-  writePagemap(path.join(a, MAP), { magic: MAGIC, pagesId: 1, entries: [{ vaddr: 0x20000, nrPages: 1, flags: PE_PRESENT }, { vaddr: 0x10000, nrPages: 1, flags: PE_PRESENT }] });
+  writePagemap(path.join(a, MAP), {
+    magic: MAGIC,
+    pagesId: 1,
+    entries: [
+      { vaddr: 0x20000, nrPages: 1, flags: PE_PRESENT },
+      { vaddr: 0x10000, nrPages: 1, flags: PE_PRESENT },
+    ],
+  });
   t.throws(() => readPagemap(path.join(a, MAP)), { code: 'CHECKPOINT_DAMAGED', message: /out of order/ });
   fs.writeFileSync(path.join(a, 'pagemap-2.img'), 'garbage!');
   t.throws(() => readPagemap(path.join(a, 'pagemap-2.img')), { code: 'CHECKPOINT_DAMAGED', message: /not a pagemap/ });

@@ -39,7 +39,13 @@ test('an unfinished checkpoint is discarded and its sandbox thawed', async (t) =
   await m.host.cgroupDriver.freeze(cg);
   m.host.layers.set(layerId, 'files-v2');
   fs.mkdirSync(m.engine.paths.processImage(checkpointId));
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'checkpoint', sandbox_id: id, phase: 'started', payload: JSON.stringify({ checkpointId, layerId }) });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'checkpoint',
+    sandbox_id: id,
+    phase: 'started',
+    payload: JSON.stringify({ checkpointId, layerId }),
+  });
 
   const r = await reopen(t, m);
   t.deepEqual(r.ls.reaped!.operations, [`checkpoint:started:${id}`]);
@@ -53,7 +59,13 @@ test('an unfinished checkpoint is discarded and its sandbox thawed', async (t) =
 
 test('a rollback journalled "prepared" had changed nothing: the entry is closed, the sandbox left as it is', async (t) => {
   const { m, id, pid, ckpt } = await checkpointedSandbox(t);
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'rollback', sandbox_id: id, phase: 'prepared', payload: JSON.stringify({ checkpointId: ckpt.id, branchId: newId('br'), standby: null }) });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'rollback',
+    sandbox_id: id,
+    phase: 'prepared',
+    payload: JSON.stringify({ checkpointId: ckpt.id, branchId: newId('br'), standby: null }),
+  });
   const mark = m.host.calls.length;
   const r = await reopen(t, m);
   t.false(r.host.since(mark).some((c) => c.startsWith('cgroups.kill') || c.startsWith('criu.restore')));
@@ -65,7 +77,13 @@ test('a rollback journalled "prepared" had changed nothing: the entry is closed,
 test('a rollback journalled "killing" is rolled forward to the checkpoint by a CRIU restore', async (t) => {
   const { m, id, pid, ckpt } = await checkpointedSandbox(t);
   const branchId = newId('br');
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'rollback', sandbox_id: id, phase: 'killing', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby: null }) });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'rollback',
+    sandbox_id: id,
+    phase: 'killing',
+    payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby: null }),
+  });
   const r = await reopen(t, m);
   t.deepEqual(r.ls.reaped!.operations, [`rollback:killing:${id}`]);
   const row = r.row(id);
@@ -79,7 +97,13 @@ test('a rollback journalled "killing" is rolled forward to the checkpoint by a C
 test('a roll-forward that fails leaves the sandbox stopped at the checkpoint, on the journalled branch', async (t) => {
   const { m, id, pid, ckpt } = await checkpointedSandbox(t);
   const branchId = newId('br');
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'rollback', sandbox_id: id, phase: 'killing', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby: null }) });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'rollback',
+    sandbox_id: id,
+    phase: 'killing',
+    payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby: null }),
+  });
   m.host.failAt('criu.restore');
   const r = await reopen(t, m);
   t.like(r.row(id), { state: 'stopped', init_pid: null, head_checkpoint_id: ckpt.id, branch_id: branchId });
@@ -92,12 +116,24 @@ test('a rollback journalled "killing" with a live standby swaps the standby in',
   const standby = m.row(id).standby_instance!;
   t.truthy(standby);
   const branchId = newId('br');
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'rollback', sandbox_id: id, phase: 'killing', payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }) });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'rollback',
+    sandbox_id: id,
+    phase: 'killing',
+    payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }),
+  });
   const mark = m.host.calls.length;
   const r = await reopen(t, m);
   t.false(r.host.since(mark).some((c) => c.startsWith('criu.restore')));
   const row = r.row(id);
-  t.like(row, { state: 'running', instance: standby, head_checkpoint_id: ckpt.id, branch_id: branchId, standby_instance: null });
+  t.like(row, {
+    state: 'running',
+    instance: standby,
+    head_checkpoint_id: ckpt.id,
+    branch_id: branchId,
+    standby_instance: null,
+  });
   t.is(r.host.processes.get(row.init_pid!)!.memory, 'counter=1');
   t.false(r.host.proc.isAlive(pid), 'the old instance was removed');
   t.false(r.host.uppers.has(id));
@@ -110,7 +146,13 @@ test('a rollback whose swap had committed only has its journal entry closed', as
   const report = await m.ls.get(id).rollback(ckpt.id);
   await m.ls.get(id).settled();
   // The crash came between the commit and the end of the journal entry.
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'rollback', sandbox_id: id, phase: 'killing', payload: JSON.stringify({ checkpointId: ckpt.id, branchId: report.branchId, standby }) });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'rollback',
+    sandbox_id: id,
+    phase: 'killing',
+    payload: JSON.stringify({ checkpointId: ckpt.id, branchId: report.branchId, standby }),
+  });
   const mark = m.host.calls.length;
   const r = await reopen(t, m);
   t.false(r.host.since(mark).some((c) => /^(criu\.restore|cgroups\.kill|cgroups\.freeze)/.test(c)));
@@ -122,8 +164,23 @@ test('an unfinished fork is removed whole', async (t) => {
   const { m, id, ckpt } = await checkpointedSandbox(t);
   const parent = m.row(id);
   const child = newId('sbx');
-  m.engine.catalog.insertSandbox({ ...parent, id: child, instance: child, state: 'creating', init_pid: null, init_start: null, forked_from: ckpt.id, head_checkpoint_id: null });
-  m.engine.catalog.beginOperation({ id: newId('op'), kind: 'fork', sandbox_id: child, phase: 'started', payload: JSON.stringify({ parent: id, checkpointId: ckpt.id }) });
+  m.engine.catalog.insertSandbox({
+    ...parent,
+    id: child,
+    instance: child,
+    state: 'creating',
+    init_pid: null,
+    init_start: null,
+    forked_from: ckpt.id,
+    head_checkpoint_id: null,
+  });
+  m.engine.catalog.beginOperation({
+    id: newId('op'),
+    kind: 'fork',
+    sandbox_id: child,
+    phase: 'started',
+    payload: JSON.stringify({ parent: id, checkpointId: ckpt.id }),
+  });
   m.host.cgroupDriver.create(m.engine.runtime.cgroupName(child), {});
   m.host.uppers.set(child, 'files-v1');
   m.host.spawn(m.engine.runtime.cgroupName(child), 'restored');
@@ -187,7 +244,17 @@ test('each kind of leftover the catalog does not know is removed and reported', 
   fs.mkdirSync(path.join(p.images, '.tmp-half'), { recursive: true });
   fs.writeFileSync(path.join(p.scratch, 'restore-x'), '');
   const r = await reopen(t, m);
-  t.deepEqual(r.ls.reaped!.orphans.sort(), ['cgroup:sbx_lost', 'image-tmp:.tmp-half', 'layer:lyr_orphan', 'process-image:ckpt_orphan', `run:${ghost}`, 'upper:sbx_upper'].sort());
+  t.deepEqual(
+    r.ls.reaped!.orphans.sort(),
+    [
+      'cgroup:sbx_lost',
+      'image-tmp:.tmp-half',
+      'layer:lyr_orphan',
+      'process-image:ckpt_orphan',
+      `run:${ghost}`,
+      'upper:sbx_upper',
+    ].sort(),
+  );
   t.false(r.host.mounts.has(p.sandboxRoot(ghost)));
   t.false(fs.existsSync(p.sandboxRun(ghost)));
   t.false(r.host.cgroups.has(r.engine.runtime.cgroupName('sbx_lost')));

@@ -42,12 +42,43 @@ async function abandonedTimeline(t: ExecutionContext) {
   observations.record({ ...on, kind: 'file-read', subject: 'src/index.ts', contentHash: 'h1' });
   observations.record({ ...on, kind: 'file-write', subject: 'src/index.ts', contentHash: 'h2' });
   observations.record({ ...on, kind: 'file-list', subject: 'src/' });
-  observations.record({ ...on, kind: 'command', subject: 'npm   test', exitCode: 1, summary: '2 failing\n(parser)', toolCallId: 'tu_2' });
+  observations.record({
+    ...on,
+    kind: 'command',
+    subject: 'npm   test',
+    exitCode: 1,
+    summary: '2 failing\n(parser)',
+    toolCallId: 'tu_2',
+  });
   const scan = observations.record({ ...on, kind: 'verdict', subject: 'release.tgz' });
-  verdicts.record({ sandboxId: 'sbx_a', branchId: 'br_1', path: 'release.tgz', contentHash: 'h_clean', verdict: 'malware-scan:clean', observationId: scan.id });
-  await ledger.run(ctx, { kind: 'payments.charge', input: { invoice: 'inv_7', amount: 1200 }, reversibility: 'irreversible' }, async () => ({ chargeId: 'ch_77' }));
-  await ledger.run(ctx, { kind: 'fs.write', input: { path: 'dist/out.js' }, reversibility: 'sandbox-local' }, async () => undefined);
-  await ledger.run(ctx, { kind: 'slack.post', input: { text: 'released' }, reversibility: 'compensable', compensation: { kind: 'slack.delete', input: { text: 'released' } } }, async () => ({ ts: '1.2' }));
+  verdicts.record({
+    sandboxId: 'sbx_a',
+    branchId: 'br_1',
+    path: 'release.tgz',
+    contentHash: 'h_clean',
+    verdict: 'malware-scan:clean',
+    observationId: scan.id,
+  });
+  await ledger.run(
+    ctx,
+    { kind: 'payments.charge', input: { invoice: 'inv_7', amount: 1200 }, reversibility: 'irreversible' },
+    async () => ({ chargeId: 'ch_77' }),
+  );
+  await ledger.run(
+    ctx,
+    { kind: 'fs.write', input: { path: 'dist/out.js' }, reversibility: 'sandbox-local' },
+    async () => undefined,
+  );
+  await ledger.run(
+    ctx,
+    {
+      kind: 'slack.post',
+      input: { text: 'released' },
+      reversibility: 'compensable',
+      compensation: { kind: 'slack.delete', input: { text: 'released' } },
+    },
+    async () => ({ ts: '1.2' }),
+  );
   await ledger
     .run(ctx, { kind: 'mail.send', input: { to: 'ops@example.com' }, reversibility: 'irreversible' }, async () => {
       throw new Error('SMTP timeout');
@@ -79,7 +110,9 @@ test('the structured summary separates what went stale, what happened for good, 
   const { structured } = buildRecoverySummary(input);
   t.deepEqual(structured.targetCheckpoint, { id: 'ckpt_1', label: 'before cleanup' });
   t.is(structured.failure, input.failure);
-  t.deepEqual(structured.commandsRun, [{ command: 'npm   test', exitCode: 1, summary: '2 failing\n(parser)', toolCallId: 'tu_2' }]);
+  t.deepEqual(structured.commandsRun, [
+    { command: 'npm   test', exitCode: 1, summary: '2 failing\n(parser)', toolCallId: 'tu_2' },
+  ]);
   t.deepEqual(structured.filesTouched, [
     { path: 'src/index.ts', how: ['read', 'write'] },
     { path: 'src/', how: ['list'] },
@@ -101,7 +134,9 @@ test('the structured summary separates what went stale, what happened for good, 
       ['mail.send', undefined],
     ],
   );
-  t.deepEqual(structured.staleVerdicts, [{ path: 'release.tgz', verdict: 'malware-scan:clean', contentHash: 'h_clean', currentHash: 'h_infected' }]);
+  t.deepEqual(structured.staleVerdicts, [
+    { path: 'release.tgz', verdict: 'malware-scan:clean', contentHash: 'h_clean', currentHash: 'h_infected' },
+  ]);
   t.deepEqual(structured.lessons, input.lessons);
 });
 
@@ -112,9 +147,15 @@ test('the text tells the model where it is, what is no longer true and what must
   t.true(text.startsWith('<lockstep-recovery>') && text.endsWith('</lockstep-recovery>'));
   t.regex(text, /checkpoint ckpt_1 \("before cleanup"\)/);
   t.regex(text, /Reason: The release job failed/);
-  t.regex(text, /No longer true[^\n]*\n- ran `npm test` \(exit 1\): 2 failing \(parser\)\n- read\/write src\/index\.ts\n- list src\//);
+  t.regex(
+    text,
+    /No longer true[^\n]*\n- ran `npm test` \(exit 1\): 2 failing \(parser\)\n- read\/write src\/index\.ts\n- list src\//,
+  );
   t.regex(text, /verdict "malware-scan:clean" on release\.tgz no longer applies/);
-  t.regex(text, /MUST NOT be repeated[^\n]*\n- payments\.charge \{"amount":1200,"invoice":"inv_7"\} → \{"chargeId":"ch_77"\}/);
+  t.regex(
+    text,
+    /MUST NOT be repeated[^\n]*\n- payments\.charge \{"amount":1200,"invoice":"inv_7"\} → \{"chargeId":"ch_77"\}/,
+  );
   t.regex(text, /mail\.send .* outcome unknown: it may have happened; do not retry/);
   t.regex(text, /slack\.post .* still in effect/);
   t.regex(text, /Undone by the rollback \(may be done again if still needed\): fs\.write/);
@@ -158,7 +199,12 @@ test('long lists are cut with a count of what was left out', (t) => {
     inheritedFrom: null,
     createdAt: 0,
   }));
-  const { structured, text } = buildRecoverySummary({ staleObservations, effectsAfter: [], staleVerdicts: [], targetCheckpoint: { id: 'ckpt_9' } });
+  const { structured, text } = buildRecoverySummary({
+    staleObservations,
+    effectsAfter: [],
+    staleVerdicts: [],
+    targetCheckpoint: { id: 'ckpt_9' },
+  });
   t.is(structured.commandsRun.length, 25);
   t.regex(text, /- ran `make step19` \(exit 0\)\n- … and 5 more/);
   t.notRegex(text, /step20/);
@@ -167,7 +213,16 @@ test('long lists are cut with a count of what was left out', (t) => {
 
 test('bad input is rejected naming the field', (t) => {
   const base = { staleObservations: [], effectsAfter: [], staleVerdicts: [], targetCheckpoint: { id: 'ckpt_1' } };
-  t.throws(() => buildRecoverySummary({ ...base, targetCheckpoint: { id: '' } }), { code: 'INVALID_ARGUMENT', message: /input\.targetCheckpoint\.id/ });
-  t.throws(() => buildRecoverySummary({ ...base, effectsAfter: undefined as never }), { code: 'INVALID_ARGUMENT', message: /input\.effectsAfter/ });
-  t.throws(() => buildRecoverySummary({ ...base, lessons: [1 as never] }), { code: 'INVALID_ARGUMENT', message: /input\.lessons/ });
+  t.throws(() => buildRecoverySummary({ ...base, targetCheckpoint: { id: '' } }), {
+    code: 'INVALID_ARGUMENT',
+    message: /input\.targetCheckpoint\.id/,
+  });
+  t.throws(() => buildRecoverySummary({ ...base, effectsAfter: undefined as never }), {
+    code: 'INVALID_ARGUMENT',
+    message: /input\.effectsAfter/,
+  });
+  t.throws(() => buildRecoverySummary({ ...base, lessons: [1 as never] }), {
+    code: 'INVALID_ARGUMENT',
+    message: /input\.lessons/,
+  });
 });

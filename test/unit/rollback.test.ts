@@ -19,8 +19,13 @@ interface Setup extends FakeManager {
 }
 
 /** A sandbox checkpointed at (files-v1, counter=1), then changed to (files-v2, counter=2). */
-async function changedAfterCheckpoint(t: ExecutionContext, opts: { standby: boolean; fault?: (p: FaultPoint) => void }): Promise<Setup> {
-  const m = await openFake(t, { open: { config: { standby: opts.standby }, ...(opts.fault ? { fault: opts.fault } : {}) } });
+async function changedAfterCheckpoint(
+  t: ExecutionContext,
+  opts: { standby: boolean; fault?: (p: FaultPoint) => void },
+): Promise<Setup> {
+  const m = await openFake(t, {
+    open: { config: { standby: opts.standby }, ...(opts.fault ? { fault: opts.fault } : {}) },
+  });
   const sb = await m.ls.create();
   const pid = m.row(sb.id).init_pid!;
   m.host.uppers.set(m.row(sb.id).instance, 'files-v1');
@@ -51,7 +56,12 @@ test('restore path: kill, reset the layer, mount, restore, in that order; the sa
   t.false(s.host.proc.isAlive(s.oldPid));
   t.is(s.host.processes.get(report.pid)!.memory, 'counter=1');
   t.is(s.host.uppers.get(instance), 'files-v1');
-  t.like(s.row(s.id), { state: 'running', init_pid: report.pid, head_checkpoint_id: s.ckpt.id, branch_id: report.branchId });
+  t.like(s.row(s.id), {
+    state: 'running',
+    init_pid: report.pid,
+    head_checkpoint_id: s.ckpt.id,
+    branch_id: report.branchId,
+  });
   t.not(report.branchId, s.oldBranch);
   t.is(report.previousBranchId, s.oldBranch);
   t.deepEqual(s.engine.catalog.operations(), []);
@@ -69,7 +79,7 @@ test('a failure before the point of no return changes nothing', async (t) => {
   t.deepEqual(s.engine.catalog.operations(), []);
 });
 
-test('refused input (another sandbox\'s checkpoint, a damaged one) changes nothing', async (t) => {
+test("refused input (another sandbox's checkpoint, a damaged one) changes nothing", async (t) => {
   const s = await changedAfterCheckpoint(t, { standby: false });
   const other = await s.ls.create();
   await t.throwsAsync(s.ls.get(other.id).rollback(s.ckpt.id), { code: 'CHECKPOINT_NOT_FOUND' });
@@ -128,7 +138,13 @@ test('standby path: freeze the current tree, swap the standby in, thaw it; no CR
   t.is(report.pid, standbyPid);
   t.is(s.host.processes.get(standbyPid)!.memory, 'counter=1');
   t.is(s.host.uppers.get(standbyKey), 'files-v1');
-  t.like(s.row(s.id), { state: 'running', instance: standbyKey, init_pid: standbyPid, standby_instance: null, head_checkpoint_id: s.ckpt.id });
+  t.like(s.row(s.id), {
+    state: 'running',
+    instance: standbyKey,
+    init_pid: standbyPid,
+    standby_instance: null,
+    head_checkpoint_id: s.ckpt.id,
+  });
   // The old instance goes after the answer, behind the sandbox's lock.
   await s.ls.get(s.id).settled();
   t.false(s.host.proc.isAlive(s.oldPid));
@@ -142,7 +158,13 @@ test('standby path: a failure to freeze the current tree abandons the swap; the 
   const before = s.row(s.id);
   s.host.failAt(`cgroups.freeze ${s.engine.runtime.cgroupName(before.instance)}`);
   await t.throwsAsync(s.ls.get(s.id).rollback(s.ckpt.id));
-  t.like(s.row(s.id), { state: 'running', instance: before.instance, init_pid: s.oldPid, standby_instance: before.standby_instance, branch_id: s.oldBranch });
+  t.like(s.row(s.id), {
+    state: 'running',
+    instance: before.instance,
+    init_pid: s.oldPid,
+    standby_instance: before.standby_instance,
+    branch_id: s.oldBranch,
+  });
   t.false(s.host.cgroupDriver.isFrozen(s.engine.runtime.cgroupName(before.instance)));
   t.deepEqual(s.engine.catalog.operations(), []);
   // The standby is still good for another try.

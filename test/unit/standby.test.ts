@@ -64,7 +64,7 @@ test('a newer checkpoint replaces the standby; the old one is removed', async (t
   t.false(m.host.uppers.has(first));
 });
 
-test("no standby when it would take the tenant past its memory quota", async (t) => {
+test('no standby when it would take the tenant past its memory quota', async (t) => {
   const m = await openFake(t);
   const { addTenant } = await import('../../src/tenants/tenants.js');
   const { tenant } = addTenant(m.engine.catalog.db, 'acme', { maxMemoryMb: 600 });

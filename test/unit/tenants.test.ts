@@ -4,8 +4,24 @@ import os from 'node:os';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { Catalog, type SandboxState } from '../../src/catalog/catalog.js';
-import { addTenant, authenticate, getTenant, listTenants, migrateTenants, removeTenant, revokeTenantToken, TOKEN_PREFIX, type TenantQuotas } from '../../src/tenants/tenants.js';
-import { QuotaGate, checkCheckpointQuota, checkQuota, checkStandbyQuota, tenantUsage } from '../../src/tenants/quotas.js';
+import {
+  addTenant,
+  authenticate,
+  getTenant,
+  listTenants,
+  migrateTenants,
+  removeTenant,
+  revokeTenantToken,
+  TOKEN_PREFIX,
+  type TenantQuotas,
+} from '../../src/tenants/tenants.js';
+import {
+  QuotaGate,
+  checkCheckpointQuota,
+  checkQuota,
+  checkStandbyQuota,
+  tenantUsage,
+} from '../../src/tenants/quotas.js';
 
 function catalog(t: { teardown: (fn: () => void) => void }, migrations = [migrateTenants]): Catalog {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
@@ -38,7 +54,16 @@ test('a token is shown once: only its sha256 is stored, and it authenticates its
   t.true(a.token.startsWith(TOKEN_PREFIX));
   t.is(Buffer.from(a.token.slice(TOKEN_PREFIX.length), 'base64url').length, 32);
   t.not(a.token, b.token);
-  t.deepEqual(a.tenant, { id: a.tenant.id, name: 'acme', createdAt: '2023-11-14T22:13:20.000Z', maxSandboxes: 3, maxMemoryMb: null, cpuWeight: null, maxCpuWeight: null, maxCheckpointMb: null });
+  t.deepEqual(a.tenant, {
+    id: a.tenant.id,
+    name: 'acme',
+    createdAt: '2023-11-14T22:13:20.000Z',
+    maxSandboxes: 3,
+    maxMemoryMb: null,
+    cpuWeight: null,
+    maxCpuWeight: null,
+    maxCheckpointMb: null,
+  });
   t.regex(a.tenant.id, /^tn_[a-z2-7]{20}$/);
   t.not(a.tenant.id, b.tenant.id);
 
@@ -49,19 +74,32 @@ test('a token is shown once: only its sha256 is stored, and it authenticates its
 
   t.is(authenticate(c.db, a.token)?.name, 'acme');
   t.is(authenticate(c.db, b.token)?.name, 'globex');
-  for (const bad of [undefined, '', 'acme', a.token + 'x', a.token.slice(0, -1), a.token.replace(TOKEN_PREFIX, 'xxx_'), 42, TOKEN_PREFIX + 'a'.repeat(500)]) {
+  for (const bad of [
+    undefined,
+    '',
+    'acme',
+    a.token + 'x',
+    a.token.slice(0, -1),
+    a.token.replace(TOKEN_PREFIX, 'xxx_'),
+    42,
+    TOKEN_PREFIX + 'a'.repeat(500),
+  ]) {
     t.is(authenticate(c.db, bad), undefined, String(bad));
   }
 });
 
 test('names are validated; a name is unique; removal revokes the token and refuses while sandboxes remain', (t) => {
   const c = catalog(t);
-  for (const bad of ['', 'Acme', 'a b', '-x', 'x'.repeat(64), '../x']) t.throws(() => addTenant(c.db, bad), { code: 'INVALID_ARGUMENT' }, bad);
+  for (const bad of ['', 'Acme', 'a b', '-x', 'x'.repeat(64), '../x'])
+    t.throws(() => addTenant(c.db, bad), { code: 'INVALID_ARGUMENT' }, bad);
   t.throws(() => addTenant(c.db, 'ok', { maxSandboxes: -1 }), { code: 'INVALID_ARGUMENT', message: /maxSandboxes/ });
   t.throws(() => addTenant(c.db, 'ok', { maxMemoryMb: 1.5 }), { code: 'INVALID_ARGUMENT', message: /maxMemoryMb/ });
   const { token } = addTenant(c.db, 'acme');
   t.throws(() => addTenant(c.db, 'acme'), { code: 'TENANT_EXISTS' });
-  t.deepEqual(listTenants(c.db).map((x) => x.name), ['acme']);
+  t.deepEqual(
+    listTenants(c.db).map((x) => x.name),
+    ['acme'],
+  );
 
   const id = sandbox(c, getTenant(c.db, 'acme').id, 64);
   t.throws(() => removeTenant(c.db, 'acme'), { code: 'TENANT_HAS_SANDBOXES' });
@@ -80,7 +118,10 @@ test('names are validated; a name is unique; removal revokes the token and refus
   // Revoked first, as a forced removal does: the token stops working, the tenant is still listed.
   revokeTenantToken(c.db, 'forced');
   t.is(authenticate(c.db, forced.token), undefined);
-  t.deepEqual(listTenants(c.db).map((x) => x.name), ['forced']);
+  t.deepEqual(
+    listTenants(c.db).map((x) => x.name),
+    ['forced'],
+  );
   c.deleteSandboxRow(half);
   removeTenant(c.db, 'forced');
   t.deepEqual(listTenants(c.db), []);
@@ -88,11 +129,21 @@ test('names are validated; a name is unique; removal revokes the token and refus
 
 test('removing a tenant forgets its stored idempotent responses', (t) => {
   const c = catalog(t);
-  c.db.exec('CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)');
+  c.db.exec(
+    'CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)',
+  );
   const { tenant } = addTenant(c.db, 'acme');
-  c.db.prepare("INSERT INTO http_idempotency VALUES (?, 'k', 'h', 201, '{}', 0, 0), ('tn_other', 'k', 'h', 201, '{}', 0, 0), ('acme', 'k2', 'h', 201, '{}', 0, 0)").run(tenant.id);
+  c.db
+    .prepare(
+      "INSERT INTO http_idempotency VALUES (?, 'k', 'h', 201, '{}', 0, 0), ('tn_other', 'k', 'h', 201, '{}', 0, 0), ('acme', 'k2', 'h', 201, '{}', 0, 0)",
+    )
+    .run(tenant.id);
   removeTenant(c.db, 'acme');
-  t.deepEqual(c.db.prepare('SELECT tenant FROM http_idempotency ORDER BY tenant').pluck().all(), ['acme', 'tn_other'], "keyed by id: only this tenant's own rows go");
+  t.deepEqual(
+    c.db.prepare('SELECT tenant FROM http_idempotency ORDER BY tenant').pluck().all(),
+    ['acme', 'tn_other'],
+    "keyed by id: only this tenant's own rows go",
+  );
 });
 
 test('a tenant added again under a removed name gets a new id and none of the old rows', (t) => {
@@ -102,20 +153,31 @@ test('a tenant added again under a removed name gets a new id and none of the ol
   const orphan = sandbox(c, first.id, 64); // as a crash between teardown and removal could leave
   const second = addTenant(c.db, 'acme').tenant;
   t.not(second.id, first.id);
-  t.deepEqual(tenantUsage(c.db, second.id), { sandboxes: 0, memoryMb: 0, standbyMemoryMb: 0, cpuWeight: 0, checkpointMb: 0 });
+  t.deepEqual(tenantUsage(c.db, second.id), {
+    sandboxes: 0,
+    memoryMb: 0,
+    standbyMemoryMb: 0,
+    cpuWeight: 0,
+    checkpointMb: 0,
+  });
   t.is(c.sandbox(orphan)!.tenant, first.id);
 });
 
 test('catalogs from before tenant ids: each tenant gets an id and its rows are re-keyed from name to id, once', (t) => {
   const c = catalog(t, []);
   // The tenants table as it was (no id column), with its rows keyed by name.
-  c.db.exec(`CREATE TABLE tenants (name TEXT PRIMARY KEY, token_hash BLOB NOT NULL UNIQUE, created_at INTEGER NOT NULL, max_sandboxes INTEGER, max_memory_mb INTEGER);
+  c.db
+    .exec(`CREATE TABLE tenants (name TEXT PRIMARY KEY, token_hash BLOB NOT NULL UNIQUE, created_at INTEGER NOT NULL, max_sandboxes INTEGER, max_memory_mb INTEGER);
     CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)`);
   c.db.prepare("INSERT INTO tenants VALUES ('acme', x'01', 1, NULL, NULL), ('globex', x'02', 2, 5, NULL)").run();
   const a = sandbox(c, 'acme', 64);
   const g = sandbox(c, 'globex', 64);
   const gone = sandbox(c, 'removed-long-ago', 64);
-  c.db.prepare("INSERT INTO http_idempotency VALUES ('acme', 'k', 'h', 201, '{}', 0, 0), ('removed-long-ago', 'k', 'h', 201, '{}', 0, 0)").run();
+  c.db
+    .prepare(
+      "INSERT INTO http_idempotency VALUES ('acme', 'k', 'h', 201, '{}', 0, 0), ('removed-long-ago', 'k', 'h', 201, '{}', 0, 0)",
+    )
+    .run();
 
   migrateTenants(c.db);
   const acme = getTenant(c.db, 'acme');
@@ -126,14 +188,23 @@ test('catalogs from before tenant ids: each tenant gets an id and its rows are r
   t.is(c.sandbox(a)!.tenant, acme.id);
   t.is(c.sandbox(g)!.tenant, globex.id);
   t.is(c.sandbox(gone)!.tenant, 'removed-long-ago', 'rows of no tenant keep a key no id can equal');
-  t.deepEqual(c.db.prepare('SELECT tenant FROM http_idempotency ORDER BY tenant').pluck().all(), ['removed-long-ago', acme.id].sort());
+  t.deepEqual(
+    c.db.prepare('SELECT tenant FROM http_idempotency ORDER BY tenant').pluck().all(),
+    ['removed-long-ago', acme.id].sort(),
+  );
 
   // Running it again changes nothing (a new tenant named like an old one stays apart).
   addTenant(c.db, 'removed-long-ago');
   migrateTenants(c.db);
   t.is(getTenant(c.db, 'acme').id, acme.id);
   t.is(c.sandbox(gone)!.tenant, 'removed-long-ago');
-  t.deepEqual(tenantUsage(c.db, getTenant(c.db, 'removed-long-ago').id), { sandboxes: 0, memoryMb: 0, standbyMemoryMb: 0, cpuWeight: 0, checkpointMb: 0 });
+  t.deepEqual(tenantUsage(c.db, getTenant(c.db, 'removed-long-ago').id), {
+    sandboxes: 0,
+    memoryMb: 0,
+    standbyMemoryMb: 0,
+    cpuWeight: 0,
+    checkpointMb: 0,
+  });
 });
 
 test('usage counts existing sandboxes, and the memory of running and creating ones', (t) => {
@@ -144,11 +215,28 @@ test('usage counts existing sandboxes, and the memory of running and creating on
   sandbox(c, 'acme', 1024, 'removing');
   sandbox(c, 'other', 2048);
   sandbox(c, null, 4096);
-  t.deepEqual(tenantUsage(c.db, 'acme'), { sandboxes: 3, memoryMb: 192, standbyMemoryMb: 0, cpuWeight: 200, checkpointMb: 0 });
-  t.deepEqual(tenantUsage(c.db, 'nobody'), { sandboxes: 0, memoryMb: 0, standbyMemoryMb: 0, cpuWeight: 0, checkpointMb: 0 });
+  t.deepEqual(tenantUsage(c.db, 'acme'), {
+    sandboxes: 3,
+    memoryMb: 192,
+    standbyMemoryMb: 0,
+    cpuWeight: 200,
+    checkpointMb: 0,
+  });
+  t.deepEqual(tenantUsage(c.db, 'nobody'), {
+    sandboxes: 0,
+    memoryMb: 0,
+    standbyMemoryMb: 0,
+    cpuWeight: 0,
+    checkpointMb: 0,
+  });
 });
 
-const quotaCases: [string, { maxSandboxes: number | null; maxMemoryMb: number | null }, { count: number; memoryMb: number }, string | null][] = [
+const quotaCases: [
+  string,
+  { maxSandboxes: number | null; maxMemoryMb: number | null },
+  { count: number; memoryMb: number },
+  string | null,
+][] = [
   ['no limits', { maxSandboxes: null, maxMemoryMb: null }, { count: 64, memoryMb: 1 << 20 }, null],
   ['exactly at the sandbox limit', { maxSandboxes: 3, maxMemoryMb: null }, { count: 1, memoryMb: 64 }, null],
   ['one past the sandbox limit', { maxSandboxes: 3, maxMemoryMb: null }, { count: 2, memoryMb: 64 }, 'maxSandboxes'],
@@ -192,7 +280,10 @@ test('the quota gate runs one check-and-create at a time per tenant, and tenants
   await Promise.all([first, second]);
   t.deepEqual(log, ['a1 start', 'b1', 'a1 end', 'a2']);
   // A failure does not block the next one.
-  await t.throwsAsync(gate.run('a', async () => Promise.reject(new Error('boom'))), { message: 'boom' });
+  await t.throwsAsync(
+    gate.run('a', async () => Promise.reject(new Error('boom'))),
+    { message: 'boom' },
+  );
   t.is(await gate.run('a', async () => 7), 7);
 });
 
@@ -226,7 +317,13 @@ test('usage counts warm standbys, CPU weights and checkpoint bytes (process imag
   checkpointOf(c, b, { processImageBytes: 1024 * 1024 }); // a store without quotas records no layer size
   const other = sandbox(c, 'other', 64);
   checkpointOf(c, other, { processImageBytes: 100 * 1024 * 1024 });
-  t.deepEqual(tenantUsage(c.db, 'acme'), { sandboxes: 2, memoryMb: 192, standbyMemoryMb: 64, cpuWeight: 450, checkpointMb: 9 });
+  t.deepEqual(tenantUsage(c.db, 'acme'), {
+    sandboxes: 2,
+    memoryMb: 192,
+    standbyMemoryMb: 64,
+    cpuWeight: 450,
+    checkpointMb: 9,
+  });
 });
 
 test('a standby that would not fit maxMemoryMb is refused, naming the quota; one that fits is not', (t) => {
@@ -254,9 +351,19 @@ test('checkpoint bytes: a checkpoint that would take the tenant past maxCheckpoi
   t.notThrows(() => checkCheckpointQuota(c.db, tenant, 4 * 1024 * 1024), '6 + 4 = 10 MiB fits exactly');
   const e = t.throws(() => checkCheckpointQuota(c.db, tenant, 4 * 1024 * 1024 + 1), { code: 'QUOTA_EXCEEDED' });
   t.like((e as unknown as { details: object }).details, { quota: 'maxCheckpointMb', limit: 10, used: 6 });
-  t.notThrows(() => checkQuota(c.db, tenant, { count: 1, memoryMb: 16 }), 'the tenant default weight 100: 200 + 100 = 300');
-  const e2 = t.throws(() => checkQuota(c.db, tenant, { count: 1, memoryMb: 16, cpuWeight: 101 }), { code: 'QUOTA_EXCEEDED' });
-  t.like((e2 as unknown as { details: object }).details, { quota: 'maxCpuWeight', limit: 300, used: 200, requested: 101 });
+  t.notThrows(
+    () => checkQuota(c.db, tenant, { count: 1, memoryMb: 16 }),
+    'the tenant default weight 100: 200 + 100 = 300',
+  );
+  const e2 = t.throws(() => checkQuota(c.db, tenant, { count: 1, memoryMb: 16, cpuWeight: 101 }), {
+    code: 'QUOTA_EXCEEDED',
+  });
+  t.like((e2 as unknown as { details: object }).details, {
+    quota: 'maxCpuWeight',
+    limit: 300,
+    used: 200,
+    requested: 101,
+  });
 });
 
 const badTenantQuotas: [string, Record<string, unknown>][] = [

@@ -21,7 +21,8 @@ function rejects(t: ExecutionContext, fn: () => unknown, field: string): void {
   t.true(err?.message.startsWith(`Invalid ${field}:`), err?.message);
 }
 
-const show = (v: unknown) => (typeof v === 'string' ? JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}…(${v.length})` : v) : String(v));
+const show = (v: unknown) =>
+  typeof v === 'string' ? JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}…(${v.length})` : v) : String(v);
 
 // ---- image names ------------------------------------------------------------
 
@@ -40,7 +41,24 @@ const badImage = test.macro({
 });
 
 for (const name of ['base', 'dev', 'a', '0', 'my-image_1.0', 'x'.repeat(63)]) test(goodImage, name);
-for (const name of ['', '..', '../base', '../../etc', 'a/b', '/etc', 'base/', 'a..b', '.hidden', '-dash', '_under', 'Base', 'a b', 'a:b', 'x'.repeat(64), 'a\0b'])
+for (const name of [
+  '',
+  '..',
+  '../base',
+  '../../etc',
+  'a/b',
+  '/etc',
+  'base/',
+  'a..b',
+  '.hidden',
+  '-dash',
+  '_under',
+  'Base',
+  'a b',
+  'a:b',
+  'x'.repeat(64),
+  'a\0b',
+])
   test(badImage, name);
 for (const name of [undefined, null, 42, ['base'], { name: 'base' }]) test(badImage, name);
 test(badImage, '../x', 'name');
@@ -53,18 +71,35 @@ test('create options: defaults', (t) => {
 
 test('create options: the bounds themselves are accepted', (t) => {
   t.like(validateCreateOptions({ memoryMb: LIMITS.memoryMb.min, pids: LIMITS.pids.min }), { memoryMb: 16, pids: 8 });
-  t.like(validateCreateOptions({ memoryMb: LIMITS.memoryMb.max, pids: LIMITS.pids.max }), { memoryMb: LIMITS.memoryMb.max, pids: LIMITS.pids.max });
-  t.like(validateCreateOptions({ image: 'dev', hostname: 'agent-1', envs: { A_1: 'x' }, metadata: { 'any key': 'v' } }), { image: 'dev', hostname: 'agent-1' });
+  t.like(validateCreateOptions({ memoryMb: LIMITS.memoryMb.max, pids: LIMITS.pids.max }), {
+    memoryMb: LIMITS.memoryMb.max,
+    pids: LIMITS.pids.max,
+  });
+  t.like(
+    validateCreateOptions({ image: 'dev', hostname: 'agent-1', envs: { A_1: 'x' }, metadata: { 'any key': 'v' } }),
+    { image: 'dev', hostname: 'agent-1' },
+  );
 });
 
 const badCreate = test.macro({
   exec(t, opts: CreateOptions, field: string) {
     rejects(t, () => validateCreateOptions(opts), field);
   },
-  title: (_p, opts: CreateOptions, field: string) => `create options ${JSON.stringify(opts, (_k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v))} are rejected (field ${field})`,
+  title: (_p, opts: CreateOptions, field: string) =>
+    `create options ${JSON.stringify(opts, (_k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v))} are rejected (field ${field})`,
 });
 
-const badNumbers: unknown[] = [-1, 0, 1.5, Number.NaN, Number.POSITIVE_INFINITY, 1e15, Number.MAX_SAFE_INTEGER + 2, '64', true];
+const badNumbers: unknown[] = [
+  -1,
+  0,
+  1.5,
+  Number.NaN,
+  Number.POSITIVE_INFINITY,
+  1e15,
+  Number.MAX_SAFE_INTEGER + 2,
+  '64',
+  true,
+];
 for (const v of badNumbers) {
   test(badCreate, { memoryMb: v as number }, 'memoryMb');
   test(badCreate, { pids: v as number }, 'pids');
@@ -90,14 +125,18 @@ test(badCreate, { metadata: 'x' as unknown as Record<string, string> }, 'metadat
 
 test('command: argv, cwd, env and timeout that are fine', (t) => {
   t.deepEqual(validateCommand(['sh', '-c', 'echo hi']), ['sh', '-c', 'echo hi']);
-  t.deepEqual(validateCommand(['/bin/true', ''], { cwd: '/tmp', env: { _X: '', PATH: '/bin', A1: 'a=b' }, timeoutMs: 1 }), ['/bin/true', '']);
+  t.deepEqual(
+    validateCommand(['/bin/true', ''], { cwd: '/tmp', env: { _X: '', PATH: '/bin', A1: 'a=b' }, timeoutMs: 1 }),
+    ['/bin/true', ''],
+  );
 });
 
 const badCommand = test.macro({
   exec(t, argv: unknown, opts: Parameters<typeof validateCommand>[1], field: string) {
     rejects(t, () => validateCommand(argv, opts), field);
   },
-  title: (_p, argv: unknown, opts: Parameters<typeof validateCommand>[1], field: string) => `command ${JSON.stringify(argv)} ${JSON.stringify(opts)} is rejected (field ${field})`,
+  title: (_p, argv: unknown, opts: Parameters<typeof validateCommand>[1], field: string) =>
+    `command ${JSON.stringify(argv)} ${JSON.stringify(opts)} is rejected (field ${field})`,
 });
 
 test(badCommand, [], {}, 'command');
@@ -131,7 +170,8 @@ const goodPath = test.macro({
   exec(t, input: string, expected: string) {
     t.is(sandboxRelative(input), expected);
   },
-  title: (_p, input: string, expected: string) => `sandbox path ${JSON.stringify(input)} -> ${JSON.stringify(expected)}`,
+  title: (_p, input: string, expected: string) =>
+    `sandbox path ${JSON.stringify(input)} -> ${JSON.stringify(expected)}`,
 });
 test(goodPath, '/', '');
 test(goodPath, '/etc/passwd', 'etc/passwd');
@@ -201,7 +241,9 @@ const entry = test.macro({
   exec(t, type: string | null | undefined, unsafe: boolean) {
     t.is(isUnsafeEntry({ type }), unsafe);
   },
-  title: (_p, type: string | null | undefined, unsafe: boolean) => `tar entry of type ${String(type)} is ${unsafe ? 'dropped' : 'kept'}`,
+  title: (_p, type: string | null | undefined, unsafe: boolean) =>
+    `tar entry of type ${String(type)} is ${unsafe ? 'dropped' : 'kept'}`,
 });
 for (const type of ['block-device', 'character-device', 'fifo']) test(entry, type, true);
-for (const type of ['file', 'directory', 'symlink', 'link', 'contiguous-file', null, undefined]) test(entry, type, false);
+for (const type of ['file', 'directory', 'symlink', 'link', 'contiguous-file', null, undefined])
+  test(entry, type, false);

@@ -20,7 +20,14 @@ function family(t: ExecutionContext) {
     rmSync(dir, { recursive: true, force: true });
   });
   const agent = new AgentState(catalog.db, catalog, { owner: true });
-  catalog.putImage({ name: 'base', rootfs: '/nonexistent', source: 'test', size_bytes: 0, created_at: Date.now(), deleted: 0 });
+  catalog.putImage({
+    name: 'base',
+    rootfs: '/nonexistent',
+    source: 'test',
+    size_bytes: 0,
+    created_at: Date.now(),
+    deleted: 0,
+  });
 
   function handle(id: string) {
     const current = () => catalog.sandbox(id)!;
@@ -37,7 +44,11 @@ function family(t: ExecutionContext) {
         return agent.observe(current(), { kind: 'file-write', subject });
       },
       effect() {
-        const b = agent.effects.begin(agent.effectContext(current()), { kind: 'payments.charge', input: { n: 1 }, reversibility: 'irreversible' });
+        const b = agent.effects.begin(agent.effectContext(current()), {
+          kind: 'payments.charge',
+          input: { n: 1 },
+          reversibility: 'irreversible',
+        });
         agent.effects.commit(b.effectId, { ok: true });
         return b.effectId;
       },
@@ -83,7 +94,14 @@ function family(t: ExecutionContext) {
       fork(ckptId: string) {
         const parent = current();
         const childId = newId('sbx');
-        const child: SandboxRow = { ...parent, id: childId, instance: childId, branch_id: newId('br'), head_checkpoint_id: null, forked_from: ckptId };
+        const child: SandboxRow = {
+          ...parent,
+          id: childId,
+          instance: childId,
+          branch_id: newId('br'),
+          head_checkpoint_id: null,
+          forked_from: ckptId,
+        };
         catalog.tx(() => {
           catalog.insertSandbox(child);
           agent.onFork(parent, catalog.checkpoint(ckptId)!, child);
@@ -121,11 +139,11 @@ function family(t: ExecutionContext) {
         standby_checkpoint: null,
         standby_pid: null,
         standby_start: null,
-    cpu_weight: null,
-    cpu_quota_us: null,
-    io_weight: null,
-    disk_bytes: null,
-    id_base: null,
+        cpu_weight: null,
+        cpu_quota_us: null,
+        io_weight: null,
+        disk_bytes: null,
+        id_base: null,
       };
       catalog.insertSandbox(row);
       return handle(id);
@@ -135,7 +153,8 @@ function family(t: ExecutionContext) {
 
 const timeline = (t: ExecutionContext) => family(t).sandbox();
 
-const stale = (report: { staleVerdicts: { id: string; currentHash: string | null }[] }) => report.staleVerdicts.map((v) => [v.id, v.currentHash]);
+const stale = (report: { staleVerdicts: { id: string; currentHash: string | null }[] }) =>
+  report.staleVerdicts.map((v) => [v.id, v.currentHash]);
 
 // The case randomized runs found (issue 15): a verdict of the restored timeline must be judged
 // against the restored bytes even when a verdict on the same path was made on an abandoned one.
@@ -198,11 +217,20 @@ test("a fork's rollback keeps the history it inherited: nothing before the fork 
 
   // A grandchild inherits the whole history through its parent: the grandparent's records too.
   const grandchild = child.fork(c1);
-  t.deepEqual(grandchild.observations().map((o) => o.inheritedFrom).sort(), [seen.id, childOwn.id].sort());
+  t.deepEqual(
+    grandchild
+      .observations()
+      .map((o) => o.inheritedFrom)
+      .sort(),
+    [seen.id, childOwn.id].sort(),
+  );
   const g1 = grandchild.checkpoint();
   const g = grandchild.rollback(g1, { '/w/a': 'h3' });
   t.deepEqual(g.staleObservations, []);
   t.deepEqual(g.effectsAfter, []);
-  t.deepEqual(g.staleVerdicts.map((v) => [v.inheritedFrom, v.currentHash]), [[judged.id, 'h3']]);
+  t.deepEqual(
+    g.staleVerdicts.map((v) => [v.inheritedFrom, v.currentHash]),
+    [[judged.id, 'h3']],
+  );
   t.is(paid, agent().effects.get(paid).id);
 });

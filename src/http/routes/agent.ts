@@ -24,7 +24,10 @@ type EffectParams = { id: string; effectId: string };
 /** An error as the caller reported it, shaped like an Error for the ledger. */
 function reportedError(e: string | { name?: string; message: string; code?: string }): Error {
   if (typeof e === 'string') return new Error(e);
-  return Object.assign(new Error(e.message), { name: e.name ?? 'Error', ...(e.code !== undefined ? { code: e.code } : {}) });
+  return Object.assign(new Error(e.message), {
+    name: e.name ?? 'Error',
+    ...(e.code !== undefined ? { code: e.code } : {}),
+  });
 }
 
 export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
@@ -35,7 +38,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
-        summary: 'Record the intent of an effect before running it (201), or get what it returned last time (200, replayed: true)',
+        summary:
+          'Record the intent of an effect before running it (201), or get what it returned last time (200, replayed: true)',
         params: S.sandboxParams,
         body: S.effectBeginBody,
         response: { 200: S.beginResult, 201: S.beginResult, ...S.errors(409, 413) },
@@ -54,17 +58,42 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
   );
 
-  app.get('/sandboxes/:id/effects', { schema: { tags, summary: 'Effects recorded by the sandbox, in order', params: S.sandboxParams, response: { 200: S.arrayOf(S.effectRecord, 'Ledger rows'), ...S.errors() } } }, async (req) => {
-    return ctx.sandbox(req).effects.list();
-  });
+  app.get(
+    '/sandboxes/:id/effects',
+    {
+      schema: {
+        tags,
+        summary: 'Effects recorded by the sandbox, in order',
+        params: S.sandboxParams,
+        response: { 200: S.arrayOf(S.effectRecord, 'Ledger rows'), ...S.errors() },
+      },
+    },
+    async (req) => {
+      return ctx.sandbox(req).effects.list();
+    },
+  );
 
-  app.get<{ Params: EffectParams }>('/sandboxes/:id/effects/:effectId', { schema: { tags, summary: 'One effect', params: S.effectParams, response: { 200: S.effectRecord, ...S.errors() } } }, async (req) => {
-    return ctx.sandbox(req).effects.get(req.params.effectId);
-  });
+  app.get<{ Params: EffectParams }>(
+    '/sandboxes/:id/effects/:effectId',
+    {
+      schema: { tags, summary: 'One effect', params: S.effectParams, response: { 200: S.effectRecord, ...S.errors() } },
+    },
+    async (req) => {
+      return ctx.sandbox(req).effects.get(req.params.effectId);
+    },
+  );
 
   app.post<{ Params: EffectParams; Body: { output?: JsonValue } }>(
     '/sandboxes/:id/effects/:effectId/commit',
-    { schema: { tags, summary: 'Record that the effect happened, with its output', params: S.effectParams, body: S.effectCommitBody, response: { 200: S.effectRecord, ...S.errors(409, 413) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Record that the effect happened, with its output',
+        params: S.effectParams,
+        body: S.effectCommitBody,
+        response: { 200: S.effectRecord, ...S.errors(409, 413) },
+      },
+    },
     async (req) => {
       const effects = ctx.sandbox(req).effects;
       effects.get(req.params.effectId); // EFFECT_NOT_FOUND unless this sandbox recorded it
@@ -73,9 +102,20 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
   );
 
-  app.post<{ Params: EffectParams; Body: { error: string | { name?: string; message: string; code?: string }; definite: boolean } }>(
+  app.post<{
+    Params: EffectParams;
+    Body: { error: string | { name?: string; message: string; code?: string }; definite: boolean };
+  }>(
     '/sandboxes/:id/effects/:effectId/fail',
-    { schema: { tags, summary: 'Record that the effect failed (definite: it certainly did not happen)', params: S.effectParams, body: S.effectFailBody, response: { 200: S.effectRecord, ...S.errors(409, 413) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Record that the effect failed (definite: it certainly did not happen)',
+        params: S.effectParams,
+        body: S.effectFailBody,
+        response: { 200: S.effectRecord, ...S.errors(409, 413) },
+      },
+    },
     async (req) => {
       const effects = ctx.sandbox(req).effects;
       effects.get(req.params.effectId);
@@ -86,18 +126,37 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
 
   app.post<{ Params: EffectParams; Body: { outcome: 'committed' | 'failed'; output?: JsonValue } }>(
     '/sandboxes/:id/effects/:effectId/resolve',
-    { schema: { tags, summary: 'Settle an effect whose outcome is unknown, after checking the outside world', params: S.effectParams, body: S.effectResolveBody, response: { 200: S.effectRecord, ...S.errors(409, 413) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Settle an effect whose outcome is unknown, after checking the outside world',
+        params: S.effectParams,
+        body: S.effectResolveBody,
+        response: { 200: S.effectRecord, ...S.errors(409, 413) },
+      },
+    },
     async (req) => {
       const effects = ctx.sandbox(req).effects;
       effects.get(req.params.effectId);
       const { outcome, output } = req.body;
-      return effects.resolveUnknown(req.params.effectId, outcome === 'committed' ? (output === undefined ? { outcome } : { outcome, output }) : { outcome });
+      return effects.resolveUnknown(
+        req.params.effectId,
+        outcome === 'committed' ? (output === undefined ? { outcome } : { outcome, output }) : { outcome },
+      );
     },
   );
 
   app.get<{ Params: { id: string }; Querystring: { includeStale?: 'true' | 'false' } }>(
     '/sandboxes/:id/observations',
-    { schema: { tags: ['observations'], summary: 'What was observed in the sandbox (commands, file reads, writes, listings)', params: S.sandboxParams, querystring: S.observationsQuery, response: { 200: S.arrayOf(S.anyObject('An observation'), 'Observations'), ...S.errors() } } },
+    {
+      schema: {
+        tags: ['observations'],
+        summary: 'What was observed in the sandbox (commands, file reads, writes, listings)',
+        params: S.sandboxParams,
+        querystring: S.observationsQuery,
+        response: { 200: S.arrayOf(S.anyObject('An observation'), 'Observations'), ...S.errors() },
+      },
+    },
     async (req) => {
       return ctx.sandbox(req).observations({ includeStale: req.query.includeStale === 'true' });
     },
@@ -105,7 +164,15 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
 
   app.post<{ Params: { id: string }; Body: { path: string; verdict: string; toolCallId?: string } }>(
     '/sandboxes/:id/verdicts',
-    { schema: { tags: ['verdicts'], summary: "Record a verdict about a file as it is now (bound to its content's hash)", params: S.sandboxParams, body: S.verdictBody, response: { 201: S.anyObject('A verdict'), ...S.errors(413) } } },
+    {
+      schema: {
+        tags: ['verdicts'],
+        summary: "Record a verdict about a file as it is now (bound to its content's hash)",
+        params: S.sandboxParams,
+        body: S.verdictBody,
+        response: { 201: S.anyObject('A verdict'), ...S.errors(413) },
+      },
+    },
     async (req, reply) => {
       const v = await ctx.sandbox(req).verdicts.record(req.body);
       return reply.code(201).send(v);
@@ -114,7 +181,15 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
 
   app.get<{ Params: { id: string }; Querystring: { stale?: 'true' | 'false' } }>(
     '/sandboxes/:id/verdicts',
-    { schema: { tags: ['verdicts'], summary: 'Verdicts recorded in the sandbox (stale=true: only those whose file changed since)', params: S.sandboxParams, querystring: S.verdictsQuery, response: { 200: S.arrayOf(S.anyObject('A verdict'), 'Verdicts'), ...S.errors() } } },
+    {
+      schema: {
+        tags: ['verdicts'],
+        summary: 'Verdicts recorded in the sandbox (stale=true: only those whose file changed since)',
+        params: S.sandboxParams,
+        querystring: S.verdictsQuery,
+        response: { 200: S.arrayOf(S.anyObject('A verdict'), 'Verdicts'), ...S.errors() },
+      },
+    },
     async (req) => {
       const v = ctx.sandbox(req).verdicts;
       return req.query.stale === 'true' ? v.stale() : v.list();

@@ -9,15 +9,33 @@ import type { FastifyInstance } from 'fastify';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
 
-const offset = { type: 'string', pattern: '^(0|[1-9][0-9]{0,15})$', description: 'Byte offset to read from (default 0)' };
-const outputQuery = { type: 'object', properties: { stdoutOffset: offset, stderrOffset: offset }, additionalProperties: false };
+const offset = {
+  type: 'string',
+  pattern: '^(0|[1-9][0-9]{0,15})$',
+  description: 'Byte offset to read from (default 0)',
+};
+const outputQuery = {
+  type: 'object',
+  properties: { stdoutOffset: offset, stderrOffset: offset },
+  additionalProperties: false,
+};
 
 export function backgroundRoutes(app: FastifyInstance, ctx: ApiContext): void {
   const tags = ['commands'];
 
   app.get(
     '/sandboxes/:id/commands',
-    { schema: { tags, summary: 'Background commands of the sandbox: pid, running, exitCode', params: S.sandboxParams, response: { 200: S.arrayOf(S.anyObject('{pid, running, exitCode}'), 'Background commands, by pid'), ...S.errors(409) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Background commands of the sandbox: pid, running, exitCode',
+        params: S.sandboxParams,
+        response: {
+          200: S.arrayOf(S.anyObject('{pid, running, exitCode}'), 'Background commands, by pid'),
+          ...S.errors(409),
+        },
+      },
+    },
     async (req) => ctx.sandbox(req).commands.list(),
   );
 
@@ -29,12 +47,18 @@ export function backgroundRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'Output of a background command since the given byte offsets',
         params: S.pidParams,
         querystring: outputQuery,
-        response: { 200: S.anyObject('{pid, stdout, stderr, offsets: {stdout, stderr}, rewound, running}'), ...S.errors(409, 413) },
+        response: {
+          200: S.anyObject('{pid, stdout, stderr, offsets: {stdout, stderr}, rewound, running}'),
+          ...S.errors(409, 413),
+        },
       },
     },
     async (req) => {
       const handle = await ctx.sandbox(req).commands.connect(Number(req.params.pid));
-      const r = await handle.output({ stdout: Number(req.query.stdoutOffset ?? 0), stderr: Number(req.query.stderrOffset ?? 0) });
+      const r = await handle.output({
+        stdout: Number(req.query.stdoutOffset ?? 0),
+        stderr: Number(req.query.stderrOffset ?? 0),
+      });
       return { pid: handle.pid, ...r };
     },
   );

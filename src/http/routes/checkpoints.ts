@@ -33,24 +33,53 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
   app.post<{ Params: { id: string }; Body: CheckpointBody }>(
     '/sandboxes/:id/checkpoints',
     // An agent's transcript with tool outputs easily passes the JSON limit.
-    { bodyLimit: opts.contextBodyLimit, schema: { tags, summary: "Checkpoint files, processes and the agent's context together", params: S.sandboxParams, body: S.checkpointBody, response: { 201: S.checkpointInfo, ...S.errors(409, 413, 429) } } },
+    {
+      bodyLimit: opts.contextBodyLimit,
+      schema: {
+        tags,
+        summary: "Checkpoint files, processes and the agent's context together",
+        params: S.sandboxParams,
+        body: S.checkpointBody,
+        response: { 201: S.checkpointInfo, ...S.errors(409, 413, 429) },
+      },
+    },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
       const { label, context, contextFormat } = req.body;
       const ctxValue = context === undefined ? undefined : contextFromWire(context, contextFormat);
-      const info = await m.time(m.checkpointSeconds, () => ctx.operation('checkpoint', reply, (signal) => sb.checkpoint({ label, context: ctxValue, signal })));
+      const info = await m.time(m.checkpointSeconds, () =>
+        ctx.operation('checkpoint', reply, (signal) => sb.checkpoint({ label, context: ctxValue, signal })),
+      );
       req.log.info({ checkpointId: info.id }, 'checkpoint taken');
       return reply.code(201).send(info);
     },
   );
 
-  app.get('/sandboxes/:id/checkpoints', { schema: { tags, summary: "The sandbox's checkpoints, oldest first", params: S.sandboxParams, response: { 200: S.arrayOf(S.checkpointInfo, 'Checkpoints'), ...S.errors() } } }, async (req) => {
-    return ctx.sandbox(req).checkpoints();
-  });
+  app.get(
+    '/sandboxes/:id/checkpoints',
+    {
+      schema: {
+        tags,
+        summary: "The sandbox's checkpoints, oldest first",
+        params: S.sandboxParams,
+        response: { 200: S.arrayOf(S.checkpointInfo, 'Checkpoints'), ...S.errors() },
+      },
+    },
+    async (req) => {
+      return ctx.sandbox(req).checkpoints();
+    },
+  );
 
   app.get<{ Params: { id: string; ckpt: string } }>(
     '/sandboxes/:id/checkpoints/:ckpt/context',
-    { schema: { tags, summary: 'The context stored with a checkpoint (null if none)', params: S.checkpointParams, response: { 200: S.anyObject('{checkpointId, context}'), ...S.errors(409) } } },
+    {
+      schema: {
+        tags,
+        summary: 'The context stored with a checkpoint (null if none)',
+        params: S.checkpointParams,
+        response: { 200: S.anyObject('{checkpointId, context}'), ...S.errors(409) },
+      },
+    },
     async (req) => {
       const sb = ctx.sandbox(req);
       return { checkpointId: req.params.ckpt, context: contextToWire(sb.context(req.params.ckpt)) };
@@ -59,7 +88,14 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
 
   app.delete<{ Params: { id: string; ckpt: string } }>(
     '/sandboxes/:id/checkpoints/:ckpt',
-    { schema: { tags, summary: 'Delete a checkpoint (its children move to its parent)', params: S.checkpointParams, response: { 200: S.anyObject('{id, deleted: true}'), ...S.errors(409) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Delete a checkpoint (its children move to its parent)',
+        params: S.checkpointParams,
+        response: { 200: S.anyObject('{id, deleted: true}'), ...S.errors(409) },
+      },
+    },
     async (req) => {
       const sb = ctx.sandbox(req);
       await sb.deleteCheckpoint(req.params.ckpt);
@@ -69,13 +105,23 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
 
   app.post<{ Params: { id: string }; Body: RollbackBody }>(
     '/sandboxes/:id/rollback',
-    { schema: { tags, summary: 'Roll back to a checkpoint; returns the rollback report', params: S.sandboxParams, body: S.rollbackBody, response: { 200: S.rollbackReport, ...S.errors(409, 413) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Roll back to a checkpoint; returns the rollback report',
+        params: S.sandboxParams,
+        body: S.rollbackBody,
+        response: { 200: S.rollbackReport, ...S.errors(409, 413) },
+      },
+    },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
       const { checkpointId, policy, failure, lessons, withRecoverySummary } = req.body;
       // Rollback takes no AbortSignal: once begun it runs to its commit (a
       // half-done rollback is what the reaper exists for), so a shutdown waits.
-      const report = await m.time(m.rollbackSeconds, () => ctx.operation('rollback', reply, () => sb.rollback(checkpointId, { policy, failure, lessons })));
+      const report = await m.time(m.rollbackSeconds, () =>
+        ctx.operation('rollback', reply, () => sb.rollback(checkpointId, { policy, failure, lessons })),
+      );
       req.log.info({ checkpointId }, 'rolled back');
       return rollbackToWire(report, withRecoverySummary !== false);
     },
@@ -83,14 +129,28 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
 
   app.post<{ Params: { id: string }; Body: { checkpointId: string; count?: number } }>(
     '/sandboxes/:id/fork',
-    { schema: { tags, summary: 'Start sandboxes from a checkpoint', params: S.sandboxParams, body: S.forkBody, response: { 200: S.forkResult, ...S.errors(409, 413, 429) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Start sandboxes from a checkpoint',
+        params: S.sandboxParams,
+        body: S.forkBody,
+        response: { 200: S.forkResult, ...S.errors(409, 413, 429) },
+      },
+    },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
       const tenant = ctx.tenant(req);
       const count = req.body.count ?? 1;
       const results = await ctx.gate.run(tenant.id, async () => {
-        checkQuota(ctx.db, tenant, { count, memoryMb: sb.info().memoryMb ?? 0, cpuWeight: sb.info().cpuWeight ?? undefined });
-        return m.time(m.forkSeconds, () => ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })));
+        checkQuota(ctx.db, tenant, {
+          count,
+          memoryMb: sb.info().memoryMb ?? 0,
+          cpuWeight: sb.info().cpuWeight ?? undefined,
+        });
+        return m.time(m.forkSeconds, () =>
+          ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })),
+        );
       });
       const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
       const errors = results.flatMap((r) => (r.ok ? [] : [publicError(r.error)]));

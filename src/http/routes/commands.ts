@@ -56,7 +56,10 @@ function startStream(reply: FastifyReply, mode: StreamMode): EventStream {
   const s = new EventStream(mode);
   void reply
     .code(200)
-    .header('content-type', mode === 'ndjson' ? 'application/x-ndjson; charset=utf-8' : 'text/event-stream; charset=utf-8')
+    .header(
+      'content-type',
+      mode === 'ndjson' ? 'application/x-ndjson; charset=utf-8' : 'text/event-stream; charset=utf-8',
+    )
     .header('cache-control', 'no-cache')
     .header('x-accel-buffering', 'no')
     .send(s.body);
@@ -91,7 +94,12 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       const { cmd, cwd, envs, timeoutMs, toolCallId } = req.body;
 
       if (state.replay) {
-        if (!mode) return reply.code(state.replay.status).type('application/json; charset=utf-8').header('idempotent-replayed', 'true').send(state.replay.body);
+        if (!mode)
+          return reply
+            .code(state.replay.status)
+            .type('application/json; charset=utf-8')
+            .header('idempotent-replayed', 'true')
+            .send(state.replay.body);
         const r = JSON.parse(state.replay.body) as ObservedRunResult;
         reply.header('idempotent-replayed', 'true');
         const s = startStream(reply, mode);
@@ -103,12 +111,16 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       }
 
       if (req.body.background) {
-        const handle = await sb.commands.run(cmd, { cwd, envs, toolCallId, background: true }).catch((e) => Promise.reject(renameField(e, WIRE_NAMES)));
+        const handle = await sb.commands
+          .run(cmd, { cwd, envs, toolCallId, background: true })
+          .catch((e) => Promise.reject(renameField(e, WIRE_NAMES)));
         return { pid: handle.pid };
       }
 
       const run = (signal: AbortSignal, onStdout?: (s: string) => void, onStderr?: (s: string) => void) =>
-        sb.commands.run(cmd, { cwd, envs, timeoutMs, toolCallId, signal, onStdout, onStderr }).catch((e) => Promise.reject(renameField(e, WIRE_NAMES)));
+        sb.commands
+          .run(cmd, { cwd, envs, timeoutMs, toolCallId, signal, onStdout, onStderr })
+          .catch((e) => Promise.reject(renameField(e, WIRE_NAMES)));
 
       if (!mode) return ctx.operation('command', reply, (signal) => run(signal), { abortOnDisconnect: true });
 
@@ -127,7 +139,12 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         )
         .then((r) => {
           const idem = state.idempotency;
-          if (idem) ctx.idempotency.store(state.tenant.id, idem.key, idem.hash, { status: 200, body: JSON.stringify(r), streamed: true });
+          if (idem)
+            ctx.idempotency.store(state.tenant.id, idem.key, idem.hash, {
+              status: 200,
+              body: JSON.stringify(r),
+              streamed: true,
+            });
           s.event('result', resultEvent(r));
         })
         .catch((e) => {
@@ -148,21 +165,43 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
 
   app.post<{ Params: { id: string; pid: string }; Body: { timeoutMs?: number } }>(
     '/sandboxes/:id/commands/:pid/wait',
-    { schema: { tags, summary: 'Wait for a background command; its exit code (null if killed before reporting one)', params: S.pidParams, body: S.waitBody, response: { 200: S.anyObject('{pid, exitCode}'), ...S.errors(504) } } },
+    {
+      schema: {
+        tags,
+        summary: 'Wait for a background command; its exit code (null if killed before reporting one)',
+        params: S.pidParams,
+        body: S.waitBody,
+        response: { 200: S.anyObject('{pid, exitCode}'), ...S.errors(504) },
+      },
+    },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
       const pid = Number(req.params.pid);
       const handle = new CommandHandle(sb.core, pid);
       // CommandHandle.wait takes no signal: race it, so that a shutdown or a
       // client that goes away does not leave the request waiting.
-      const r = await ctx.operation('wait', reply, (signal) => untilAborted(handle.wait(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}), signal), { abortOnDisconnect: true });
+      const r = await ctx.operation(
+        'wait',
+        reply,
+        (signal) =>
+          untilAborted(handle.wait(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}), signal),
+        { abortOnDisconnect: true },
+      );
       return { pid, exitCode: r.exitCode };
     },
   );
 
   app.post<{ Params: { id: string; pid: string }; Body: { signal?: NodeJS.Signals } }>(
     '/sandboxes/:id/commands/:pid/kill',
-    { schema: { tags, summary: 'Send a signal (default SIGKILL) to a background command', params: S.pidParams, body: S.killBody, response: { 200: S.anyObject('{pid, killed}'), ...S.errors() } } },
+    {
+      schema: {
+        tags,
+        summary: 'Send a signal (default SIGKILL) to a background command',
+        params: S.pidParams,
+        body: S.killBody,
+        response: { 200: S.anyObject('{pid, killed}'), ...S.errors() },
+      },
+    },
     async (req) => {
       const sb = ctx.sandbox(req);
       const pid = Number(req.params.pid);
@@ -176,7 +215,8 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
 function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
   p.catch(() => undefined);
   return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(new CommandAbortedError('COMMAND_ABORTED', 'Stopped waiting: the request was aborted'));
+    const onAbort = () =>
+      reject(new CommandAbortedError('COMMAND_ABORTED', 'Stopped waiting: the request was aborted'));
     if (signal.aborted) return onAbort();
     signal.addEventListener('abort', onAbort, { once: true });
     p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));

@@ -43,7 +43,9 @@ const utf8 = new TextDecoder('utf-8', { fatal: true });
 export const BUFFERED_READ_BYTES = 1024 * 1024;
 
 function tooLarge(): HttpError {
-  return new HttpError(413, 'PAYLOAD_TOO_LARGE', 'The request body is larger than this route accepts', { field: 'body' });
+  return new HttpError(413, 'PAYLOAD_TOO_LARGE', 'The request body is larger than this route accepts', {
+    field: 'body',
+  });
 }
 
 function isUtf8(b: Buffer): boolean {
@@ -87,12 +89,22 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         const chunks: Buffer[] = [];
         for await (const c of rs.stream) chunks.push(c as Buffer);
         const done = await rs.done;
-        return reply.header('x-lockstep-sha256', done.sha256).header('x-lockstep-observation-id', done.observationId).send(Buffer.concat(chunks));
+        return reply
+          .header('x-lockstep-sha256', done.sha256)
+          .header('x-lockstep-observation-id', done.observationId)
+          .send(Buffer.concat(chunks));
       }
       // JSON holds the whole file in memory (twice, as base64): only up to the file limit.
       const r = await sb.files.read(req.query.path, { toolCallId: req.query.toolCallId, maxBytes: opts.fileBodyLimit });
       const encoding = req.query.encoding ?? (isUtf8(r.content) ? 'utf8' : 'base64');
-      return { path: req.query.path, content: r.content.toString(encoding), encoding, sha256: r.sha256, bytes: r.content.length, observationId: r.observationId };
+      return {
+        path: req.query.path,
+        content: r.content.toString(encoding),
+        encoding,
+        sha256: r.sha256,
+        bytes: r.content.length,
+        observationId: r.observationId,
+      };
     },
   );
 
@@ -130,12 +142,21 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
           if (e instanceof LockstepError && e.code === 'FILE_TOO_LARGE') throw tooLarge();
           throw e;
         }
-      } else if (req.headers['content-type']?.split(';')[0]?.trim().toLowerCase() !== 'application/json' || typeof req.body !== 'object') {
+      } else if (
+        req.headers['content-type']?.split(';')[0]?.trim().toLowerCase() !== 'application/json' ||
+        typeof req.body !== 'object'
+      ) {
         // fastify parses text/plain too, but validates only the types the schema lists.
-        throw new HttpError(415, 'UNSUPPORTED_MEDIA_TYPE', 'Send the file as application/octet-stream, or as JSON {content, encoding}', { field: 'Content-Type' });
+        throw new HttpError(
+          415,
+          'UNSUPPORTED_MEDIA_TYPE',
+          'Send the file as application/octet-stream, or as JSON {content, encoding}',
+          { field: 'Content-Type' },
+        );
       } else {
         const b = req.body;
-        if (b.encoding === 'base64' && !/^[A-Za-z0-9+/\r\n]*={0,2}\s*$/.test(b.content)) throw new InvalidArgumentError('content', 'base64 text', b.content);
+        if (b.encoding === 'base64' && !/^[A-Za-z0-9+/\r\n]*={0,2}\s*$/.test(b.content))
+          throw new InvalidArgumentError('content', 'base64 text', b.content);
         data = Buffer.from(b.content, b.encoding ?? 'utf8');
         mode = b.mode;
         toolCallId = b.toolCallId ?? toolCallId;
@@ -147,7 +168,15 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
 
   app.delete<{ Params: { id: string }; Querystring: PathQuery }>(
     '/sandboxes/:id/files',
-    { schema: { tags, summary: 'Remove a file, symlink or empty directory', params: S.sandboxParams, querystring: S.pathQuery(), response: { 200: S.anyObject('{path, removed: true}'), ...S.errors() } } },
+    {
+      schema: {
+        tags,
+        summary: 'Remove a file, symlink or empty directory',
+        params: S.sandboxParams,
+        querystring: S.pathQuery(),
+        response: { 200: S.anyObject('{path, removed: true}'), ...S.errors() },
+      },
+    },
     async (req) => {
       const sb = ctx.sandbox(req);
       await sb.files.remove(req.query.path, { toolCallId: req.query.toolCallId });
@@ -157,7 +186,18 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
 
   app.get<{ Params: { id: string }; Querystring: PathQuery }>(
     '/sandboxes/:id/files/list',
-    { schema: { tags, summary: 'List a directory', params: S.sandboxParams, querystring: S.pathQuery(), response: { 200: S.anyObject('{path, entries: [{name, path, type, size, mode, mtimeMs}], observationId}'), ...S.errors() } } },
+    {
+      schema: {
+        tags,
+        summary: 'List a directory',
+        params: S.sandboxParams,
+        querystring: S.pathQuery(),
+        response: {
+          200: S.anyObject('{path, entries: [{name, path, type, size, mode, mtimeMs}], observationId}'),
+          ...S.errors(),
+        },
+      },
+    },
     async (req) => {
       const sb = ctx.sandbox(req);
       const entries = await sb.files.list(req.query.path, { toolCallId: req.query.toolCallId });
@@ -167,7 +207,15 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
 
   app.get<{ Params: { id: string }; Querystring: PathQuery }>(
     '/sandboxes/:id/files/exists',
-    { schema: { tags, summary: 'Whether a path exists (not recorded as an observation)', params: S.sandboxParams, querystring: S.existsQuery, response: { 200: S.anyObject('{path, exists}'), ...S.errors() } } },
+    {
+      schema: {
+        tags,
+        summary: 'Whether a path exists (not recorded as an observation)',
+        params: S.sandboxParams,
+        querystring: S.existsQuery,
+        response: { 200: S.anyObject('{path, exists}'), ...S.errors() },
+      },
+    },
     async (req) => {
       const sb = ctx.sandbox(req);
       return { path: req.query.path, exists: await sb.files.exists(req.query.path) };

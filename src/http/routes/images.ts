@@ -24,9 +24,21 @@ const imageSchema = S.anyObject('An image: {name, ready, source, sizeBytes, crea
 export function imageRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.get(
     '/images',
-    { schema: { tags: ['images'], summary: 'Images to create sandboxes from (ready: false for shipped recipes the operator has not built yet)', response: { 200: S.arrayOf(imageSchema, 'Images by name'), ...S.errors() } } },
+    {
+      schema: {
+        tags: ['images'],
+        summary: 'Images to create sandboxes from (ready: false for shipped recipes the operator has not built yet)',
+        response: { 200: S.arrayOf(imageSchema, 'Images by name'), ...S.errors() },
+      },
+    },
     async (): Promise<ImageListing[]> => {
-      const installed: ImageListing[] = ctx.lockstep.images.list().map((r) => ({ name: r.name, ready: true, source: r.source, sizeBytes: r.size_bytes, createdAt: new Date(r.created_at).toISOString() }));
+      const installed: ImageListing[] = ctx.lockstep.images.list().map((r) => ({
+        name: r.name,
+        ready: true,
+        source: r.source,
+        sizeBytes: r.size_bytes,
+        createdAt: new Date(r.created_at).toISOString(),
+      }));
       const names = new Set(installed.map((i) => i.name));
       const pending: ImageListing[] = listRecipes()
         .filter((n) => !names.has(n))

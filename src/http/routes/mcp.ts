@@ -44,7 +44,9 @@ class McpSessions {
 
   /** Closes the tenant's least recently used sessions until it has room for one more. */
   async makeRoom(tenantId: string): Promise<void> {
-    const own = [...this.byId].filter(([, s]) => s.tenantId === tenantId).sort(([, a], [, b]) => a.lastUsed - b.lastUsed);
+    const own = [...this.byId]
+      .filter(([, s]) => s.tenantId === tenantId)
+      .sort(([, a], [, b]) => a.lastUsed - b.lastUsed);
     for (const [id] of own.slice(0, Math.max(0, own.length - MAX_SESSIONS + 1))) await this.close(id);
   }
 
@@ -75,7 +77,11 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
     id: tenantId,
     create: (opts) =>
       ctx.gate.run(tenantId, async () => {
-        checkQuota(ctx.db, current(), { count: 1, memoryMb: opts.memoryMb ?? LIMITS.memoryMb.default, cpuWeight: opts.cpuWeight });
+        checkQuota(ctx.db, current(), {
+          count: 1,
+          memoryMb: opts.memoryMb ?? LIMITS.memoryMb.default,
+          cpuWeight: opts.cpuWeight,
+        });
         return ctx.lockstep.create({ ...opts, tenant: tenantId });
       }),
     fork: (sandbox, checkpointId, count) =>
@@ -91,7 +97,11 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
   };
 }
 
-export function mcpRoutes(app: FastifyInstance, ctx: ApiContext, opts: { bearer: (req: FastifyRequest) => string | undefined; bodyLimit: number }): void {
+export function mcpRoutes(
+  app: FastifyInstance,
+  ctx: ApiContext,
+  opts: { bearer: (req: FastifyRequest) => string | undefined; bodyLimit: number },
+): void {
   const sessions = new McpSessions();
   const sweeper = setInterval(() => void sessions.sweep(Date.now()), 60_000).unref();
   app.addHook('onClose', async () => {
@@ -106,17 +116,29 @@ export function mcpRoutes(app: FastifyInstance, ctx: ApiContext, opts: { bearer:
     schema: { hide: true },
     handler: async (req, reply) => {
       const tenant = authenticate(ctx.db, opts.bearer(req));
-      if (!tenant) throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
+      if (!tenant)
+        throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
       req.log = reply.log = req.log.child({ tenant: tenant.name, tenantId: tenant.id, component: 'mcp' });
       const sid = req.headers['mcp-session-id'];
       let session: Session | undefined;
       if (typeof sid === 'string') {
         session = sessions.byId.get(sid);
-        if (!session || session.tenantId !== tenant.id) throw new HttpError(404, 'MCP_SESSION_NOT_FOUND', 'No MCP session with that Mcp-Session-Id: initialize a new one', { field: 'Mcp-Session-Id' });
+        if (!session || session.tenantId !== tenant.id)
+          throw new HttpError(
+            404,
+            'MCP_SESSION_NOT_FOUND',
+            'No MCP session with that Mcp-Session-Id: initialize a new one',
+            { field: 'Mcp-Session-Id' },
+          );
       } else if (req.method === 'POST' && isInitializeRequest(req.body)) {
         await sessions.makeRoom(tenant.id);
         const server = createMcpServer({ lockstep: ctx.lockstep, tenant: tenantScope(ctx, tenant.id) });
-        const opened: Session = { tenantId: tenant.id, server, lastUsed: Date.now(), transport: undefined as unknown as StreamableHTTPServerTransport };
+        const opened: Session = {
+          tenantId: tenant.id,
+          server,
+          lastUsed: Date.now(),
+          transport: undefined as unknown as StreamableHTTPServerTransport,
+        };
         opened.transport = new StreamableHTTPServerTransport({
           sessionIdGenerator: () => randomUUID(),
           onsessioninitialized: (id) => void sessions.byId.set(id, opened),
@@ -125,7 +147,12 @@ export function mcpRoutes(app: FastifyInstance, ctx: ApiContext, opts: { bearer:
         await server.connect(opened.transport);
         session = opened;
       } else {
-        throw new HttpError(400, 'INVALID_ARGUMENT', 'Send an MCP initialize request first, then the Mcp-Session-Id header it returns', { field: 'Mcp-Session-Id' });
+        throw new HttpError(
+          400,
+          'INVALID_ARGUMENT',
+          'Send an MCP initialize request first, then the Mcp-Session-Id header it returns',
+          { field: 'Mcp-Session-Id' },
+        );
       }
       session.lastUsed = Date.now();
       // The transport writes the answer (JSON or an SSE stream) itself.
