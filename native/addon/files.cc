@@ -38,7 +38,16 @@ int OpenAt2(int dirfd, const std::string& rel, __u64 flags, __u64 mode) {
   how.mode = mode;
   how.resolve = kResolve;
   const char* p = rel.empty() ? "." : rel.c_str();
-  return static_cast<int>(::syscall(SYS_openat2, dirfd, p, &how, sizeof(how)));
+  // EAGAIN: a ".." met a concurrent rename or mount anywhere on the host, and
+  // the kernel could not prove it stayed beneath (openat2(2) says to retry).
+  // A leased file opened O_NONBLOCK answers EAGAIN too, every time: after
+  // the retries it is reported as such (FILE_BUSY).
+  int fd = -1;
+  for (int attempt = 0; attempt < 16; attempt++) {
+    fd = static_cast<int>(::syscall(SYS_openat2, dirfd, p, &how, sizeof(how)));
+    if (fd >= 0 || errno != EAGAIN) break;
+  }
+  return fd;
 }
 
 const char* TypeName(mode_t m) {

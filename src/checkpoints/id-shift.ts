@@ -95,8 +95,11 @@ export function shareProcessImageWith(dir: string, idBase: number | null): void 
   fs.chownSync(dir, 0, idBase);
   fs.chmodSync(dir, 0o750);
   for (const f of fs.readdirSync(dir)) {
-    fs.chownSync(path.join(dir, f), 0, idBase);
-    fs.chmodSync(path.join(dir, f), 0o640);
+    const file = path.join(dir, f);
+    // Never through a link: chmod would follow it to the folder it names.
+    if (fs.lstatSync(file).isSymbolicLink()) continue;
+    fs.chownSync(file, 0, idBase);
+    fs.chmodSync(file, 0o640);
   }
 }
 

@@ -30,6 +30,9 @@ export async function keepChangedPagesOnly(
   log: Pick<Logger, 'warn' | 'debug'>,
 ): Promise<DeltaStats | null> {
   if (!row.head_checkpoint_id || !engine.config.pageDelta) return null;
+  // Not yet with a user namespace: a fork re-owns a copy of the image for its
+  // own id range, and a parent link would name images of the parent's range.
+  if (row.id_base !== null) return null;
   const stats = await storeChangedPages(imagesDir, engine.paths.processImage(row.head_checkpoint_id), (err) =>
     log.warn(
       { err, parentId: row.head_checkpoint_id },

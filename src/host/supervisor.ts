@@ -121,8 +121,9 @@ export class Supervisor implements HelperClient {
     try {
       return await request(this.paths.supervisorSocket, tokens, timeoutMs);
     } catch (e) {
-      const code = (e as NodeJS.ErrnoException).code;
-      if (code !== 'ECONNREFUSED' && code !== 'ENOENT') throw e;
+      // request() wraps the socket's error as SUPERVISOR_UNREACHABLE; its cause says why.
+      const errno = ((e as { cause?: NodeJS.ErrnoException }).cause ?? (e as NodeJS.ErrnoException)).code;
+      if (errno !== 'ECONNREFUSED' && errno !== 'ENOENT') throw e;
       await this.ensureRunning();
       return request(this.paths.supervisorSocket, tokens, timeoutMs);
     }

@@ -53,7 +53,8 @@ integration(test, () => {
   const teardowns: (() => Promise<void>)[] = [];
 
   test.before(async () => {
-    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['dev'] });
+    // Incremental images are not made for sandboxes with a user namespace yet (page-store.ts).
+    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['dev'], open: { userNamespaces: false } });
   });
   test.after.always(async () => {
     for (const fn of teardowns.reverse()) await fn();
