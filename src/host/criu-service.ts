@@ -165,6 +165,12 @@ export class CriuService implements CriuClient {
     const service = servicePid(this.paths.criuSocket);
     if (service === undefined) return 0;
     const workers = childrenOf(service);
+    const running = () => workers.some((w) => childrenOf(service).includes(w));
+    // First let them finish: a dump cut by SIGKILL leaves CRIU's parasite
+    // code and ptrace stops in the tasks it had seized, which then never
+    // answer again (seen in faults-random-kill). A dump or restore takes well
+    // under a second; one still running after the grace period is killed.
+    for (let i = 0; i < ORPHAN_GRACE_MS / 10 && running(); i++) await sleep(10);
     for (const w of workers) {
       try {
         process.kill(w, 'SIGKILL');
@@ -172,7 +178,7 @@ export class CriuService implements CriuClient {
         // finished meanwhile
       }
     }
-    for (let i = 0; i < 1000 && workers.some((w) => childrenOf(service).includes(w)); i++) await sleep(5);
+    for (let i = 0; i < 1000 && running(); i++) await sleep(5);
     return workers.length;
   }
 
@@ -213,6 +219,9 @@ export class CriuService implements CriuClient {
     return state;
   }
 }
+
+/** How long the reaper lets a dead manager's CRIU workers finish before it kills them. */
+const ORPHAN_GRACE_MS = 15_000;
 
 /** A restore's tasks orphaned for this many checks this far apart: its worker is dead (a live one answers within a loop turn). */
 const ORPHAN_CHECK_MS = 250;
