@@ -54,7 +54,10 @@ integration(test, () => {
 
   test.before(async () => {
     // Incremental images are not made for sandboxes with a user namespace yet (page-store.ts).
-    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['dev'], open: { userNamespaces: false } });
+    ls = await openTestLockstep(
+      { teardown: (fn: () => Promise<void>) => teardowns.push(fn) },
+      { images: ['dev'], open: { userNamespaces: false } },
+    );
   });
   test.after.always(async () => {
     for (const fn of teardowns.reverse()) await fn();
