@@ -118,7 +118,7 @@ integration(test, () => {
         (await sbx.commands.run(`kill -0 ${pid} 2>/dev/null && echo alive || echo gone`)).stdout.trim() === 'gone',
       15_000,
     );
-    t.pass();
+    t.is((await sbx.commands.run(`kill -0 ${pid} 2>/dev/null && echo alive || echo gone`)).stdout.trim(), 'gone');
   });
 
   test.serial(
