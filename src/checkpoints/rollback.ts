@@ -250,9 +250,7 @@ export async function rollbackSandbox(
     log.info({ timings: t }, 'rollback committed (warm standby)');
     const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
     // The old instance goes after the caller has its answer (queued behind this call's lock).
-    void engine
-      .withSandboxLock(row.id, () => engine.runtime.destroy(oldInstance))
-      .catch((err) => log.warn({ err }, 'removing the replaced instance'));
+    removeAfterAnswer(engine, row.id, oldInstance, 'removing the replaced instance');
     return {
       sandboxId: row.id,
       checkpointId: ckpt.id,
@@ -307,10 +305,7 @@ export async function rollbackSandbox(
   log.info({ timings: t }, 'rollback committed');
 
   const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
-  if (staleStandby)
-    void engine
-      .withSandboxLock(row.id, () => engine.runtime.destroy(staleStandby))
-      .catch((err) => log.warn({ err }, 'removing a stale standby'));
+  if (staleStandby) removeAfterAnswer(engine, row.id, staleStandby, 'removing a stale standby');
   return {
     sandboxId: row.id,
     checkpointId: ckpt.id,
@@ -337,4 +332,11 @@ async function agentReport(
   const hashes = new Map<string, string | null>();
   for (const p of engine.agent.verdictPaths(row.id)) hashes.set(p, await files.hash(p).catch(() => null));
   return engine.agent.report(fresh, ckpt, { ...parts, warnings }, hashes, opts);
+}
+
+/** Removes an instance once the caller has its answer: queued behind this call's lock on the sandbox. */
+function removeAfterAnswer(engine: Engine, sandboxId: string, instance: string, what: string): void {
+  void engine
+    .withSandboxLock(sandboxId, () => engine.runtime.destroy(instance))
+    .catch((err) => engine.log.warn({ err, sandboxId, instance }, what));
 }
