@@ -17,7 +17,10 @@ import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import Docker from 'dockerode';
 import type { Lockstep, Sandbox } from '../src/index.js';
-import { hostOf } from '../src/engine.js';
+import { hostOf, type Engine } from '../src/engine.js';
+import type { SandboxRow } from '../src/catalog/catalog.js';
+import type { CriuRequest } from '../src/native/binding.js';
+import { dumpOptions, restoreOptions } from '../src/checkpoints/process-image.js';
 import { criuBinary } from '../src/host/criu-service.js';
 import { startTime } from '../src/host/proc.js';
 import { projectRoot } from '../src/native/binding.js';
@@ -109,67 +112,87 @@ const sq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 /* criu CLI + cp -a                                                    */
 /* ------------------------------------------------------------------ */
 
+/**
+ * The `criu` command-line flags for one of Lockstep's RPC requests
+ * (src/checkpoints/process-image.ts builds them), so the CLI peer runs with
+ * exactly the options Lockstep passes and cannot drift from them. Fields
+ * the CLI has no flag for are refused, so a new option is never dropped
+ * silently.
+ */
+export function criuCliFlags(engine: Engine, req: Omit<CriuRequest, 'op'>): string[] {
+  const b = engine.native;
+  const flags: string[] = [];
+  const handled = new Set(['op', 'imagesDir', 'pid', 'logLevel', 'freezeCgroup', 'cgroupProcs']);
+  for (const [key, value] of Object.entries(req)) {
+    if (value === undefined || handled.has(key)) continue;
+    switch (key) {
+      case 'leaveRunning':
+        if (value) flags.push('--leave-running');
+        break;
+      case 'fileLocks':
+        if (value) flags.push('--file-locks');
+        break;
+      case 'emptyNetns':
+        if (value) flags.push('--empty-ns', 'net');
+        break;
+      case 'root':
+        flags.push('--root', value as string);
+        break;
+      case 'extMounts':
+        for (const [k, v] of value as [string, string][]) flags.push('--ext-mount-map', `${k}:${v}`);
+        break;
+      case 'networkLock':
+        if (value !== b.criuNetworkLocks.skip)
+          throw new Error(`criuCliFlags: networkLock ${String(value)} has no mapping`);
+        flags.push('--network-lock', 'skip');
+        break;
+      case 'manageCgroupsMode':
+        if (value !== b.criuCgroupModes.ignore)
+          throw new Error(`criuCliFlags: manageCgroupsMode ${String(value)} has no mapping`);
+        flags.push('--manage-cgroups=ignore');
+        break;
+      default:
+        throw new Error(`criuCliFlags: request field ${key} has no CLI flag here`);
+    }
+  }
+  return flags;
+}
+
 /** The CRIU command lines equivalent to Lockstep's dump and restore requests. */
 export class CriuCli {
   readonly bin = criuBinary();
   constructor(private readonly ls: Lockstep) {}
 
+  private row(instance: string, pid: number): SandboxRow {
+    const row = this.ls.engine.catalog.sandboxes().find((r) => r.instance === instance);
+    if (!row) throw new Error(`no sandbox has instance ${instance}`);
+    return { ...row, init_pid: pid };
+  }
+
   /**
-   * `criu dump --leave-running` with Lockstep's options (process-image.ts
-   * dumpOptions). `instance` keys the host resources: see instanceOf.
+   * `criu dump --leave-running` with Lockstep's options (dumpOptions), less
+   * the freezer: CRIU polls a cgroup-v1 freezer every 100 ms (seize.c,
+   * step_ms), so a user who passes --freeze-cgroup pays ~100 ms whenever
+   * the cgroup is not frozen at the first look. Without it CRIU seizes the
+   * tasks with ptrace, the usual way to run the CLI. (Lockstep passes it
+   * too, but freezes the cgroup itself first, so CRIU finds it frozen.)
+   * `instance` keys the host resources: see instanceOf.
    */
   dumpArgs(instance: string, pid: number, dir: string, logLevel = 2, freezeCgroup = false): string[] {
     const e = this.ls.engine;
-    const args = [
-      'dump',
-      '--leave-running',
-      '-t',
-      String(pid),
-      '-D',
-      dir,
-      '-o',
-      'dump.log',
-      `-v${logLevel}`,
-      '--ext-mount-map',
-      '/dev:dev',
-      '--empty-ns',
-      'net',
-      '--manage-cgroups=ignore',
-      '--network-lock',
-      'skip',
-      '--file-locks',
-    ];
-    // Off by default: CRIU polls a cgroup-v1 freezer every 100 ms (seize.c,
-    // step_ms), so a user who passes it pays ~100 ms whenever the cgroup is
-    // not frozen at the first look. Without it CRIU seizes the tasks with
-    // ptrace, the usual way to run the CLI. (Lockstep passes it too, but
-    // freezes the cgroup itself first, so CRIU finds it frozen.)
-    if (freezeCgroup) args.push('--freeze-cgroup', e.cgroups.freezerPath(e.runtime.cgroupName(instance)));
+    const req = dumpOptions(e, this.row(instance, pid), dir);
+    const args = ['dump', '-t', String(pid), '-D', dir, '-o', 'dump.log', `-v${logLevel}`, ...criuCliFlags(e, req)];
+    if (freezeCgroup) args.push('--freeze-cgroup', req.freezeCgroup!);
     return args;
   }
 
   /** `criu restore -d` with Lockstep's options (restoreOptions), plus a pid file. */
   restoreArgs(instance: string, dir: string, pidFile: string): string[] {
     const e = this.ls.engine;
-    return [
-      'restore',
-      '-d',
-      '-D',
-      dir,
-      '-o',
-      'restore.log',
-      '-v2',
-      '--root',
-      e.paths.sandboxRoot(instance),
-      '--ext-mount-map',
-      `dev:${e.paths.sandboxDev(instance)}`,
-      '--empty-ns',
-      'net',
-      '--manage-cgroups=ignore',
-      '--file-locks',
-      '--pidfile',
-      pidFile,
-    ];
+    const row = this.row(instance, 0);
+    // The images folder is the work folder here: restore() gives it to the namespace's root, as the service does its own.
+    const { workDirOwner: _owner, ...req } = restoreOptions(e, instance, dir, row.id_base ?? null);
+    return ['restore', '-d', '-D', dir, '-o', 'restore.log', '-v2', ...criuCliFlags(e, req), '--pidfile', pidFile];
   }
 
   async dump(instance: string, pid: number, dir: string, logLevel = 2, freezeCgroup = false): Promise<number> {
@@ -191,6 +214,12 @@ export class CriuCli {
     const e = this.ls.engine;
     const pidFile = path.join(dir, 'restored.pid');
     fs.rmSync(pidFile, { force: true });
+    // A tree restored into a user namespace works in its folder as its own root.
+    const idBase = this.row(instance, 0).id_base;
+    if (idBase !== null) {
+      fs.chownSync(dir, 0, idBase);
+      fs.chmodSync(dir, 0o770);
+    }
     const procs = e.cgroups.procsFiles(e.runtime.cgroupName(instance));
     const script = `for f in "$@"; do echo $$ > "$f" || exit 1; done; exec ${[this.bin, ...this.restoreArgs(instance, dir, pidFile)].map(sq).join(' ')}`;
     const ms = await mustExec(
