@@ -289,7 +289,7 @@ export async function measureCriuCliPeer(
     fs.rmSync(upper, { recursive: true, force: true });
     await mustExec('cp', ['-a', path.join(dir, 'upper'), upper], 'cp -a back of the upper directory');
     const t2 = performance.now();
-    e.runtime.mountRoot(hostOf(e, e.catalog.requireSandbox(sb.id)));
+    await e.runtime.mountRoot(hostOf(e, e.catalog.requireSandbox(sb.id)));
     const t3 = performance.now();
     const r = await cli.restore(inst, dir);
     const t4 = performance.now();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "addon.h"
+#include "async_work.h"
 #include "system_error.h"
 
 namespace lockstep {
@@ -184,47 +185,70 @@ done:
 
 }  // namespace
 
-// idmappedMount(source, target, base, count, readOnly): attaches at target a
-// copy of the mount of source through which on-disk id N reads as host id
-// base+N (open_tree(OPEN_TREE_CLONE) + mount_setattr(MOUNT_ATTR_IDMAP) +
-// move_mount). Image layers stay shared: nothing is copied or chowned.
-static Napi::Value IdmappedMount(const Napi::CallbackInfo& info) {
+// idmappedMounts([[source, target], ...], base, count, readOnly): attaches
+// at each target a copy of the mount of its source through which on-disk id
+// N reads as host id base+N (open_tree(OPEN_TREE_CLONE) +
+// mount_setattr(MOUNT_ATTR_IDMAP) + move_mount). Image layers stay shared:
+// nothing is copied or chowned. One user namespace describes all of them,
+// and the work runs on libuv's pool: forks made side by side do not queue
+// behind each other's namespace set-up on the JS thread. Resolves once every
+// target is mounted; on failure the targets mounted so far are detached.
+static Napi::Value IdmappedMounts(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  std::string source = StringArg(info, 0, "source");
-  std::string target = StringArg(info, 1, "target");
-  if (info.Length() < 4 || !info[2].IsNumber() || !info[3].IsNumber())
+  if (info.Length() < 1 || !info[0].IsArray())
+    throw Napi::TypeError::New(env, "argument 'mounts' must be an array of [source, target] pairs");
+  Napi::Array list = info[0].As<Napi::Array>();
+  std::vector<std::pair<std::string, std::string>> mounts;
+  for (uint32_t i = 0; i < list.Length(); i++) {
+    Napi::Value v = list.Get(i);
+    if (!v.IsArray() || v.As<Napi::Array>().Length() != 2)
+      throw Napi::TypeError::New(env, "each mount must be a [source, target] pair");
+    Napi::Array pair = v.As<Napi::Array>();
+    if (!pair.Get(0u).IsString() || !pair.Get(1u).IsString())
+      throw Napi::TypeError::New(env, "mount source and target must be strings");
+    mounts.emplace_back(pair.Get(0u).As<Napi::String>().Utf8Value(), pair.Get(1u).As<Napi::String>().Utf8Value());
+  }
+  if (info.Length() < 3 || !info[1].IsNumber() || !info[2].IsNumber())
     throw Napi::TypeError::New(env, "arguments 'base' and 'count' must be numbers");
-  unsigned long base = static_cast<unsigned long>(info[2].As<Napi::Number>().Int64Value());
-  unsigned long count = static_cast<unsigned long>(info[3].As<Napi::Number>().Int64Value());
-  bool readOnly = BoolArg(info, 4, true);
-  SystemFailure failure;
-  UniqueFd userns(MakeIdmapUserns(base, count, &failure));
-  if (!userns.valid()) {
-    ThrowSystemError(env, failure.err, failure.syscall.c_str(), failure.path);
-    return env.Undefined();
-  }
-  UniqueFd tree(
-      static_cast<int>(::syscall(SYS_open_tree, AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
-  if (!tree.valid()) {
-    ThrowSystemError(env, errno, "open_tree", source);
-    return env.Undefined();
-  }
-  struct mount_attr attr = {};
-  attr.attr_set = MOUNT_ATTR_IDMAP | (readOnly ? MOUNT_ATTR_RDONLY : 0) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-  attr.userns_fd = static_cast<__u64>(userns.get());
-  if (::syscall(SYS_mount_setattr, tree.get(), "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
-    ThrowSystemError(env, errno, "mount_setattr(MOUNT_ATTR_IDMAP)", source);
-    return env.Undefined();
-  }
-  if (::syscall(SYS_move_mount, tree.get(), "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
-    ThrowSystemError(env, errno, "move_mount", target);
-    return env.Undefined();
-  }
-  return env.Undefined();
+  unsigned long base = static_cast<unsigned long>(info[1].As<Napi::Number>().Int64Value());
+  unsigned long count = static_cast<unsigned long>(info[2].As<Napi::Number>().Int64Value());
+  bool readOnly = BoolArg(info, 3, true);
+  return PromiseWorker<bool>::Start(
+      env, "lockstep:idmappedMounts",
+      [mounts, base, count, readOnly](SystemFailure* f) -> bool {
+        UniqueFd userns(MakeIdmapUserns(base, count, f));
+        if (!userns.valid()) return false;
+        std::vector<std::string> done;
+        auto undo = [&done]() {
+          for (const auto& t : done) ::umount2(t.c_str(), MNT_DETACH);
+        };
+        for (const auto& [source, target] : mounts) {
+          UniqueFd tree(static_cast<int>(
+              ::syscall(SYS_open_tree, AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+          if (!tree.valid()) {
+            undo();
+            return Fail(f, errno, "open_tree", source, false);
+          }
+          struct mount_attr attr = {};
+          attr.attr_set = MOUNT_ATTR_IDMAP | (readOnly ? MOUNT_ATTR_RDONLY : 0) | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+          attr.userns_fd = static_cast<__u64>(userns.get());
+          if (::syscall(SYS_mount_setattr, tree.get(), "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
+            undo();
+            return Fail(f, errno, "mount_setattr(MOUNT_ATTR_IDMAP)", source, false);
+          }
+          if (::syscall(SYS_move_mount, tree.get(), "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+            undo();
+            return Fail(f, errno, "move_mount", target, false);
+          }
+          done.push_back(target);
+        }
+        return true;
+      },
+      [](Napi::Env env, const bool&) -> Napi::Value { return env.Undefined(); });
 }
 
 void InitMounts(Napi::Env env, Napi::Object exports) {
-  exports.Set("idmappedMount", Napi::Function::New(env, IdmappedMount));
+  exports.Set("idmappedMounts", Napi::Function::New(env, IdmappedMounts));
   exports.Set("makeSharedMount", Napi::Function::New(env, MakeSharedMount));
   exports.Set("mountOverlay", Napi::Function::New(env, MountOverlay));
   exports.Set("unmount", Napi::Function::New(env, Unmount));

@@ -12,6 +12,7 @@
  *   recorded as seen inside the namespace, so it needs no change.
  */
 import fs from 'node:fs';
+import fsp from 'node:fs/promises';
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import { ID_RANGE_SIZE } from '../sandboxes/id-ranges.js';
@@ -50,18 +51,18 @@ function shift(id: number, from: number, to: number): number {
  * outside the range, such as files the host wrote, stay as they are).
  * chown clears set-user/group-id bits, so those are put back.
  */
-export function shiftLayerOwners(dir: string, from: number, to: number): void {
-  const walk = (p: string) => {
-    const st = fs.lstatSync(p);
+export async function shiftLayerOwners(dir: string, from: number, to: number): Promise<void> {
+  const walk = async (p: string): Promise<void> => {
+    const st = await fsp.lstat(p);
     const uid = shift(st.uid, from, to);
     const gid = shift(st.gid, from, to);
     if (uid !== st.uid || gid !== st.gid) {
-      fs.lchownSync(p, uid, gid);
-      if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) fs.chmodSync(p, st.mode & 0o7777);
+      await fsp.lchown(p, uid, gid);
+      if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) await fsp.chmod(p, st.mode & 0o7777);
     }
-    if (st.isDirectory()) for (const name of fs.readdirSync(p)) walk(path.join(p, name));
+    if (st.isDirectory()) for (const name of await fsp.readdir(p)) await walk(path.join(p, name));
   };
-  walk(dir);
+  await walk(dir);
 }
 
 /**
@@ -103,14 +104,21 @@ export function shareProcessImageWith(dir: string, idBase: number | null): void 
   }
 }
 
-/** A copy of a process image for a fork in range `to`, at dest (removed by the caller). */
-export function processImageForRange(source: string, dest: string, from: number, to: number): void {
-  fs.mkdirSync(dest, { mode: 0o700 });
-  for (const name of fs.readdirSync(source)) {
-    const src = path.join(source, name);
-    if (/^userns-\d+\.img$/.test(name))
-      fs.writeFileSync(path.join(dest, name), rewriteUsernsImage(fs.readFileSync(src), from, to), { mode: 0o600 });
-    else fs.copyFileSync(src, path.join(dest, name), fs.constants.COPYFILE_FICLONE);
-  }
+/**
+ * A copy of a process image for a fork in range `to`, at dest (removed by
+ * the caller). Off the event loop: forks made side by side copy at once.
+ */
+export async function processImageForRange(source: string, dest: string, from: number, to: number): Promise<void> {
+  await fsp.mkdir(dest, { mode: 0o700 });
+  await Promise.all(
+    (await fsp.readdir(source)).map(async (name) => {
+      const src = path.join(source, name);
+      if (/^userns-\d+\.img$/.test(name))
+        await fsp.writeFile(path.join(dest, name), rewriteUsernsImage(await fsp.readFile(src), from, to), {
+          mode: 0o600,
+        });
+      else await fsp.copyFile(src, path.join(dest, name), fs.constants.COPYFILE_FICLONE);
+    }),
+  );
   shareProcessImageWith(dest, to);
 }

@@ -97,8 +97,8 @@ export async function restoreNewInstance(
   const rebase = from !== null && like.id_base !== null && from !== like.id_base;
   if (rebase)
     for (const dir of [layers.upperDir(key).upper, layers.shmDir(key)])
-      if (fs.existsSync(dir)) shiftLayerOwners(dir, from, like.id_base!);
-  runtime.mountRoot({
+      if (fs.existsSync(dir)) await shiftLayerOwners(dir, from, like.id_base!);
+  await runtime.mountRoot({
     id: key,
     imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs,
     runtimeLayer: ckpt.runtime_layer,
@@ -111,7 +111,7 @@ export async function restoreNewInstance(
   const images = path.join(paths.scratch, `images-${key}`);
   fs.rmSync(images, { recursive: true, force: true });
   try {
-    processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
+    await processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
     return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base));
   } finally {
     fs.rmSync(images, { recursive: true, force: true });

@@ -90,7 +90,7 @@ export async function restoreSandboxTo(
   engine.fault('rollback:layer-reset');
 
   m = performance.now();
-  runtime.mountRoot({ ...hostOf(engine, row), runtimeLayer: ckpt.runtime_layer });
+  await runtime.mountRoot({ ...hostOf(engine, row), runtimeLayer: ckpt.runtime_layer });
   t.mountMs = performance.now() - m;
   engine.fault('rollback:mounted');
 

@@ -69,8 +69,17 @@ export interface OpenedFile {
 export interface NativeBinding {
   mountOverlay(target: string, lowers: string[], upper: string, work: string): void;
   unmount(target: string, detach?: boolean): boolean;
-  /** Attaches at target a copy of source's mount where on-disk id N reads as host id base+N (N < count). */
-  idmappedMount(source: string, target: string, base: number, count: number, readOnly?: boolean): void;
+  /**
+   * Attaches at each target a copy of its source's mount where on-disk id N
+   * reads as host id base+N (N < count); one user namespace describes them
+   * all, and the work runs on libuv's pool. On failure none stays mounted.
+   */
+  idmappedMounts(
+    mounts: [source: string, target: string][],
+    base: number,
+    count: number,
+    readOnly?: boolean,
+  ): Promise<void>;
   makeSharedMount(path: string, bind?: boolean): void;
   filesystemType(path: string): number;
   /** The btrfs verbs and syncfs run on libuv's pool (they can take a while under load). */

@@ -219,7 +219,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   try {
     engine.runtime.prepare(id, limitsOf(row), row.id_base);
     await engine.layers.createUpper(id, row.id_base);
-    engine.runtime.mountRoot(hostOf(engine, row));
+    await engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));
     engine.catalog.tx(() => {
       engine.catalog.insertLayer(`upper_${id}`, 'upper', id);

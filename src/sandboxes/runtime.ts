@@ -115,14 +115,15 @@ export class SandboxRuntime {
    * layer holds the sandbox's host ids on disk (its top directory belongs to
    * the sandbox's root).
    */
-  mountRoot(host: SandboxHost): void {
+  async mountRoot(host: SandboxHost): Promise<void> {
     const target = this.paths.sandboxRoot(host.id);
-    if (!this.proc.mountsUnder(target).includes(target)) {
+    const mounted = this.proc.mountsUnder(this.paths.sandboxRun(host.id));
+    if (!mounted.includes(target)) {
       const { upper, work } = this.layers.upperDir(host.id);
       try {
         let lowers = [this.paths.runtimeLayer(host.runtimeLayer), host.imageRootfs];
         const idBase = host.idBase ?? null;
-        if (idBase !== null) lowers = lowers.map((dir, i) => this.idmappedLower(host.id, i, dir, idBase));
+        if (idBase !== null) lowers = await this.idmappedLowers(host.id, lowers, idBase, mounted);
         this.native.mountOverlay(target, lowers, upper, work);
       } catch (e) {
         // overlayfs makes its work directory in the writable layer at mount time.
@@ -144,13 +145,23 @@ export class SandboxRuntime {
     this.layers.setQuota(host.id, host.diskBytes ?? null);
   }
 
-  /** The idmapped view of one lower layer, under the instance's run folder (so destroy unmounts it). */
-  private idmappedLower(id: string, index: number, dir: string, idBase: number): string {
-    const target = path.join(this.paths.sandboxLowers(id), String(index));
-    fs.mkdirSync(target, { recursive: true, mode: 0o700 });
-    for (const m of this.proc.mountsUnder(target)) this.native.unmount(m, true);
-    this.native.idmappedMount(dir, target, idBase, ID_RANGE_SIZE, true);
-    return target;
+  /**
+   * The idmapped views of the lower layers, under the instance's run folder
+   * (so destroy unmounts them); `mounted`: the mounts already under that
+   * folder (a crashed attempt's are replaced).
+   */
+  private async idmappedLowers(id: string, dirs: string[], idBase: number, mounted: string[]): Promise<string[]> {
+    const root = this.paths.sandboxLowers(id);
+    const targets = dirs.map((_, i) => path.join(root, String(i)));
+    for (const m of mounted) if (m === root || m.startsWith(root + '/')) this.native.unmount(m, true);
+    for (const t of targets) fs.mkdirSync(t, { recursive: true, mode: 0o700 });
+    await this.native.idmappedMounts(
+      dirs.map((d, i) => [d, targets[i]!]),
+      idBase,
+      ID_RANGE_SIZE,
+      true,
+    );
+    return targets;
   }
 
   /** Starts namespaces + init under the supervisor; returns the init's host pid and start time. */

@@ -288,7 +288,7 @@ export class FakeHost {
       criu: notFaked('criu'),
       pidfdOpen: notFaked('pidfdOpen'),
       pidfdSendSignal: notFaked('pidfdSendSignal'),
-      idmappedMount: notFaked('idmappedMount'),
+      idmappedMounts: notFaked('idmappedMounts'),
       // A layer's identity and last change: its content token stands for the transaction.
       subvolumeInfo: (p: string) => ({
         uuid: `fake:${path.basename(p)}`,

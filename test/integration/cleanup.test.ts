@@ -241,7 +241,7 @@ integration(test, () => {
     const halfMade = `sbx_orphan${tag()}`;
     runtime.prepare(halfMade, { pids: 16 });
     await layers.createUpper(halfMade);
-    runtime.mountRoot({
+    await runtime.mountRoot({
       id: halfMade,
       imageRootfs: first.images.get('base').rootfs,
       runtimeLayer: runtime.ensureRuntimeLayer(),
