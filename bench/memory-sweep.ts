@@ -14,7 +14,17 @@ import fs from 'node:fs';
 import type { Sandbox } from '../src/index.js';
 import { measurement, type Measurement } from './report.js';
 import { numericFields, summarize, type Summary } from './stats.js';
-import { hostPidOf, instanceOf, MIB, rssKiB, settle, waitFor, withStandby, type BenchContext } from './workloads.js';
+import {
+  hostPidOf,
+  instanceOf,
+  MIB,
+  rssKiB,
+  settle,
+  waitFor,
+  withConfig,
+  withStandby,
+  type BenchContext,
+} from './workloads.js';
 import { measureCriuCliPeer } from './peers.js';
 
 export const SWEEP_SIZES_MIB = [16, 64, 256, 1024];
@@ -103,18 +113,6 @@ export interface SweepResult {
   notes: string[];
 }
 
-/** Runs fn with LOCKSTEP_PAGE_DELTA set (restored afterwards): "off" stores every image whole (the default), "on" incremental. */
-async function withPageDelta<T>(value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
-  const before = process.env.LOCKSTEP_PAGE_DELTA;
-  process.env.LOCKSTEP_PAGE_DELTA = value;
-  try {
-    return await fn();
-  } finally {
-    if (before === undefined) delete process.env.LOCKSTEP_PAGE_DELTA;
-    else process.env.LOCKSTEP_PAGE_DELTA = before;
-  }
-}
-
 /**
  * One size of the sweep, on one sandbox: first with whole images
  * (LOCKSTEP_PAGE_DELTA=off, the baseline), then with incremental ones, each
@@ -138,8 +136,8 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
       standbyRss: [] as number[],
       rb: [] as number[],
     };
-    await withPageDelta(delta, () =>
-      withStandby(standby, async () => {
+    await withConfig(ctx.ls, { pageDelta: delta === 'on' }, () =>
+      withStandby(ctx.ls, standby, async () => {
         for (let i = 0; i < total; i++) {
           ctx.checkAborted();
           ctx.progress.step(

@@ -10,6 +10,7 @@
 import fs from 'node:fs';
 import type { Lockstep, Sandbox } from '../src/index.js';
 import type { CheckpointInfo } from '../src/checkpoints/checkpoint.js';
+import type { LockstepConfig } from '../src/config.js';
 import {
   attributeCriuDumpLog,
   measurement,
@@ -86,16 +87,26 @@ export async function settle(ls: Lockstep, sandboxId: string): Promise<void> {
   await ls.engine.withSandboxLock(sandboxId, async () => undefined);
 }
 
-/** Runs fn with LOCKSTEP_STANDBY set (restored afterwards): "off" measures the CRIU-restore rollback path. */
-export async function withStandby<T>(value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
-  const before = process.env.LOCKSTEP_STANDBY;
-  process.env.LOCKSTEP_STANDBY = value;
+/**
+ * Runs fn with some of the manager's settings changed, restored afterwards.
+ * A manager resolves its configuration once, at open (src/config.ts), and
+ * every verb reads it from there: setting LOCKSTEP_* variables after open
+ * changes nothing, so the bench swaps the resolved object instead.
+ */
+export async function withConfig<T>(ls: Lockstep, patch: Partial<LockstepConfig>, fn: () => Promise<T>): Promise<T> {
+  const engine = ls.engine;
+  const before = engine.config;
+  engine.config = { ...before, ...patch };
   try {
     return await fn();
   } finally {
-    if (before === undefined) delete process.env.LOCKSTEP_STANDBY;
-    else process.env.LOCKSTEP_STANDBY = before;
+    engine.config = before;
   }
+}
+
+/** Runs fn with the warm standby on or off: "off" measures the CRIU-restore rollback path. */
+export function withStandby<T>(ls: Lockstep, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
+  return withConfig(ls, { standby: value === 'on' }, fn);
 }
 
 export async function waitFor<T>(what: string, fn: () => T | undefined | false, timeoutMs = 20_000): Promise<T> {
@@ -178,7 +189,7 @@ export async function measureCheckpointRollback(
   let previous: string | null = null;
   const total = ctx.warmup + ctx.iterations;
   for (const mode of ['on', 'off'] as const) {
-    await withStandby(mode, async () => {
+    await withStandby(ctx.ls, mode, async () => {
       for (let i = 0; i < total; i++) {
         ctx.checkAborted();
         ctx.progress.step(`(${wl.key}) Lockstep checkpoint + rollback, warm standby ${mode}`, i + 1, total);
@@ -259,17 +270,12 @@ export async function criuDumpAttribution(ctx: BenchContext, sb: Sandbox, runs =
   for (let i = 0; i < runs; i++) {
     ctx.checkAborted();
     ctx.progress.step(`checkpoint with CRIU log level 4 (attribution)`, i + 1, runs);
-    const before = process.env.LOCKSTEP_CRIU_LOG_LEVEL;
-    process.env.LOCKSTEP_CRIU_LOG_LEVEL = '4';
-    let info: CheckpointInfo;
     await settle(ctx.ls, sb.id);
-    try {
-      info = await sb.checkpoint({ label: 'bench: CRIU log level 4' });
+    const info: CheckpointInfo = await withConfig(ctx.ls, { criuLogLevel: 4 }, async () => {
+      const made = await sb.checkpoint({ label: 'bench: CRIU log level 4' });
       await settle(ctx.ls, sb.id);
-    } finally {
-      if (before === undefined) delete process.env.LOCKSTEP_CRIU_LOG_LEVEL;
-      else process.env.LOCKSTEP_CRIU_LOG_LEVEL = before;
-    }
+      return made;
+    });
     const log = fs.readFileSync(`${ctx.ls.engine.paths.processImage(info.id)}/dump.log`, 'utf8');
     await sb.deleteCheckpoint(info.id);
     list.push(attributeCriuDumpLog(log, info.timings.dumpMs));
