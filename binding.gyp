@@ -53,7 +53,15 @@
         }
       ],
       "include_dirs": ["<(SHARED_INTERMEDIATE_DIR)"],
-      "sources": ["native/helper/lockstep-helper.c", "native/helper/confine.c", "native/helper/userns.c"],
+      "sources": [
+        "native/helper/main.c",
+        "native/helper/create.c",
+        "native/helper/enter.c",
+        "native/helper/supervise.c",
+        "native/helper/util.c",
+        "native/helper/confine.c",
+        "native/helper/userns.c"
+      ],
       "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fstack-protector-strong", "-O2"],
       "libraries": ["-lcap"]
     },

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-/* Shared with lockstep-helper.c: one JSON error line on fd. */
+/* One JSON error line on fd (util.c; declared for the helper in helper.h). */
 void report_error_fd(int fd, int err, const char *syscall_name, const char *path);
 
 /*

@@ -98,7 +98,7 @@ integration(test, () => {
         'package/package.json',
         'package/binding.gyp',
         'package/native/addon/criu.cc',
-        'package/native/helper/lockstep-helper.c',
+        'package/native/helper/main.c',
         'package/scripts/install.js',
         'package/scripts/provision-host.sh',
         'package/sandbox-images/base/build.sh',
