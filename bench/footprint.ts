@@ -6,35 +6,12 @@
  * children, catalog rows, journal entries and context snapshots.
  */
 import fs from 'node:fs';
-import path from 'node:path';
 import type { Lockstep } from '../src/index.js';
+// The integration tests' reader of a state directory (independent of the code under test); the bench reads more kinds.
+import { cgroupChildren, listDir, mountPointsUnder } from '../test/fixtures/host-state.js';
 
 /** Sorted names per kind of resource; compare two with leftBehind(). */
 export type Footprint = Record<string, string[]>;
-
-function listDir(dir: string, dirsOnly = false): string[] {
-  try {
-    return fs
-      .readdirSync(dir, { withFileTypes: true })
-      .filter((e) => !dirsOnly || e.isDirectory())
-      .map((e) => e.name)
-      .sort();
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return [];
-    throw e;
-  }
-}
-
-function mountPointsUnder(prefix: string): string[] {
-  const out: string[] = [];
-  for (const line of fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    const field = line.split(' ')[4];
-    if (!field) continue;
-    const mp = field.replace(/\\([0-7]{3})/g, (_m, o: string) => String.fromCharCode(parseInt(o, 8)));
-    if (mp === prefix || mp.startsWith(prefix + '/')) out.push(mp);
-  }
-  return out.sort();
-}
 
 /** Processes whose parent is `ppid`, as "pid comm state". */
 function childrenOf(ppid: number): string[] {
@@ -54,11 +31,7 @@ function childrenOf(ppid: number): string[] {
 }
 
 export function footprint(ls: Lockstep): Footprint {
-  const { paths, catalog, cgroups, runtime } = ls.engine;
-  const cgroupBases =
-    cgroups.version === 2
-      ? [['unified', path.join('/sys/fs/cgroup', runtime.cgroupGroup)]]
-      : ['pids', 'memory', 'freezer'].map((c) => [c, path.join('/sys/fs/cgroup', c, runtime.cgroupGroup)]);
+  const { paths, catalog } = ls.engine;
   let supervisor = 0;
   try {
     supervisor = Number(fs.readFileSync(paths.supervisorPidfile, 'utf8').trim());
@@ -68,7 +41,7 @@ export function footprint(ls: Lockstep): Footprint {
   const count = (sql: string) => String((catalog.db.prepare(sql).get() as { n: number }).n);
   return {
     mounts: mountPointsUnder(ls.home),
-    cgroups: cgroupBases.flatMap(([label, dir]) => listDir(dir!, true).map((n) => `${label}:${n}`)).sort(),
+    cgroups: cgroupChildren(ls),
     writableLayers: listDir(paths.uppers),
     checkpointLayers: listDir(paths.layers),
     processImages: listDir(paths.processImages),
