@@ -9,7 +9,6 @@ import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } f
 import { envFlags, intFlag, need, numberFlag, parse, splitCommand } from './args.js';
 import type { SandboxInfo } from '../sandboxes/sandbox.js';
 import { runDoctor } from '../host/doctor.js';
-import { drawTree } from '../checkpoints/tree.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
 import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
@@ -322,7 +321,7 @@ const commands: Record<string, Handler> = {
           checkpoints: sb.checkpoints(),
           forks: forks.map((f) => ({ id: f.id, forkedFrom: f.forkedFrom, state: f.state })),
         });
-      } else process.stdout.write(drawTree(ls.engine, ls.engine.catalog.sandbox(id!)!, { color: useColor() }) + '\n');
+      } else process.stdout.write(sb.tree({ color: useColor() }) + '\n');
       return EXIT.ok;
     });
   },
