@@ -50,7 +50,10 @@ export interface OpenOptions {
   docker?: DockerPort | undefined;
   /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
   fault?: FaultHook | undefined;
-  /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: yes, unless LOCKSTEP_USERNS=off). */
+  /**
+   * Give new sandboxes a user namespace, root inside mapped to an unprivileged host
+   * id range (default: yes, unless LOCKSTEP_USERNS=off).
+   */
   userNamespaces?: boolean | undefined;
   // The ports (src/ports.ts). Each defaults to the real host's; a manager
   // given all the privileged ones (native, helper, criu, cgroups, layers)

@@ -116,7 +116,8 @@ const commands: Record<string, Handler> = {
 
   async create(argv) {
     const usage =
-      'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
+      'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] ' +
+      '[--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
     const options = {
       image: { type: 'string' },
       memory: { type: 'string' },
@@ -329,7 +330,8 @@ const commands: Record<string, Handler> = {
   async image(argv) {
     const [sub, ...rest] = argv;
     const usage =
-      'lockstep image build NAME | ls | rm NAME | import docker:REF [--name NAME] | export NAME docker:REF | cache NAME';
+      'lockstep image build NAME | ls | rm NAME | import docker:REF ' +
+      '[--name NAME] | export NAME docker:REF | cache NAME';
     switch (sub) {
       case 'build': {
         const { values, positionals } = parse(

@@ -33,7 +33,8 @@ export const SERVER_HELP = `server
 export const serverCommands: Record<string, Handler> = {
   async serve(argv) {
     const usage =
-      'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T | --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
+      'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T ' +
+      '| --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
     const { values, positionals } = parse(
       argv,
       {
@@ -121,11 +122,13 @@ export const serverCommands: Record<string, Handler> = {
   async tenant(argv) {
     const [sub, ...rest] = argv;
     const usage =
-      'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
+      'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight ' +
+      'W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
         const u =
-          'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
+          'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] ' +
+          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
         const opts = {
           'max-sandboxes': { type: 'string' },
           'max-memory': { type: 'string' },

@@ -26,7 +26,10 @@ export const MAX_VERB_REQUEST_BYTES = 8 * 1024 * 1024 - 1;
 /** Bytes a supervisor request may hold, final NULs included: supervise.c's REQUEST_MAX less one. */
 export const MAX_SUPERVISOR_REQUEST_BYTES = 65536 - 1;
 
-/** A request the helper could not read as meant: a token with a NUL byte, an empty one where it would end the request, or too many bytes. */
+/**
+ * A request the helper could not read as meant: a token with a NUL byte, an empty
+ * one where it would end the request, or too many bytes.
+ */
 export class HelperRequestError extends InvalidArgumentError {}
 
 function checkTokens(tokens: readonly string[], what: string, emptyEnds: boolean): void {

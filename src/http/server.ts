@@ -189,8 +189,10 @@ export function createServer(opts: ServerOptions): LockstepServer {
         title: 'Lockstep API',
         version,
         description:
-          'Copy-on-write sandboxes for AI agents with aligned checkpoints of files, processes, agent context and side effects. ' +
-          'Every /v1 route needs `Authorization: Bearer <token>` (`lockstep tenant add NAME`). Errors: `{"error": {"code", "message", "field"}}`. ' +
+          'Copy-on-write sandboxes for AI agents with aligned checkpoints of ' +
+          'files, processes, agent context and side effects. ' +
+          'Every /v1 route needs `Authorization: Bearer <token>` (`lockstep tenant add ' +
+          'NAME`). Errors: `{"error": {"code", "message", "field"}}`. ' +
           'POSTs accept an `Idempotency-Key` header (replayed for 24 h).',
       },
       components: { securitySchemes: { bearerAuth: { type: 'http', scheme: 'bearer' } } },

@@ -251,7 +251,8 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
         return reject(
           new SystemCallError(
             'SANDBOX_ENTER_FAILED',
-            `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`,
+            `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}` +
+              (failure.path ? ` (${failure.path})` : ''),
             failure,
           ),
         );
@@ -321,7 +322,8 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
         return reject(
           new SystemCallError(
             'SANDBOX_ENTER_FAILED',
-            `Cannot start the process: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`,
+            `Cannot start the process: ${failure.syscall} failed: ${failure.code}` +
+              (failure.path ? ` (${failure.path})` : ''),
             failure,
           ),
         );

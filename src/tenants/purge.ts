@@ -57,7 +57,8 @@ export async function purgeTenantOf(engine: Engine, name: string): Promise<Purge
   if (left.length > 0) {
     throw new InvalidStateError(
       'TENANT_HAS_SANDBOXES',
-      `Tenant ${name} is revoked, but ${left.length} of its sandboxes could not be removed (${left.join(', ')}); run the removal again`,
+      `Tenant ${name} is revoked, but ${left.length} of its sandboxes could not ` +
+        `be removed (${left.join(', ')}); run the removal again`,
       {
         tenant: name,
         sandboxes: left.length,

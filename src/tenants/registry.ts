@@ -75,7 +75,10 @@ export class Tenants {
     removeTenant(this.engine.catalog.db, name);
   }
 
-  /** Removes a tenant with everything it has (`tenant rm --force`): token first, then its sandboxes, then the tenant. */
+  /**
+   * Removes a tenant with everything it has (`tenant rm --force`): token first, then
+   * its sandboxes, then the tenant.
+   */
   purge(name: string): Promise<PurgeReport> {
     return purgeTenantOf(this.engine, name);
   }

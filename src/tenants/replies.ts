@@ -66,7 +66,8 @@ export class StoredReplies {
   put(tenant: string, key: string, requestHash: string, res: StoredResponse, createdAt: number): void {
     this.db
       .prepare(
-        'INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+        'INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, ' +
+          'status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
       )
       .run(tenant, key, requestHash, res.status, res.body, res.streamed ? 1 : 0, createdAt);
   }
