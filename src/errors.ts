@@ -190,7 +190,10 @@ export const SETUP_COMMAND = 'npx lockstep setup';
 /** The sentence a "not set up" error ends with. */
 export const SETUP_HINT = `run \`${SETUP_COMMAND}\` as root (in a clone of the repository: \`npm run setup\`)`;
 
-/** A requested resource limit that this host cannot enforce (no controller, no I/O scheduler that honours weights, no quotas). */
+/**
+ * A requested resource limit that this host cannot enforce (no controller, no I/O
+ * scheduler that honours weights, no quotas).
+ */
 export class LimitUnsupportedError extends LockstepError {
   readonly field: string;
   constructor(field: string, reason: string) {

@@ -1,5 +1,10 @@
 /** Public API of Lockstep. */
 export { Lockstep, type OpenOptions } from './lockstep.js';
+export { Tenants } from './tenants/registry.js';
+export type { Tenant, TenantQuotas } from './tenants/tenants.js';
+export type { TenantUsage } from './tenants/quotas.js';
+export type { PurgeReport } from './tenants/purge.js';
+export type { StoredReplies, StoredReply, StoredResponse } from './tenants/replies.js';
 export {
   Sandbox,
   SandboxCommands,

@@ -24,6 +24,7 @@ import { reap, type ReapReport } from './reaper.js';
 import { AgentState } from './agent-state/agent-state.js';
 import { migrateAgentState } from './agent-state/schema.js';
 import { migrateTenants } from './tenants/tenants.js';
+import { Tenants } from './tenants/registry.js';
 import { createSandbox, type CreateOptions } from './sandboxes/create.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
@@ -49,7 +50,10 @@ export interface OpenOptions {
   docker?: DockerPort | undefined;
   /** Crash-injection hook for tests (default: LOCKSTEP_FAULT). */
   fault?: FaultHook | undefined;
-  /** Give new sandboxes a user namespace, root inside mapped to an unprivileged host id range (default: yes, unless LOCKSTEP_USERNS=off). */
+  /**
+   * Give new sandboxes a user namespace, root inside mapped to an unprivileged host
+   * id range (default: yes, unless LOCKSTEP_USERNS=off).
+   */
   userNamespaces?: boolean | undefined;
   // The ports (src/ports.ts). Each defaults to the real host's; a manager
   // given all the privileged ones (native, helper, criu, cgroups, layers)
@@ -82,6 +86,11 @@ export class Lockstep {
   /** @internal */
   readonly engine: Engine;
   readonly home: string;
+  /**
+   * The tenants of this state directory: bearer tokens, quotas, usage and
+   * stored idempotent replies (what `lockstep tenant` and the HTTP server use).
+   */
+  readonly tenants: Tenants;
   /** What the reaper cleaned up when this manager opened. */
   readonly reaped: ReapReport | null;
   private lockFd: number | null;
@@ -90,6 +99,7 @@ export class Lockstep {
   private constructor(engine: Engine, lockFd: number, reaped: ReapReport | null) {
     this.engine = engine;
     this.home = engine.paths.home;
+    this.tenants = new Tenants(engine);
     this.lockFd = lockFd;
     this.reaped = reaped;
   }
@@ -207,6 +217,11 @@ export class Lockstep {
 
   get images(): ImageStore {
     return this.engine.images;
+  }
+
+  /** The manager's logger (OpenOptions.logger, or its own pino logger); front ends log through child loggers of it. */
+  get logger(): Logger {
+    return this.engine.log;
   }
 
   /** Creates and starts a sandbox from an image (default "base"). */

@@ -160,7 +160,8 @@ export function migrateAgentState(db: Database): void {
     if (current > AGENT_STATE_SCHEMA_VERSION) {
       throw new InvalidStateError(
         'AGENT_STATE_SCHEMA_TOO_NEW',
-        `The agent-state tables are at schema version ${current}, newer than this build understands (${AGENT_STATE_SCHEMA_VERSION})`,
+        `The agent-state tables are at schema version ${current}, newer than ` +
+          `this build understands (${AGENT_STATE_SCHEMA_VERSION})`,
         { current, supported: AGENT_STATE_SCHEMA_VERSION },
       );
     }

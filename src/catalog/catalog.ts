@@ -81,7 +81,10 @@ export interface CheckpointRow {
   sizes: string;
   timings: string;
   created_at: number;
-  /** JSON of CheckpointChecksums (src/checkpoints/integrity.ts); null for checkpoints taken before checksums were recorded. */
+  /**
+   * JSON of CheckpointChecksums (src/checkpoints/integrity.ts); null for checkpoints
+   * taken before checksums were recorded.
+   */
   checksums?: string | null;
 }
 
@@ -224,7 +227,8 @@ export class CatalogVersionError extends LockstepError {
   constructor(file: string, found: number, supported: number) {
     super(
       'CATALOG_TOO_NEW',
-      `The catalog ${file} has schema version ${found}, newer than version ${supported} that this Lockstep understands: upgrade Lockstep (downgrades are not supported)`,
+      `The catalog ${file} has schema version ${found}, newer than version ${supported} that ` +
+        `this Lockstep understands: upgrade Lockstep (downgrades are not supported)`,
       {
         details: { file, found, supported },
       },
@@ -343,7 +347,8 @@ export class Catalog {
   putImage(row: ImageRow): void {
     this.db
       .prepare(
-        'INSERT OR REPLACE INTO images (name, rootfs, source, size_bytes, created_at, deleted) VALUES (@name, @rootfs, @source, @size_bytes, @created_at, @deleted)',
+        'INSERT OR REPLACE INTO images (name, rootfs, source, size_bytes, created_at, deleted) ' +
+          'VALUES (@name, @rootfs, @source, @size_bytes, @created_at, @deleted)',
       )
       .run(row);
   }
@@ -386,12 +391,12 @@ export class Catalog {
   insertSandbox(row: SandboxRow): void {
     this.db
       .prepare(
-        `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
-          lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance,
-          cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base)
-         VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
-          @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance,
-          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base)`,
+        `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes,
+          pids_max, hostname, lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at,
+          expires_at, instance, cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base)
+         VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes,
+          @pids_max, @hostname, @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata,
+          @created_at, @expires_at, @instance, @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base)`,
       )
       .run(row);
   }
@@ -442,8 +447,10 @@ export class Catalog {
   insertCheckpoint(row: CheckpointRow): void {
     this.db
       .prepare(
-        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label, ledger_cursor, context_id, sizes, timings, created_at, checksums)
-         VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor, @context_id, @sizes, @timings, @created_at, @checksums)`,
+        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label,
+         ledger_cursor, context_id, sizes, timings, created_at, checksums)
+         VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor,
+           @context_id, @sizes, @timings, @created_at, @checksums)`,
       )
       .run({ checksums: null, ...row });
   }

@@ -19,7 +19,10 @@ import { keepChangedPagesOnly } from './page-store.js';
 
 export interface CheckpointOptions {
   label?: string | undefined;
-  /** The agent's context at this point, in one of the supported formats (stored with msgpackr, shared prefixes once). */
+  /**
+   * The agent's context at this point, in one of the supported formats (stored with
+   * msgpackr, shared prefixes once).
+   */
   context?: unknown;
   signal?: AbortSignal | undefined;
 }

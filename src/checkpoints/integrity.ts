@@ -37,7 +37,8 @@ export class CheckpointCorruptError extends LockstepError {
   constructor(checkpointId: string, file: string, reason: string) {
     super(
       'CHECKPOINT_CORRUPT',
-      `Checkpoint ${checkpointId} is corrupt: ${file} ${reason}; nothing was restored from it (other checkpoints are unaffected)`,
+      `Checkpoint ${checkpointId} is corrupt: ${file} ${reason}; nothing was ` +
+        `restored from it (other checkpoints are unaffected)`,
       {
         details: { checkpointId, file, reason },
       },
@@ -63,7 +64,10 @@ async function hashFile(file: string): Promise<{ size: number; sha256: string }>
   return { size, sha256: h.digest('hex') };
 }
 
-/** Digests of every file of a process image folder: CRIU's regular files, and the `parent` link of an incremental image. */
+/**
+ * Digests of every file of a process image folder: CRIU's regular files, and the
+ * `parent` link of an incremental image.
+ */
 export async function hashProcessImage(dir: string): Promise<CheckpointChecksums['images']> {
   const out: CheckpointChecksums['images'] = {};
   for (const name of fs.readdirSync(dir).sort()) out[name] = await hashFile(path.join(dir, name));

@@ -66,7 +66,10 @@ export function restoreOptions(
   };
 }
 
-/** Total bytes of a process image folder (CRIU writes a few dozen files); the parent link counts as itself, not as the parent. */
+/**
+ * Total bytes of a process image folder (CRIU writes a few dozen files); the
+ * parent link counts as itself, not as the parent.
+ */
 export function processImageBytes(dir: string): number {
   let total = 0;
   for (const f of fs.readdirSync(dir)) total += fs.lstatSync(path.join(dir, f)).size;
@@ -77,8 +80,9 @@ export function processImageBytes(dir: string): number {
  * A new instance of a sandbox restored from a checkpoint: run folder, /dev,
  * cgroup with the sandbox's limits (CPU, memory, pids, I/O), a writable
  * copy of the checkpoint's layer, the overlay root (which sets the layer's
- * disk quota), then CRIU. Forks and warm standbys are made this way; `step` marks the points the crash tests stop at. Returns the restored
- * root's host pid; on failure the caller removes the instance.
+ * disk quota), then CRIU. Forks and warm standbys are made this way; `step`
+ * marks the points the crash tests stop at. Returns the restored root's host
+ * pid; on failure the caller removes the instance.
  */
 export async function restoreNewInstance(
   engine: Engine,

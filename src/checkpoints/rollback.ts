@@ -85,7 +85,8 @@ export async function restoreSandboxTo(
 
   let m = performance.now();
   runtime.unmountRoot(row.instance);
-  await layers.resetUpperTo(row.instance, ckpt.layer_id); // the cgroup, and so its limits, stay; mountRoot sets the disk quota
+  // The cgroup, and so its limits, stay; mountRoot sets the disk quota.
+  await layers.resetUpperTo(row.instance, ckpt.layer_id);
   t.layerMs = performance.now() - m;
   engine.fault('rollback:layer-reset');
 

@@ -9,7 +9,10 @@ import { NotFoundError } from '../errors.js';
 import { dropStandby } from './standby.js';
 import { detachImagesFrom } from './page-store.js';
 
-/** Deletes a checkpoint of this sandbox. Its children move up to its parent; its layer, process image and warm standby are freed. */
+/**
+ * Deletes a checkpoint of this sandbox. Its children move up to its parent; its
+ * layer, process image and warm standby are freed.
+ */
 export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): Promise<void> {
   const ckpt = engine.catalog.checkpoint(checkpointId);
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', checkpointId);

@@ -141,7 +141,8 @@ export const agentCommands: Record<string, Handler> = {
     const [sub, ...rest] = argv;
     if (sub === 'begin') {
       const usage =
-        'lockstep effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable --compensation JSON] [--scope lineage|branch] [--tool-call ID]';
+        'lockstep effect begin ID --kind K --input JSON [--key KEY] ' +
+        '[--irreversible|--compensable --compensation JSON] [--scope lineage|branch] [--tool-call ID]';
       const { values, positionals } = parse(
         rest,
         {

@@ -9,7 +9,6 @@ import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } f
 import { envFlags, intFlag, need, numberFlag, parse, splitCommand } from './args.js';
 import type { SandboxInfo } from '../sandboxes/sandbox.js';
 import { runDoctor } from '../host/doctor.js';
-import { drawTree } from '../checkpoints/tree.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
 import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
@@ -117,7 +116,8 @@ const commands: Record<string, Handler> = {
 
   async create(argv) {
     const usage =
-      'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
+      'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] ' +
+      '[--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
     const options = {
       image: { type: 'string' },
       memory: { type: 'string' },
@@ -322,7 +322,7 @@ const commands: Record<string, Handler> = {
           checkpoints: sb.checkpoints(),
           forks: forks.map((f) => ({ id: f.id, forkedFrom: f.forkedFrom, state: f.state })),
         });
-      } else process.stdout.write(drawTree(ls.engine, ls.engine.catalog.sandbox(id!)!, { color: useColor() }) + '\n');
+      } else process.stdout.write(sb.tree({ color: useColor() }) + '\n');
       return EXIT.ok;
     });
   },
@@ -330,7 +330,8 @@ const commands: Record<string, Handler> = {
   async image(argv) {
     const [sub, ...rest] = argv;
     const usage =
-      'lockstep image build NAME | ls | rm NAME | import docker:REF [--name NAME] | export NAME docker:REF | cache NAME';
+      'lockstep image build NAME | ls | rm NAME | import docker:REF ' +
+      '[--name NAME] | export NAME docker:REF | cache NAME';
     switch (sub) {
       case 'build': {
         const { values, positionals } = parse(

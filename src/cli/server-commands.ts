@@ -8,9 +8,6 @@ import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
 import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
 import { VERSION } from '../version.js';
-import { addTenant, listTenants, removeTenant } from '../tenants/tenants.js';
-import { purgeTenant } from '../tenants/purge.js';
-import { tenantUsage } from '../tenants/quotas.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { intFlag, need, parse } from './args.js';
 import { withLockstep } from './session.js';
@@ -36,7 +33,8 @@ export const SERVER_HELP = `server
 export const serverCommands: Record<string, Handler> = {
   async serve(argv) {
     const usage =
-      'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T | --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
+      'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T ' +
+      '| --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
     const { values, positionals } = parse(
       argv,
       {
@@ -124,11 +122,13 @@ export const serverCommands: Record<string, Handler> = {
   async tenant(argv) {
     const [sub, ...rest] = argv;
     const usage =
-      'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
+      'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight ' +
+      'W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
         const u =
-          'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
+          'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] ' +
+          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
         const opts = {
           'max-sandboxes': { type: 'string' },
           'max-memory': { type: 'string' },
@@ -140,7 +140,7 @@ export const serverCommands: Record<string, Handler> = {
         const { values, positionals } = parse(rest, opts, u);
         const [name] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
-          const { tenant, token } = addTenant(ls.engine.catalog.db, name!, {
+          const { tenant, token } = ls.tenants.add(name!, {
             maxSandboxes: intFlag(values['max-sandboxes'], 'max-sandboxes'),
             maxMemoryMb: intFlag(values['max-memory'], 'max-memory'),
             cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
@@ -162,8 +162,7 @@ export const serverCommands: Record<string, Handler> = {
         const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, u);
         need(positionals, 0, u);
         return withLockstep(async (ls) => {
-          const db = ls.engine.catalog.db;
-          const rows = listTenants(db).map((t) => ({ ...t, usage: tenantUsage(db, t.id) }));
+          const rows = ls.tenants.list().map((t) => ({ ...t, usage: ls.tenants.usage(t.id) }));
           if (values.json) printJson(rows);
           else {
             const lim = (n: number | null) => (n === null ? '-' : String(n));
@@ -189,8 +188,8 @@ export const serverCommands: Record<string, Handler> = {
         const [name] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
           // --force tears the tenant's sandboxes down first; without it, a tenant with sandboxes is refused.
-          if (values.force === true) await purgeTenant(ls, name!);
-          else removeTenant(ls.engine.catalog.db, name!);
+          if (values.force === true) await ls.tenants.purge(name!);
+          else ls.tenants.remove(name!);
           if (values.json) printJson({ name, removed: true });
           return EXIT.ok;
         });

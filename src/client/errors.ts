@@ -84,6 +84,7 @@ export async function errorFromResponse(res: Response): Promise<LockstepError> {
     /* not JSON: a proxy or something else answered */
   }
   return new ConnectionError(
-    `The server answered ${res.status} ${res.statusText} with a body that is not a Lockstep error: ${text.slice(0, 200)}`,
+    `The server answered ${res.status} ${res.statusText} with a body ` +
+      `that is not a Lockstep error: ${text.slice(0, 200)}`,
   );
 }

@@ -261,7 +261,10 @@ export class RemoteCommandHandle {
     readonly pid: number,
   ) {}
 
-  /** What it wrote since `from` (byte offsets; default the start), and where to continue from; `rewound` after a rollback. */
+  /**
+   * What it wrote since `from` (byte offsets; default the start), and where to
+   * continue from; `rewound` after a rollback.
+   */
   async output(
     from: OutputOffsets = { stdout: 0, stderr: 0 },
     opts: CallOptions = {},
@@ -430,7 +433,10 @@ async function* ndjsonEvents(res: Response): AsyncGenerator<Record<string, unkno
 /** A file being downloaded. */
 export interface RemoteReadStream {
   stream: Readable;
-  /** Settles at the end with the hash and length of what arrived (computed here, checked against the server's when it sent one). */
+  /**
+   * Settles at the end with the hash and length of what arrived (computed here,
+   * checked against the server's when it sent one).
+   */
   done: Promise<{ sha256: string; bytes: number }>;
 }
 
@@ -523,7 +529,10 @@ export class RemoteFiles {
     });
   }
 
-  /** Writes a file from a stream as it is read (the file changes only once all of it arrived). Not retried: a stream is read once. */
+  /**
+   * Writes a file from a stream as it is read (the file changes only once all of it
+   * arrived). Not retried: a stream is read once.
+   */
   async writeStream(
     path: string,
     source: AsyncIterable<Uint8Array | string>,

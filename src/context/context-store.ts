@@ -86,7 +86,8 @@ export class ContextStore {
       item: db.prepare(`SELECT data FROM agent_context_items WHERE hash = ?`).pluck(),
       insert: db.prepare(`INSERT INTO agent_context_snapshots
         (id, format, header_hash, base_id, tail, item_count, depth, list_digest, logical_bytes, created_at)
-        VALUES (@id, @format, @header_hash, @base_id, @tail, @item_count, @depth, @list_digest, @logical_bytes, @created_at)`),
+        VALUES (@id, @format, @header_hash, @base_id, @tail, @item_count, @depth, @list_digest, @logical_bytes,
+          @created_at)`),
       row: db.prepare(`SELECT id, format, header_hash, base_id, tail, item_count, depth, dependents, deleted
         FROM agent_context_snapshots WHERE id = ?`),
       addDependent: db.prepare(`UPDATE agent_context_snapshots SET dependents = dependents + 1 WHERE id = ?`),

@@ -146,7 +146,8 @@ function renderText(s: RecoveryStructured): string {
       : `${s.targetCheckpoint.id} ("${s.targetCheckpoint.label}")`;
   lines.push(
     `The sandbox was rolled back: its files and processes are exactly as they were at checkpoint ${where}, ` +
-      `and this conversation continues from that point. Work done after it was undone inside the sandbox, not outside it.`,
+      `and this conversation continues from that point. Work done after ` +
+      `it was undone inside the sandbox, not outside it.`,
   );
   if (s.failure !== null) lines.push(`Reason: ${s.failure.replace(/\s+/g, ' ').trim()}`);
 
@@ -161,7 +162,8 @@ function renderText(s: RecoveryStructured): string {
       lines,
       s.staleVerdicts,
       (v) =>
-        `verdict "${v.verdict}" on ${v.path} no longer applies: the file ${v.currentHash === null ? 'is gone' : 'has different content now'}`,
+        `verdict "${v.verdict}" on ${v.path} no longer applies: the file ` +
+        `${v.currentHash === null ? 'is gone' : 'has different content now'}`,
     );
   }
 

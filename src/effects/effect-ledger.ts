@@ -167,7 +167,8 @@ export class IrreversibleEffectError extends LockstepError {
   constructor(effects: EffectRecord[]) {
     super(
       'ROLLBACK_REFUSED_IRREVERSIBLE',
-      `Rollback refused: ${effects.length} irreversible effect(s) happened (or may have) after the target checkpoint: ` +
+      `Rollback refused: ${effects.length} irreversible effect(s) ` +
+        `happened (or may have) after the target checkpoint: ` +
         effects.map((e) => `${e.id} ${e.kind} (${e.status})`).join(', '),
       { details: { effectIds: effects.map((e) => e.id) } },
     );
@@ -463,7 +464,8 @@ export class EffectLedger {
         if (!ok) {
           throw new InvalidStateError(
             'EFFECT_NOT_COMPENSABLE',
-            `Effect ${e.id} (${e.kind}) is ${e.reversibility} and ${e.status}; only committed compensable effects can be compensated`,
+            `Effect ${e.id} (${e.kind}) is ${e.reversibility} and ${e.status}; ` +
+              `only committed compensable effects can be compensated`,
             {
               effectId: e.id,
               reversibility: e.reversibility,
@@ -559,7 +561,8 @@ export class EffectLedger {
           if (spec.key !== undefined && (live.kind !== s.kind || live.input !== s.inputJson)) {
             throw new InvalidStateError(
               'IDEMPOTENCY_KEY_CONFLICT',
-              `Idempotency key ${JSON.stringify(spec.key)} was already used for a different effect (${live.id}, ${live.kind})`,
+              `Idempotency key ${JSON.stringify(spec.key)} was already used ` +
+                `for a different effect (${live.id}, ${live.kind})`,
               {
                 effectId: live.id,
                 key: spec.key,
@@ -672,7 +675,9 @@ export function checkRollbackPolicy(effectsAfter: EffectRecord[], policy: Rollba
       message = `${e.kind} (${e.id}) happened and cannot be taken back`;
     } else {
       reason = 'not-compensated';
-      message = `${e.kind} (${e.id}) happened and stays in effect until compensated (${e.compensation?.kind ?? 'no compensation recorded'})`;
+      message =
+        `${e.kind} (${e.id}) happened and stays in effect until compensated ` +
+        `(${e.compensation?.kind ?? 'no compensation recorded'})`;
     }
     warnings.push({ effectId: e.id, kind: e.kind, status: e.status, reversibility: e.reversibility, reason, message });
     if (e.reversibility === 'irreversible') blocking.push(e);

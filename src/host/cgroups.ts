@@ -11,7 +11,10 @@ import { HostError, InvalidStateError } from '../errors.js';
 export interface CgroupLimits {
   memoryBytes?: number | undefined;
   pids?: number | undefined;
-  /** Relative CPU weight on the cgroup v2 scale (1-10000, kernel default 100); v1 gets cpu.shares = weight * 1024 / 100. */
+  /**
+   * Relative CPU weight on the cgroup v2 scale (1-10000, kernel default 100); v1
+   * gets cpu.shares = weight * 1024 / 100.
+   */
   cpuWeight?: number | undefined;
   /** Hard CPU cap: microseconds of CPU time per 100 ms period (cpus * 100000). */
   cpuQuotaUs?: number | undefined;
@@ -22,7 +25,10 @@ export interface CgroupLimits {
 /** The CFS period every CPU cap is expressed against (the kernel default). */
 export const CPU_PERIOD_US = 100_000;
 
-/** cgroup v1 cpu.shares for a v2-scale weight: linear, so ratios between sandboxes are kept (100 -> 1024, the kernel default). */
+/**
+ * cgroup v1 cpu.shares for a v2-scale weight: linear, so ratios between sandboxes
+ * are kept (100 -> 1024, the kernel default).
+ */
 export function sharesForWeight(weight: number): number {
   return Math.max(2, Math.round((weight * 1024) / 100));
 }

@@ -13,7 +13,10 @@ import type { CriuClient, CriuDumpRequest, CriuRestoreRequest, HelperClient } fr
 import { DEFAULTS, envValue } from '../config.js';
 import { sleep } from './proc.js';
 
-/** Where scripts/provision-host.sh puts the CRIU 4.x wrapper; LOCKSTEP_CRIU overrides (a manager reads its config instead). */
+/**
+ * Where scripts/provision-host.sh puts the CRIU 4.x wrapper; LOCKSTEP_CRIU
+ * overrides (a manager reads its config instead).
+ */
 export const criuBinary = () => envValue('LOCKSTEP_CRIU') ?? DEFAULTS.criuBinary;
 export const MIN_CRIU_VERSION = 40000;
 
@@ -88,7 +91,8 @@ export class CriuService implements CriuClient {
     if (v < MIN_CRIU_VERSION) {
       throw new HostError(
         'CRIU_TOO_OLD',
-        `CRIU ${formatVersion(v)} is too old: Lockstep needs 4.0 or later (Debian 12's 3.17 fails on current kernels; see docs)`,
+        `CRIU ${formatVersion(v)} is too old: Lockstep needs 4.0 or later ` +
+          `(Debian 12's 3.17 fails on current kernels; see docs)`,
       );
     }
     this.verified = v;
@@ -223,11 +227,17 @@ export class CriuService implements CriuClient {
 /** How long the reaper lets a dead manager's CRIU workers finish before it kills them. */
 const ORPHAN_GRACE_MS = 15_000;
 
-/** A restore's tasks orphaned for this many checks this far apart: its worker is dead (a live one answers within a loop turn). */
+/**
+ * A restore's tasks orphaned for this many checks this far apart: its worker is
+ * dead (a live one answers within a loop turn).
+ */
 const ORPHAN_CHECK_MS = 250;
 const ORPHAN_STRIKES = 4;
 
-/** The pid of the `criu service` listening on socket, found in /proc (the supervisor started it; nothing records it). */
+/**
+ * The pid of the `criu service` listening on socket, found in /proc (the
+ * supervisor started it; nothing records it).
+ */
 function servicePid(socket: string): number | undefined {
   for (const p of fs.readdirSync('/proc')) {
     if (!/^\d+$/.test(p)) continue;

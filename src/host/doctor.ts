@@ -93,7 +93,10 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
       ...(io.ok
         ? {}
         : {
-            fix: 'select the BFQ scheduler on the disk that holds the state directory (echo bfq > /sys/block/DEV/queue/scheduler) on a kernel whose blkio/io controller has bfq.weight, or enable io.cost (cgroup v2)',
+            fix:
+              'select the BFQ scheduler on the disk that holds the state directory (echo bfq > ' +
+              '/sys/block/DEV/queue/scheduler) on a kernel whose blkio/io controller has bfq.weight, or enable ' +
+              'io.cost (cgroup v2)',
           }),
     });
   } catch (e) {
@@ -136,7 +139,8 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
         'criu version',
         v >= MIN_CRIU_VERSION,
         `CRIU ${formatVersion(v)}${untested}`,
-        `Lockstep needs CRIU ${formatVersion(MIN_CRIU_VERSION)} or later and is tested with ${CRIU_TESTED_VERSION}; Debian 12 ships 3.17, which fails on current kernels`,
+        `Lockstep needs CRIU ${formatVersion(MIN_CRIU_VERSION)} or later and is tested with ` +
+          `${CRIU_TESTED_VERSION}; Debian 12 ships 3.17, which fails on current kernels`,
       );
       // `criu check` is diagnostic only: its exit status decides, its last line is shown.
       try {
@@ -186,7 +190,9 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
       name: 'conntrack',
       ok: buckets <= 16384,
       optional: true,
-      detail: `${buckets} conntrack buckets${buckets > 16384 ? `: CRIU walks them twice per checkpoint (~${((buckets / 262144) * 18).toFixed(0)} ms)` : ''}`,
+      detail:
+        `${buckets} conntrack buckets` +
+        (buckets > 16384 ? `: CRIU walks them twice per checkpoint (~${((buckets / 262144) * 18).toFixed(0)} ms)` : ''),
       ...(buckets > 16384
         ? { fix: 'echo 16384 > /sys/module/nf_conntrack/parameters/hashsize (scripts/provision-host.sh does)' }
         : {}),

@@ -27,7 +27,10 @@ export interface SetupOptions {
   home?: string | undefined;
   /** Images to build (recipes in sandbox-images/; default ["base"]). */
   images?: string[] | undefined;
-  /** Build the images into the build cache only, and leave the state directory alone (the test suite's set-up: every test file makes its own). */
+  /**
+   * Build the images into the build cache only, and leave the state directory alone
+   * (the test suite's set-up: every test file makes its own).
+   */
   cacheOnly?: boolean | undefined;
   /** One line per thing being done. */
   progress?: ((line: string) => void) | undefined;
@@ -175,7 +178,9 @@ export async function checkSetup(opts: SetupOptions = {}): Promise<SetupStep[]> 
         'state directory',
         ok,
         ok
-          ? `${paths.home} (catalog schema ${catalog.version}${catalog.version < SCHEMA_VERSION ? `, migrated to ${SCHEMA_VERSION} on open` : ''})`
+          ? `${paths.home} (catalog schema ${catalog.version}` +
+              (catalog.version < SCHEMA_VERSION ? `, migrated to ${SCHEMA_VERSION} on open` : '') +
+              ')'
           : `${paths.home}: catalog schema ${catalog.version} is newer than ${SCHEMA_VERSION}: upgrade Lockstep`,
       );
     } catch (e) {
@@ -255,7 +260,10 @@ export async function runSetup(opts: SetupOptions = {}): Promise<SetupStep[]> {
   await timed('state directory', async () => {
     ls = await Lockstep.open({ home: opts.home });
     const paths = new StatePaths(ls.home);
-    return `${ls.home}, layer store ${fs.existsSync(paths.storeImage) ? paths.storeImage : "on the directory's own btrfs"}`;
+    return (
+      `${ls.home}, layer store ` +
+      `${fs.existsSync(paths.storeImage) ? paths.storeImage : "on the directory's own btrfs"}`
+    );
   });
   try {
     for (const name of images) {

@@ -4,9 +4,9 @@
  * Sandboxes therefore outlive the manager process, and nothing they leave
  * becomes a zombie even on hosts whose pid 1 does not reap orphans.
  *
- * Protocol: one request per connection, NUL-separated tokens ending with an
- * empty token. "run ARGV..." answers with the child's stdout; "daemon LOG
- * ARGV..." answers {"pid":N}. The supervisor serves only peers with its own
+ * Protocol (its framing in helper-protocol.ts): one request per connection,
+ * NUL-separated tokens ending with an empty token. "run ARGV..." answers
+ * with the child's stdout; "daemon LOG ARGV..." answers {"pid":N}. The supervisor serves only peers with its own
  * uid (SO_PEERCRED) and only its allow-list: the helper's create/prepare
  * verbs, and the CRIU service (the binary it was started with, socket and
  * log in the run folder); anything else is refused with EPERM.
@@ -17,12 +17,14 @@ import { spawn } from 'node:child_process';
 import { helperPath } from '../native/binding.js';
 import { criuBinary } from './criu-service.js';
 import { isAlive, sleep } from './proc.js';
-import { HostError, SystemCallError, type NativeErrorLike } from '../errors.js';
+import { HostError } from '../errors.js';
+import { encodeSupervisorRequest, parseHelperAnswer } from './helper-protocol.js';
 import type { StatePaths } from '../paths.js';
 import type { HelperClient } from '../ports.js';
 
 function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<string> {
   return new Promise((resolve, reject) => {
+    const data = encodeSupervisorRequest(tokens); // a bad token is refused before anything is sent
     const conn = net.connect(socket);
     let out = '';
     const timer = setTimeout(() => {
@@ -30,7 +32,7 @@ function request(socket: string, tokens: string[], timeoutMs = 30_000): Promise<
       reject(new HostError('SUPERVISOR_TIMEOUT', `The supervisor did not answer within ${timeoutMs} ms`));
     }, timeoutMs);
     conn.setEncoding('utf8');
-    conn.on('connect', () => conn.write(tokens.join('\0') + '\0\0'));
+    conn.on('connect', () => conn.write(data));
     conn.on('data', (d: string) => (out += d));
     conn.on('end', () => {
       clearTimeout(timer);
@@ -58,22 +60,6 @@ function canConnect(socket: string): Promise<boolean> {
     });
     conn.on('error', () => resolve(false));
   });
-}
-
-/** A helper's JSON answer: either a result or a native-shaped error. */
-export function parseHelperAnswer<T>(text: string, what: string): T {
-  const line = text.trim().split('\n').filter(Boolean).pop();
-  if (!line) throw new HostError('HELPER_NO_ANSWER', `${what}: the helper exited without an answer`);
-  const obj = JSON.parse(line) as { error?: NativeErrorLike & { message?: string } } & T;
-  if (obj.error) {
-    const e = Object.assign(new Error(obj.error.message ?? 'failed'), obj.error) as NativeErrorLike;
-    throw new SystemCallError(
-      'HELPER_FAILED',
-      `${what}: ${e.syscall} failed: ${e.code} (${e.message})${e.path ? `, path '${e.path}'` : ''}`,
-      e,
-    );
-  }
-  return obj;
 }
 
 /** Client of one state directory's supervisor; starts it when it is not running. */

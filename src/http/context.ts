@@ -2,11 +2,11 @@
  * What every route handler shares: the manager, the tenant of the request,
  * the in-flight operations, metrics, quotas and idempotency.
  */
-import type Database from 'better-sqlite3';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Lockstep } from '../lockstep.js';
 import type { Sandbox, SandboxInfo } from '../sandboxes/sandbox.js';
 import type { Tenant } from '../tenants/tenants.js';
+import type { Tenants } from '../tenants/registry.js';
 import { QuotaGate } from '../tenants/quotas.js';
 import type { ServerMetrics } from './metrics.js';
 import type { OperationTracker } from './operations.js';
@@ -40,8 +40,8 @@ export class ApiContext {
     readonly idempotency: IdempotencyStore,
   ) {}
 
-  get db(): Database.Database {
-    return this.lockstep.engine.catalog.db;
+  get tenants(): Tenants {
+    return this.lockstep.tenants;
   }
 
   setState(req: FastifyRequest, s: RequestState): void {

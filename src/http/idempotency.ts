@@ -8,37 +8,15 @@
  * Only 2xx responses are stored: an error left nothing behind (or nothing a
  * retry would duplicate), so a retry after one runs the request again.
  */
-import type Database from 'better-sqlite3';
 import { createHash } from 'node:crypto';
 import { HttpError } from './errors.js';
+import { migrateIdempotency, type StoredReplies, type StoredResponse } from '../tenants/replies.js';
+
+export { migrateIdempotency, type StoredResponse };
 
 /** How long a stored response is replayed. */
 export const IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000;
 const KEY = /^[\x21-\x7e]{1,255}$/;
-
-/** A stored response. */
-export interface StoredResponse {
-  status: number;
-  body: string;
-  /** The request asked for a stream; body holds the JSON of its final result. */
-  streamed: boolean;
-}
-
-/** Creates the idempotency table (idempotent). */
-export function migrateIdempotency(db: Database.Database): void {
-  db.exec(`
-CREATE TABLE IF NOT EXISTS http_idempotency (
-  tenant       TEXT NOT NULL,
-  key          TEXT NOT NULL,
-  request_hash TEXT NOT NULL,
-  status       INTEGER NOT NULL,
-  body         TEXT NOT NULL,
-  streamed     INTEGER NOT NULL DEFAULT 0,
-  created_at   INTEGER NOT NULL,
-  PRIMARY KEY (tenant, key)
-);
-CREATE INDEX IF NOT EXISTS http_idempotency_created ON http_idempotency(created_at);`);
-}
 
 /** Hash of what makes two requests "the same": method, path with query, and body. */
 export function requestHash(method: string, url: string, body: unknown): string {
@@ -68,16 +46,14 @@ export function validateIdempotencyKey(key: unknown): string {
   return key;
 }
 
-/** Stored responses in SQLite, plus the keys whose first request is still running. */
+/** Stored responses (the tenants' replies table), plus the keys whose first request is still running. */
 export class IdempotencyStore {
   private readonly inFlight = new Map<string, string>();
 
   constructor(
-    private readonly db: Database.Database,
+    private readonly replies: StoredReplies,
     private readonly clock: () => number = Date.now,
-  ) {
-    migrateIdempotency(db);
-  }
+  ) {}
 
   /**
    * Before running a request: the stored response to replay, or undefined
@@ -95,15 +71,10 @@ export class IdempotencyStore {
         { field: 'Idempotency-Key' },
       );
     }
-    const row = this.db
-      .prepare(
-        'SELECT request_hash, status, body, streamed, created_at FROM http_idempotency WHERE tenant = ? AND key = ?',
-      )
-      .get(tenant, key) as
-      { request_hash: string; status: number; body: string; streamed: number; created_at: number } | undefined;
-    if (row && row.created_at > this.clock() - IDEMPOTENCY_TTL_MS) {
-      if (row.request_hash !== hash) throw reused(key);
-      return { status: row.status, body: row.body, streamed: row.streamed === 1 };
+    const row = this.replies.find(tenant, key);
+    if (row && row.createdAt > this.clock() - IDEMPOTENCY_TTL_MS) {
+      if (row.requestHash !== hash) throw reused(key);
+      return { status: row.status, body: row.body, streamed: row.streamed };
     }
     this.inFlight.set(id, hash);
     return undefined;
@@ -111,11 +82,7 @@ export class IdempotencyStore {
 
   /** Stores the response of a claimed key. */
   store(tenant: string, key: string, hash: string, res: StoredResponse): void {
-    this.db
-      .prepare(
-        'INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
-      )
-      .run(tenant, key, hash, res.status, res.body, res.streamed ? 1 : 0, this.clock());
+    this.replies.put(tenant, key, hash, res, this.clock());
   }
 
   /** Ends the claim (after store(), or after a failure, which is not stored). */
@@ -125,13 +92,12 @@ export class IdempotencyStore {
 
   /** Deletes expired responses; returns how many. */
   sweep(): number {
-    return this.db.prepare('DELETE FROM http_idempotency WHERE created_at <= ?').run(this.clock() - IDEMPOTENCY_TTL_MS)
-      .changes;
+    return this.replies.deleteUpTo(this.clock() - IDEMPOTENCY_TTL_MS);
   }
 
   /** Forgets a tenant's keys (when the tenant is removed). */
   forgetTenant(tenant: string): void {
-    this.db.prepare('DELETE FROM http_idempotency WHERE tenant = ?').run(tenant);
+    this.replies.forgetTenant(tenant);
   }
 }
 

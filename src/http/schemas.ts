@@ -35,7 +35,9 @@ const STATUS_TEXT: Record<number, string> = {
   400: 'Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input)',
   401: 'Missing or unknown bearer token',
   404: "No such sandbox, checkpoint, effect or file for this tenant (another tenant's look exactly like missing ones)",
-  409: 'Conflict with the current state (busy, refused, outcome unknown, idempotency key reused or in progress, checkpoint corrupt)',
+  409:
+    'Conflict with the current state (busy, refused, outcome unknown, ' +
+    'idempotency key reused or in progress, checkpoint corrupt)',
   413: 'Body too large',
   415: 'Unsupported Content-Type',
   422: 'A requested limit this host cannot enforce (LIMIT_UNSUPPORTED; `field` names it)',
@@ -114,7 +116,8 @@ export const createBody = obj({
   cpuWeight: int(
     LIMITS.cpuWeight.min,
     LIMITS.cpuWeight.max,
-    `Relative CPU weight, cgroup v2 scale (default ${LIMITS.cpuWeight.default} or the tenant's default; v1 cpu.shares = weight * 1024 / 100)`,
+    `Relative CPU weight, cgroup v2 scale (default ${LIMITS.cpuWeight.default} or ` +
+      `the tenant's default; v1 cpu.shares = weight * 1024 / 100)`,
   ),
   cpus: {
     type: 'number',
@@ -201,7 +204,9 @@ export const writeJsonBody = obj(
 
 const contextSchema: Schema = {
   type: ['object', 'array'],
-  description: `The agent's context: a whole context object {format: ${CONTEXT_FORMATS.join('|')}, ...}, or with contextFormat just its messages/items array. For "bytes", data is base64.`,
+  description:
+    `The agent's context: a whole context object {format: ${CONTEXT_FORMATS.join('|')}, ...}, or ` +
+    `with contextFormat just its messages/items array. For "bytes", data is base64.`,
 };
 
 export const checkpointBody = obj({
@@ -308,7 +313,8 @@ export const checkpointInfo = loose('A checkpoint', {
   createdAt: { type: 'string' },
 });
 export const rollbackReport = loose(
-  'The rollback report: restored process, context at the checkpoint, stale observations, effects after, recovery summary',
+  'The rollback report: restored process, context at the checkpoint, ' +
+    'stale observations, effects after, recovery summary',
   {
     checkpointId: { type: 'string' },
     branchId: { type: 'string' },

@@ -19,7 +19,6 @@ import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import type { Lockstep } from '../lockstep.js';
 import type { Logger } from '../log.js';
-import { authenticate, migrateTenants } from '../tenants/tenants.js';
 import { ApiContext } from './context.js';
 import { HttpError, errorHandler } from './errors.js';
 import { IdempotencyStore, requestHash, validateIdempotencyKey } from './idempotency.js';
@@ -112,16 +111,14 @@ function sameSecret(expected: Buffer, presented: string | undefined): boolean {
 /** Builds the API server; call listen() on it. The caller keeps ownership of the Lockstep. */
 export function createServer(opts: ServerOptions): LockstepServer {
   const ls = opts.lockstep;
-  const db = ls.engine.catalog.db;
-  migrateTenants(db);
   const metrics = new ServerMetrics(ls);
   const operations = new OperationTracker();
-  const ctx = new ApiContext(ls, metrics, operations, new IdempotencyStore(db, opts.clock));
+  const ctx = new ApiContext(ls, metrics, operations, new IdempotencyStore(ls.tenants.replies, opts.clock));
   const fileBodyLimit = opts.fileBodyLimit ?? 16 * MiB;
   const metricsDigest = opts.metricsToken === undefined ? undefined : digest(opts.metricsToken);
 
   const app = Fastify({
-    loggerInstance: opts.logger ?? ls.engine.log,
+    loggerInstance: opts.logger ?? ls.logger,
     logController: new RequestLogController(),
     bodyLimit: opts.bodyLimit ?? MiB,
     // A client's X-Request-Id is kept (to follow a call across services) if
@@ -192,8 +189,10 @@ export function createServer(opts: ServerOptions): LockstepServer {
         title: 'Lockstep API',
         version,
         description:
-          'Copy-on-write sandboxes for AI agents with aligned checkpoints of files, processes, agent context and side effects. ' +
-          'Every /v1 route needs `Authorization: Bearer <token>` (`lockstep tenant add NAME`). Errors: `{"error": {"code", "message", "field"}}`. ' +
+          'Copy-on-write sandboxes for AI agents with aligned checkpoints of ' +
+          'files, processes, agent context and side effects. ' +
+          'Every /v1 route needs `Authorization: Bearer <token>` (`lockstep tenant add ' +
+          'NAME`). Errors: `{"error": {"code", "message", "field"}}`. ' +
           'POSTs accept an `Idempotency-Key` header (replayed for 24 h).',
       },
       components: { securitySchemes: { bearerAuth: { type: 'http', scheme: 'bearer' } } },
@@ -224,7 +223,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
   void app.register(
     async (v1) => {
       v1.addHook('onRequest', async (req, reply) => {
-        const tenant = authenticate(db, bearer(req));
+        const tenant = ls.tenants.authenticate(bearer(req));
         if (!tenant)
           throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
         ctx.setState(req, { tenant });

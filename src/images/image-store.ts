@@ -130,7 +130,8 @@ export class ImageStore {
       throw new NotFoundError(
         'image',
         name,
-        `it is a shipped recipe not built in ${this.paths.home} yet: run \`${SETUP_COMMAND} --images ${name}${home}\` as root (or \`lockstep image build ${name}\`)`,
+        `it is a shipped recipe not built in ${this.paths.home} yet: ` +
+          `run \`${SETUP_COMMAND} --images ${name}${home}\` as root (or \`lockstep image build ${name}\`)`,
       );
     }
     throw unknownImage(

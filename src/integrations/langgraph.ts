@@ -79,9 +79,15 @@ interface CommonOptions {
    * files may disagree with a replayed graph's state.
    */
   followTimeTravel?: boolean | undefined;
-  /** Passed to `sandbox.rollback` when following: `policy: 'refuse'` makes a put fail rather than leave irreversible effects behind. */
+  /**
+   * Passed to `sandbox.rollback` when following: `policy: 'refuse'` makes a put fail
+   * rather than leave irreversible effects behind.
+   */
   rollback?: Pick<RollbackAgentOptions, 'policy'> | undefined;
-  /** Called after every rollback the saver makes, with Lockstep's rollback report (stale observations, effects after the target). */
+  /**
+   * Called after every rollback the saver makes, with Lockstep's rollback report
+   * (stale observations, effects after the target).
+   */
   onTimeTravel?: ((event: TimeTravelEvent) => void | Promise<void>) | undefined;
   /** LangGraph serializer (default: LangGraph's JsonPlusSerializer). */
   serde?: SerializerProtocol | undefined;
@@ -195,7 +201,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
     // deleteCheckpoint) leave index rows and writes that point nowhere.
     this.db.exec(`DELETE FROM langgraph_checkpoints WHERE lockstep_checkpoint_id NOT IN (SELECT id FROM checkpoints);
       DELETE FROM langgraph_writes WHERE NOT EXISTS (SELECT 1 FROM langgraph_checkpoints lg
-        WHERE lg.thread_id = langgraph_writes.thread_id AND lg.checkpoint_ns = langgraph_writes.checkpoint_ns AND lg.checkpoint_id = langgraph_writes.checkpoint_id)`);
+        WHERE lg.thread_id = langgraph_writes.thread_id AND lg.checkpoint_ns = langgraph_writes.checkpoint_ns
+          AND lg.checkpoint_id = langgraph_writes.checkpoint_id)`);
   }
 
   /**
@@ -228,7 +235,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
       const info = await sandbox.checkpoint({ label: `${LABEL_PREFIX}${checkpoint.id}`, context, signal });
       this.db
         .prepare(
-          `INSERT OR REPLACE INTO langgraph_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, sandbox_id, lockstep_checkpoint_id, created_at)
+          `INSERT OR REPLACE INTO langgraph_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id,
+           sandbox_id, lockstep_checkpoint_id, created_at)
            VALUES (?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(threadId, ns, checkpoint.id, parentId ?? null, sandbox.id, info.id, Date.now());
@@ -260,10 +268,12 @@ export class LockstepSaver extends BaseCheckpointSaver {
     );
     const store = () => {
       const replace = this.db.prepare(
-        `INSERT OR REPLACE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        `INSERT OR REPLACE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, ` +
+          `idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       );
       const ignore = this.db.prepare(
-        `INSERT OR IGNORE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        `INSERT OR IGNORE INTO langgraph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, ` +
+          `idx, channel, type, value, task_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       );
       this.db.transaction(() => {
         encoded.forEach(([channel, type, bytes], i) => {
@@ -295,7 +305,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
         if (at !== checkpointId) {
           throw new InvalidStateError(
             'LANGGRAPH_SANDBOX_DIVERGED',
-            `Writes of task ${taskId} belong to LangGraph checkpoint ${checkpointId}, but sandbox ${sandbox.id} is at ${at ?? 'no checkpoint'} of this thread: the task ran against other files`,
+            `Writes of task ${taskId} belong to LangGraph checkpoint ${checkpointId}, but sandbox ` +
+              `${sandbox.id} is at ${at ?? 'no checkpoint'} of this thread: the task ran against other files`,
             {
               threadId,
               checkpointNs: ns,
@@ -332,7 +343,10 @@ export class LockstepSaver extends BaseCheckpointSaver {
     return this.tuple(row);
   }
 
-  /** Checkpoints newest first; `before` and `limit` as in every saver, `filter` matches metadata keys by deep equality. */
+  /**
+   * Checkpoints newest first; `before` and `limit` as in every saver, `filter`
+   * matches metadata keys by deep equality.
+   */
   override async *list(config: RunnableConfig, options: CheckpointListOptions = {}): AsyncGenerator<CheckpointTuple> {
     const { before, filter } = options;
     let limit = options.limit;
@@ -357,7 +371,10 @@ export class LockstepSaver extends BaseCheckpointSaver {
     }
   }
 
-  /** Deletes the thread's checkpoints (their Lockstep checkpoints too, freeing layers and process images) and writes. The sandbox stays. */
+  /**
+   * Deletes the thread's checkpoints (their Lockstep checkpoints too, freeing layers
+   * and process images) and writes. The sandbox stays.
+   */
   override async deleteThread(threadId: string): Promise<void> {
     if (typeof threadId !== 'string' || threadId === '')
       throw new InvalidArgumentError('threadId', 'a non-empty string', threadId);
@@ -382,13 +399,17 @@ export class LockstepSaver extends BaseCheckpointSaver {
       this.db
         .prepare(
           `DELETE FROM langgraph_writes WHERE thread_id = ? AND NOT EXISTS (SELECT 1 FROM langgraph_checkpoints lg
-             WHERE lg.thread_id = langgraph_writes.thread_id AND lg.checkpoint_ns = langgraph_writes.checkpoint_ns AND lg.checkpoint_id = langgraph_writes.checkpoint_id)`,
+             WHERE lg.thread_id = langgraph_writes.thread_id AND lg.checkpoint_ns = langgraph_writes.checkpoint_ns
+               AND lg.checkpoint_id = langgraph_writes.checkpoint_id)`,
         )
         .run(threadId);
     })();
   }
 
-  /** The Lockstep checkpoint that holds a LangGraph checkpoint (thread_id, checkpoint_ns, checkpoint_id in config), or undefined. */
+  /**
+   * The Lockstep checkpoint that holds a LangGraph checkpoint (thread_id,
+   * checkpoint_ns, checkpoint_id in config), or undefined.
+   */
   lockstepCheckpointId(config: RunnableConfig): string | undefined {
     const threadId = config.configurable?.thread_id;
     const id = checkpointIdOf(config);
@@ -398,7 +419,10 @@ export class LockstepSaver extends BaseCheckpointSaver {
 
   // -------------------------------------------------------------------------------------------
 
-  /** Rolls the sandbox back to `target` unless its nearest checkpoint of the same thread and namespace already is `target`. */
+  /**
+   * Rolls the sandbox back to `target` unless its nearest checkpoint of the same
+   * thread and namespace already is `target`.
+   */
   private async follow(sandbox: SaverSandbox, target: IndexRow): Promise<void> {
     const at = this.position(sandbox, target.thread_id, target.checkpoint_ns);
     if (at === target.checkpoint_id) return;
@@ -444,7 +468,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
       (
         this.db
           .prepare(
-            'SELECT lockstep_checkpoint_id AS l, checkpoint_id AS c FROM langgraph_checkpoints WHERE sandbox_id = ? AND thread_id = ? AND checkpoint_ns = ?',
+            'SELECT lockstep_checkpoint_id AS l, checkpoint_id AS c FROM ' +
+              'langgraph_checkpoints WHERE sandbox_id = ? AND thread_id = ? AND checkpoint_ns = ?',
           )
           .all(sandbox.id, threadId, ns) as { l: string; c: string }[]
       ).map((r) => [r.l, r.c]),
@@ -465,7 +490,8 @@ export class LockstepSaver extends BaseCheckpointSaver {
     if (!ctx || ctx.format !== 'langgraph') {
       throw new InvalidStateError(
         'LANGGRAPH_CONTEXT_MISSING',
-        `Lockstep checkpoint ${row.lockstep_checkpoint_id} holds no LangGraph context for checkpoint ${row.checkpoint_id}`,
+        `Lockstep checkpoint ${row.lockstep_checkpoint_id} holds no ` +
+          `LangGraph context for checkpoint ${row.checkpoint_id}`,
         {
           checkpointId: row.checkpoint_id,
           lockstepCheckpointId: row.lockstep_checkpoint_id,
@@ -497,11 +523,15 @@ export class LockstepSaver extends BaseCheckpointSaver {
     return tuple;
   }
 
-  /** Writes in LangGraph's writesSortKey order (task path, task id, idx): SQLite's binary collation of UTF-8 is code-point order. */
+  /**
+   * Writes in LangGraph's writesSortKey order (task path, task id, idx): SQLite's
+   * binary collation of UTF-8 is code-point order.
+   */
   private async pendingWrites(row: IndexRow): Promise<CheckpointPendingWrite[]> {
     const rows = this.db
       .prepare(
-        'SELECT task_id, channel, type, value FROM langgraph_writes WHERE thread_id = ? AND checkpoint_ns = ? AND checkpoint_id = ? ORDER BY task_path, task_id, idx',
+        'SELECT task_id, channel, type, value FROM langgraph_writes WHERE thread_id = ? AND ' +
+          'checkpoint_ns = ? AND checkpoint_id = ? ORDER BY task_path, task_id, idx',
       )
       .all(row.thread_id, row.checkpoint_ns, row.checkpoint_id) as {
       task_id: string;
@@ -540,8 +570,10 @@ export class LockstepSaver extends BaseCheckpointSaver {
     if (q.ns !== undefined) add('lg.checkpoint_ns = ?', q.ns);
     if (q.id !== undefined) add('lg.checkpoint_id = ?', q.id);
     if (q.before !== undefined) add('lg.checkpoint_id < ?', q.before);
+    const filter = where.length ? `WHERE ${where.join(' AND ')}` : '';
+    const limit = q.limit !== undefined ? ` LIMIT ${Number(q.limit)}` : '';
     const sql = `SELECT lg.* FROM langgraph_checkpoints lg JOIN checkpoints c ON c.id = lg.lockstep_checkpoint_id
-      ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY lg.checkpoint_id DESC${q.limit !== undefined ? ` LIMIT ${Number(q.limit)}` : ''}`;
+      ${filter} ORDER BY lg.checkpoint_id DESC${limit}`;
     return this.db.prepare(sql).all(...params) as IndexRow[];
   }
 
@@ -670,7 +702,8 @@ function requireSyncDurability(config: RunnableConfig): void {
   if (durability !== 'sync') {
     throw new InvalidArgumentError(
       'config.durability',
-      `"sync", so that each sandbox checkpoint is taken before the next step's nodes run: invoke or stream with { durability: 'sync' }, or use graph.withConfig({ durability: 'sync' })`,
+      `"sync", so that each sandbox checkpoint is taken before the next step's nodes run: invoke or ` +
+        `stream with { durability: 'sync' }, or use graph.withConfig({ durability: 'sync' })`,
       durability,
     );
   }

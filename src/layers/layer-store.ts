@@ -175,7 +175,10 @@ export class LayerStore {
   quotaUnavailable(): string | undefined {
     if (this.config.diskQuota === 'off') return 'disk quotas are turned off (LOCKSTEP_DISK_QUOTA=off)';
     if (this.quotasEnabled() || this.ownsFilesystem()) return undefined;
-    return `btrfs quotas are off on ${this.paths.home}, a host btrfs Lockstep does not own: enable them there (btrfs quota enable) to allow disk quotas`;
+    return (
+      `btrfs quotas are off on ${this.paths.home}, a host btrfs Lockstep does not ` +
+      `own: enable them there (btrfs quota enable) to allow disk quotas`
+    );
   }
 
   /** True when the layers live in Lockstep's own loop-mounted btrfs image (not a host btrfs). */

@@ -47,7 +47,10 @@ export interface McpServerOptions {
   sandboxId?: string | undefined;
   /** A tenant's session (HTTP): tools name their sandbox, and sandboxes can be created, listed and killed. */
   tenant?: TenantScope | undefined;
-  /** Called with the ids of sandboxes the fork tool starts (the stdio runner removes them with a sandbox it created). */
+  /**
+   * Called with the ids of sandboxes the fork tool starts (the stdio runner removes
+   * them with a sandbox it created).
+   */
   onFork?: ((ids: string[]) => void) | undefined;
 }
 
@@ -103,8 +106,10 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
   const sandbox = (args: { sandboxId?: string }): Sandbox =>
     scope ? ls.get(args.sandboxId!, scope.id) : ls.get(opts.sandboxId!);
   const instructions = scope
-    ? 'Tools act on Lockstep sandboxes: create_sandbox makes one, and every other tool names its sandboxId. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.'
-    : `Tools act on the Lockstep sandbox ${opts.sandboxId}. Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.`;
+    ? 'Tools act on Lockstep sandboxes: create_sandbox makes one, and every other tool names its sandboxId. ' +
+      'Checkpoint before risky steps; rollback returns what went stale and what cannot be undone.'
+    : `Tools act on the Lockstep sandbox ${opts.sandboxId}. Checkpoint before risky ` +
+      `steps; rollback returns what went stale and what cannot be undone.`;
   const server = new McpServer({ name: 'lockstep', version }, { instructions });
 
   if (scope) {
@@ -112,7 +117,8 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       'create_sandbox',
       {
         description:
-          'Create and start a sandbox (a Linux machine of its own with copy-on-write files); returns its id and limits.',
+          'Create and start a sandbox (a Linux machine of its own with ' +
+          'copy-on-write files); returns its id and limits.',
         inputSchema: {
           image: z
             .string()
@@ -164,7 +170,8 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     'run_command',
     {
       description:
-        'Run a command in the sandbox and wait for it. A string runs through /bin/sh -c; an array runs directly. Returns exitCode, stdout, stderr.',
+        'Run a command in the sandbox and wait for it. A string runs through /bin/sh ' +
+        '-c; an array runs directly. Returns exitCode, stdout, stderr.',
       inputSchema: {
         cmd: z.union([z.string().min(1), z.array(z.string()).min(1)]).describe('Shell command line, or argv'),
         cwd: z.string().startsWith('/').optional().describe('Working directory (default /workspace)'),
@@ -244,7 +251,8 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     'checkpoint',
     {
       description:
-        "Checkpoint the sandbox's files and processes, with your context if you give it, so that you can roll back to this point.",
+        "Checkpoint the sandbox's files and processes, with your context if you give it, " +
+        'so that you can roll back to this point.',
       inputSchema: {
         label: z.string().max(200).optional(),
         context: z
@@ -269,7 +277,8 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     'rollback',
     {
       description:
-        'Roll the sandbox back to a checkpoint. Returns the rollback report: the context stored at the checkpoint, the observations that went stale, ' +
+        'Roll the sandbox back to a checkpoint. Returns the rollback report: the ' +
+        'context stored at the checkpoint, the observations that went stale, ' +
         'the effects after the checkpoint that the rollback cannot undo, and a recovery summary to continue from.',
       inputSchema: {
         checkpointId: z.string().min(1),
@@ -313,8 +322,10 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
     'record_effect',
     {
       description:
-        'Record a side effect outside the sandbox (a payment, an e-mail, an API call) with its output, under an idempotency key. ' +
-        'Recording the same key again (a retry, after a rollback, or in a fork) records nothing new and returns the output recorded the first time ' +
+        'Record a side effect outside the sandbox (a payment, an e-mail, an ' +
+        'API call) with its output, under an idempotency key. ' +
+        'Recording the same key again (a retry, after a rollback, or in a fork) ' +
+        'records nothing new and returns the output recorded the first time ' +
         'with replayed: true: then do not perform the effect again.',
       inputSchema: {
         kind: z.string().min(1).max(200).describe('What kind of effect, e.g. "email.send"'),

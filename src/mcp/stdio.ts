@@ -24,7 +24,7 @@ export interface McpStdioOptions {
 /** Serves MCP on stdio until the client leaves; resolves after cleaning up. */
 export async function runMcpStdio(opts: McpStdioOptions = {}): Promise<void> {
   const ls = await Lockstep.open({ home: opts.home, logger: opts.logger });
-  const log = ls.engine.log.child({ component: 'mcp' });
+  const log = ls.logger.child({ component: 'mcp' });
   const owned: string[] = [];
   let sandboxId: string;
   try {

@@ -162,7 +162,8 @@ export function assertSupportedPlatform(platform: string = process.platform, arc
   if (platform !== 'linux' || arch !== 'x64') {
     throw new HostError(
       'UNSUPPORTED_PLATFORM',
-      `Lockstep runs on Linux x86_64 only (this is ${platform}-${arch}): it needs CRIU, overlayfs, btrfs and Linux namespaces`,
+      `Lockstep runs on Linux x86_64 only (this is ${platform}-${arch}): ` +
+        `it needs CRIU, overlayfs, btrfs and Linux namespaces`,
       {
         details: { platform, arch },
       },

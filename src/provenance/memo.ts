@@ -1,4 +1,7 @@
-/** A memoised "is this id an ancestor (or the same)?" predicate, shared by observations, verdicts and the effect ledger. */
+/**
+ * A memoised "is this id an ancestor (or the same)?" predicate, shared by
+ * observations, verdicts and the effect ledger.
+ */
 import { InvalidArgumentError } from '../errors.js';
 
 /** Wraps an ancestry predicate so each id is asked once per call site (rollback reports ask per record). */

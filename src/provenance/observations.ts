@@ -107,7 +107,8 @@ export class ObservationLog {
       insert: db.prepare(`INSERT INTO agent_observations
         (id, sandbox_id, branch_id, lineage_id, epoch_checkpoint_id, kind, tool_call_id, subject, content_hash,
          exit_code, summary, sealed_by, inherited_from, created_at)
-        VALUES (@id, @sandbox_id, @branch_id, @lineage_id, @epoch_checkpoint_id, @kind, @tool_call_id, @subject, @content_hash,
+        VALUES (@id, @sandbox_id, @branch_id, @lineage_id, @epoch_checkpoint_id, @kind, @tool_call_id, @subject,
+          @content_hash,
          @exit_code, @summary, @sealed_by, @inherited_from, @created_at)
         RETURNING *`),
       byId: db.prepare(`SELECT * FROM agent_observations WHERE id = ?`),

@@ -99,8 +99,10 @@ export class VerdictLog {
     migrateAgentState(db);
     this.stmt = {
       insert: db.prepare(`INSERT INTO agent_verdicts
-        (id, sandbox_id, branch_id, path, content_hash, verdict, tool_call_id, observation_id, inherited_from, sealed_by, created_at)
-        VALUES (@id, @sandbox_id, @branch_id, @path, @content_hash, @verdict, @tool_call_id, @observation_id, @inherited_from, @sealed_by, @created_at)
+        (id, sandbox_id, branch_id, path, content_hash, verdict, tool_call_id, observation_id, inherited_from,
+          sealed_by, created_at)
+        VALUES (@id, @sandbox_id, @branch_id, @path, @content_hash, @verdict, @tool_call_id, @observation_id,
+          @inherited_from, @sealed_by, @created_at)
         RETURNING *`),
       bySandbox: db.prepare(`SELECT * FROM agent_verdicts WHERE sandbox_id = ? ORDER BY seq`),
       origins: db
@@ -148,7 +150,10 @@ export class VerdictLog {
     return judge(this.list(sandboxId), currentHashOf);
   }
 
-  /** Seals the sandbox's unsealed verdicts on its current timeline into a new checkpoint (in the checkpoint transaction). */
+  /**
+   * Seals the sandbox's unsealed verdicts on its current timeline into a new
+   * checkpoint (in the checkpoint transaction).
+   */
   seal(sandboxId: string, checkpointId: string): number {
     return this.stmt.seal.run(nonEmpty(checkpointId, 'checkpointId'), nonEmpty(sandboxId, 'sandboxId')).changes;
   }

@@ -17,12 +17,17 @@ import { LockstepError } from '../errors.js';
 
 export const OUTPUT_DIR = '/run/lockstep/out';
 export const EXIT_DIR = '/run/lockstep/exit';
-/** Output files are read whole (FILE_TOO_LARGE past this); a command that writes more should write to a file of its own. */
+/**
+ * Output files are read whole (FILE_TOO_LARGE past this); a command that writes
+ * more should write to a file of its own.
+ */
 export const MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
 
 /** The wrapper: output to OUTPUT_DIR/<pid>.{stdout,stderr}, exit code to EXIT_DIR/<pid>. */
 export function backgroundWrapper(argv: string[]): string[] {
-  const script = `mkdir -p ${EXIT_DIR} ${OUTPUT_DIR}; exec >${OUTPUT_DIR}/$$.stdout 2>${OUTPUT_DIR}/$$.stderr; "$@"; echo $? > ${EXIT_DIR}/$$`;
+  const script =
+    `mkdir -p ${EXIT_DIR} ${OUTPUT_DIR}; exec >${OUTPUT_DIR}/$$.stdout ` +
+    `2>${OUTPUT_DIR}/$$.stderr; "$@"; echo $? > ${EXIT_DIR}/$$`;
   return ['/bin/sh', '-c', script, 'lockstep-bg', ...argv];
 }
 

@@ -13,6 +13,14 @@ import type { Readable, Writable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { helperPath } from '../native/binding.js';
 import {
+  ENTER_ARGS,
+  REQUEST_FD,
+  STATUS_FD,
+  encodeVerbRequest,
+  enterTokens,
+  parseErrorLine,
+} from '../host/helper-protocol.js';
+import {
   CommandAbortedError,
   InvalidArgumentError,
   InvalidStateError,
@@ -102,12 +110,10 @@ function envArgs(target: EnterTarget, env: Record<string, string> | undefined): 
   return Object.entries(merged).flatMap(([k, v]) => ['--env', `${k}=${v}`]);
 }
 
-/** The helper reads its request from this fd, so that no option (env values above all) shows in its /proc/<pid>/cmdline. */
-const REQUEST_FD = 4;
-
 /**
  * Starts `lockstep-helper enter` with the request written to a pipe: argv
- * holds only the verb. stdio[3] is the status pipe, stdio[4] the request.
+ * holds only the verb. stdio[STATUS_FD] is the status pipe, stdio[REQUEST_FD]
+ * the request (helper-protocol.ts).
  */
 function spawnEnter(
   target: EnterTarget,
@@ -115,23 +121,20 @@ function spawnEnter(
   argv: string[],
   stdio: ['ignore', 'pipe' | 'ignore', 'pipe'],
 ) {
-  const request = [
-    '--pid',
-    String(target.initPid),
-    '--start',
-    String(target.initStart),
-    '--status-fd',
-    '3',
-    ...options,
-    ...target.cgroupProcs.flatMap((f) => ['--cgroup', f]),
-    '--',
-    ...argv,
-  ];
-  const child = spawn(helperPath, ['enter', '--request-fd', String(REQUEST_FD)], { stdio: [...stdio, 'pipe', 'pipe'] });
+  const request = encodeVerbRequest(
+    enterTokens({
+      initPid: target.initPid,
+      initStart: target.initStart,
+      cgroupProcs: target.cgroupProcs,
+      options,
+      argv,
+    }),
+  );
+  const child = spawn(helperPath, [...ENTER_ARGS], { stdio: [...stdio, 'pipe', 'pipe'] });
   const pipe = child.stdio[REQUEST_FD] as Writable;
   pipe.on('error', () => undefined); // the helper exited before reading it all: its status says why
   // Once flushed, the bytes wait in the helper's end: close ours, so the handle keeps nothing alive.
-  pipe.end(request.map((t) => t + '\0').join(''), () => pipe.destroy());
+  pipe.end(request, () => pipe.destroy());
   return child;
 }
 
@@ -142,16 +145,6 @@ function notRunning(target: EnterTarget): InvalidStateError {
     `Sandbox ${target.sandboxId} is not running (its init has exited)`,
     { sandboxId: target.sandboxId },
   );
-}
-
-function statusError(line: string): NativeErrorLike | undefined {
-  try {
-    const o = JSON.parse(line) as { error?: NativeErrorLike & { message?: string } };
-    if (!o.error) return undefined;
-    return Object.assign(new Error(o.error.message ?? 'failed'), o.error);
-  } catch {
-    return undefined;
-  }
 }
 
 class Collector {
@@ -202,7 +195,7 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
     err.push(b);
     emit(opts.onStderr, errText.write(b));
   });
-  (child.stdio[3] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
+  (child.stdio[STATUS_FD] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
 
   return new Promise((resolve, reject) => {
     let aborted: CommandAbortedError | undefined;
@@ -249,7 +242,7 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
       emit(opts.onStderr, errText.end());
       if (aborted) return reject(aborted);
       const exitCode = code ?? (signal ? 128 : 125);
-      const failure = status.split('\n').map(statusError).find(Boolean);
+      const failure = status.split('\n').map(parseErrorLine).find(Boolean);
       if (failure && failure.syscall === 'identity') return reject(notRunning(target));
       if (failure && failure.syscall === 'chdir') {
         return reject(new InvalidArgumentError('cwd', 'an existing directory inside the sandbox', opts.cwd));
@@ -258,7 +251,8 @@ export function runCommand(target: EnterTarget, argv: string[], opts: RunOptions
         return reject(
           new SystemCallError(
             'SANDBOX_ENTER_FAILED',
-            `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`,
+            `Cannot enter the sandbox: ${failure.syscall} failed: ${failure.code}` +
+              (failure.path ? ` (${failure.path})` : ''),
             failure,
           ),
         );
@@ -312,13 +306,13 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
   const child = spawnEnter(target, options, argv, ['ignore', 'ignore', 'pipe']);
   let status = '';
   let stderr = '';
-  (child.stdio[3] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
+  (child.stdio[STATUS_FD] as Readable).on('data', (b: Buffer) => (status += b.toString('utf8')));
   child.stderr!.on('data', (b: Buffer) => (stderr += b.toString('utf8')));
   return new Promise((resolve, reject) => {
     child.on('error', reject);
-    (child.stdio[3] as Readable).on('close', () => {
+    (child.stdio[STATUS_FD] as Readable).on('close', () => {
       const lines = status.split('\n').filter(Boolean);
-      const failure = lines.map(statusError).find(Boolean);
+      const failure = lines.map(parseErrorLine).find(Boolean);
       if (failure) {
         if (failure.syscall === 'identity') return reject(notRunning(target));
         if (failure.syscall === 'execve')
@@ -328,7 +322,8 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
         return reject(
           new SystemCallError(
             'SANDBOX_ENTER_FAILED',
-            `Cannot start the process: ${failure.syscall} failed: ${failure.code}${failure.path ? ` (${failure.path})` : ''}`,
+            `Cannot start the process: ${failure.syscall} failed: ${failure.code}` +
+              (failure.path ? ` (${failure.path})` : ''),
             failure,
           ),
         );

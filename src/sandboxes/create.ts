@@ -56,7 +56,10 @@ export function limitsOf(row: SandboxRow): CgroupLimits {
   };
 }
 
-/** cpus (0.5) as microseconds of CPU per period; undefined when absent, INVALID_ARGUMENT when not a multiple of 0.01 in range. */
+/**
+ * cpus (0.5) as microseconds of CPU per period; undefined when absent,
+ * INVALID_ARGUMENT when not a multiple of 0.01 in range.
+ */
 function cpuQuota(v: unknown): number | undefined {
   if (v === undefined || v === null) return undefined;
   const centis = typeof v === 'number' ? Math.round(v * 100) : NaN;

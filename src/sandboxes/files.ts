@@ -252,7 +252,10 @@ export class SandboxFiles {
     }
   }
 
-  /** Reads a whole file into memory; past `maxBytes` (if given) FILE_TOO_LARGE, also for a file that grows while it is read. */
+  /**
+   * Reads a whole file into memory; past `maxBytes` (if given) FILE_TOO_LARGE, also
+   * for a file that grows while it is read.
+   */
   async read(p: string, opts: { maxBytes?: number | undefined } = {}): Promise<{ content: Buffer; sha256: string }> {
     const { fd, size } = await this.openChecked(p, fs.constants.O_RDONLY);
     try {

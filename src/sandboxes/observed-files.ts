@@ -67,7 +67,10 @@ export class ObservedFiles {
     return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
   }
 
-  /** Writes a file from a stream (a Readable or any async iterable of bytes); the file changes only once all of it arrived. */
+  /**
+   * Writes a file from a stream (a Readable or any async iterable of bytes); the
+   * file changes only once all of it arrived.
+   */
   async writeStream(
     path: string,
     source: Readable | AsyncIterable<Uint8Array | string>,

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { helperPath, initPath } from '../native/binding.js';
 import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
-import { parseHelperAnswer } from '../host/supervisor.js';
+import { createArgs, parseHelperAnswer, prepareArgs } from '../host/helper-protocol.js';
 import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgroups.js';
 import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
@@ -168,17 +168,14 @@ export class SandboxRuntime {
   async startInit(host: SandboxHost): Promise<{ pid: number; start: number }> {
     const argv = [
       helperPath,
-      'create',
-      '--root',
-      this.paths.sandboxRoot(host.id),
-      '--dev',
-      this.paths.sandboxDev(host.id),
-      '--shm',
-      this.layers.shmDir(host.id),
-      '--hostname',
-      host.hostname,
-      ...this.cgroups.procsFiles(this.cgroupName(host.id)).flatMap((f) => ['--cgroup', f]),
-      ...(host.idBase === null ? [] : ['--id-base', String(host.idBase), '--id-count', String(ID_RANGE_SIZE)]),
+      ...createArgs({
+        root: this.paths.sandboxRoot(host.id),
+        dev: this.paths.sandboxDev(host.id),
+        shm: this.layers.shmDir(host.id),
+        hostname: host.hostname,
+        cgroupProcs: this.cgroups.procsFiles(this.cgroupName(host.id)),
+        idRange: host.idBase == null ? null : { base: host.idBase, count: ID_RANGE_SIZE },
+      }),
     ];
     const answer = await this.supervisor.run(argv);
     const { pid } = parseHelperAnswer<{ pid: number }>(answer, `starting sandbox ${host.id}`);
@@ -190,7 +187,7 @@ export class SandboxRuntime {
 
   /** The /dev folder of a sandbox CRIU will restore into (forks); its network namespace is made by the restore. */
   async prepareForRestore(id: string): Promise<void> {
-    const answer = await this.supervisor.run([helperPath, 'prepare', '--dev', this.paths.sandboxDev(id)]);
+    const answer = await this.supervisor.run([helperPath, ...prepareArgs(this.paths.sandboxDev(id))]);
     parseHelperAnswer(answer, `preparing sandbox ${id}`);
   }
 

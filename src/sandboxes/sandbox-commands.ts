@@ -105,7 +105,10 @@ export class SandboxCommands {
     return out;
   }
 
-  /** Starts a background process that belongs to the sandbox (checkpoints capture it); returns its pid inside the sandbox. */
+  /**
+   * Starts a background process that belongs to the sandbox (checkpoints capture
+   * it); returns its pid inside the sandbox.
+   */
   async spawn(cmd: string | string[], opts: SpawnOptions = {}): Promise<number> {
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
     if (typeof cmd === 'string' && cmd.trim() === '')

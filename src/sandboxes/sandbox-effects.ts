@@ -33,7 +33,10 @@ export class SandboxEffects {
     this.get(effectId);
     this.ledger.fail(effectId, err, opts);
   }
-  /** begin → fn → commit/fail; after a rollback or in a fork, a committed effect returns its recorded output without running fn. */
+  /**
+   * begin → fn → commit/fail; after a rollback or in a fork, a committed effect
+   * returns its recorded output without running fn.
+   */
   run<T extends JsonValue | undefined | void>(spec: EffectSpec, fn: () => T | Promise<T>): Promise<T> {
     return this.ledger.run(this.ctx(), spec, fn);
   }

@@ -163,7 +163,10 @@ export class Sandbox {
     return this.core.engine.agent.observations.list(this.id, opts);
   }
 
-  /** Takes an aligned checkpoint: filesystem layer, process tree, the agent's context and the ledger cursor, atomically. */
+  /**
+   * Takes an aligned checkpoint: filesystem layer, process tree, the agent's context
+   * and the ledger cursor, atomically.
+   */
   async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
     const engine = this.core.engine;
     const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));

@@ -24,3 +24,5 @@ export {
   type QuotaName,
 } from './quotas.js';
 export { purgeTenant, type PurgeReport } from './purge.js';
+export { Tenants } from './registry.js';
+export { StoredReplies, type StoredReply, type StoredResponse } from './replies.js';

@@ -6,6 +6,7 @@
  * tenant row go. If a sandbox cannot be removed the tenant stays (revoked),
  * and running the command again finishes the job.
  */
+import type { Engine } from '../engine.js';
 import type { Lockstep } from '../lockstep.js';
 import { InvalidStateError } from '../errors.js';
 import { removeSandbox } from '../sandboxes/remove.js';
@@ -18,8 +19,14 @@ export interface PurgeReport {
   sandboxes: string[];
 }
 
-export async function purgeTenant(ls: Lockstep, name: string): Promise<PurgeReport> {
-  const db = ls.engine.catalog.db;
+/** Removes a tenant with everything it has (the same as `ls.tenants.purge(name)`). */
+export function purgeTenant(ls: Lockstep, name: string): Promise<PurgeReport> {
+  return ls.tenants.purge(name);
+}
+
+/** @internal purgeTenant on the engine (Tenants.purge). */
+export async function purgeTenantOf(engine: Engine, name: string): Promise<PurgeReport> {
+  const db = engine.catalog.db;
   const tenant = revokeTenantToken(db, name);
   const removed: string[] = [];
   const failed: string[] = [];
@@ -35,10 +42,10 @@ export async function purgeTenant(ls: Lockstep, name: string): Promise<PurgeRepo
     for (const id of ids) {
       try {
         // Any state, 'removing' included: finish what an earlier attempt began.
-        await ls.engine.withSandboxLock(id, () => removeSandbox(ls.engine, id));
+        await engine.withSandboxLock(id, () => removeSandbox(engine, id));
         removed.push(id);
       } catch (err) {
-        ls.engine.log.warn(
+        engine.log.warn(
           { err, sandboxId: id, tenant: tenant.name },
           'could not remove a sandbox of a tenant being removed',
         );
@@ -50,7 +57,8 @@ export async function purgeTenant(ls: Lockstep, name: string): Promise<PurgeRepo
   if (left.length > 0) {
     throw new InvalidStateError(
       'TENANT_HAS_SANDBOXES',
-      `Tenant ${name} is revoked, but ${left.length} of its sandboxes could not be removed (${left.join(', ')}); run the removal again`,
+      `Tenant ${name} is revoked, but ${left.length} of its sandboxes could not ` +
+        `be removed (${left.join(', ')}); run the removal again`,
       {
         tenant: name,
         sandboxes: left.length,

@@ -62,7 +62,8 @@ export function tenantUsage(db: Database.Database, tenant: string /* the tenant'
       `SELECT COUNT(*) AS n,
               COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN memory_bytes ELSE 0 END), 0) AS bytes,
               COALESCE(SUM(CASE WHEN standby_instance IS NOT NULL THEN memory_bytes ELSE 0 END), 0) AS standby,
-              COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN COALESCE(cpu_weight, 100) ELSE 0 END), 0) AS cpu
+              COALESCE(SUM(CASE WHEN state IN ('creating', 'running')
+                                THEN COALESCE(cpu_weight, 100) ELSE 0 END), 0) AS cpu
          FROM sandboxes WHERE tenant = ? AND state != 'removing'`,
     )
     .get(tenant) as { n: number; bytes: number; standby: number; cpu: number };
@@ -79,7 +80,8 @@ export function tenantUsage(db: Database.Database, tenant: string /* the tenant'
 export function checkpointBytes(db: Database.Database, tenant: string): number {
   const r = db
     .prepare(
-      `SELECT COALESCE(SUM(COALESCE(json_extract(c.sizes, '$.processImageBytes'), 0) + COALESCE(json_extract(c.sizes, '$.layerBytes'), 0)), 0) AS bytes
+      `SELECT COALESCE(SUM(COALESCE(json_extract(c.sizes, '$.processImageBytes'), 0)
+                        + COALESCE(json_extract(c.sizes, '$.layerBytes'), 0)), 0) AS bytes
          FROM checkpoints c JOIN sandboxes s ON s.id = c.sandbox_id WHERE s.tenant = ?`,
     )
     .get(tenant) as { bytes: number };
@@ -123,7 +125,10 @@ export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryB
   }
 }
 
-/** Throws QUOTA_EXCEEDED (maxCheckpointMb) if a new checkpoint of `bytes` would take the tenant past its checkpoint bytes. */
+/**
+ * Throws QUOTA_EXCEEDED (maxCheckpointMb) if a new checkpoint of `bytes` would
+ * take the tenant past its checkpoint bytes.
+ */
 export function checkCheckpointQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
   if (tenant.maxCheckpointMb === null) return;
   const used = checkpointBytes(db, tenant.id);
@@ -138,7 +143,10 @@ export function checkCheckpointQuota(db: Database.Database, tenant: Tenant, byte
   }
 }
 
-/** The tenant of a sandbox, when it has one that is still registered (the SDK may name tenants the table does not know). */
+/**
+ * The tenant of a sandbox, when it has one that is still registered (the SDK may
+ * name tenants the table does not know).
+ */
 export function tenantOf(db: Database.Database, tenantId: string | null): Tenant | undefined {
   return tenantId === null ? undefined : tenantById(db, tenantId);
 }

@@ -172,8 +172,10 @@ export function addTenant(
   };
   try {
     db.prepare(
-      `INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb, default_cpu_weight, max_cpu_weight, max_checkpoint_mb)
-       VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb, @default_cpu_weight, @max_cpu_weight, @max_checkpoint_mb)`,
+      `INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb, default_cpu_weight,
+       max_cpu_weight, max_checkpoint_mb)
+       VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb, @default_cpu_weight,
+         @max_cpu_weight, @max_checkpoint_mb)`,
     ).run(row);
   } catch (e) {
     if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new AlreadyExistsError('tenant', name);

@@ -96,7 +96,7 @@ test('need: exactly n positionals', (t) => {
 
 const exitCode = test.macro({
   exec(t, error: unknown, expected: number) {
-    t.is(exitCodeFor(error), expected);
+    t.is(exitCodeFor(error) as number, expected);
   },
   title: (_p, error: unknown, expected: number) =>
     `exit code ${expected} for ${error instanceof LockstepError ? error.code : String(error)}`,
@@ -118,7 +118,8 @@ test(exitCode, new CriuError('CRIU_DUMP_FAILED', 'dump failed', 'log tail'), EXI
 test(exitCode, new HostError('HOST_PROVISIONING_FAILED', 'x'), EXIT.host);
 test(exitCode, new HostError('NOT_ROOT', 'x'), EXIT.host);
 test(exitCode, new HostError('NATIVE_NOT_BUILT', 'x'), EXIT.host);
-test(exitCode, new InvalidStateError('SANDBOX_NOT_RUNNING', 'x'), EXIT.failure);
+test(exitCode, new InvalidStateError('SANDBOX_NOT_RUNNING', 'x'), EXIT.conflict);
+test(exitCode, new LockstepError('COMMAND_TIMEOUT', 'x'), EXIT.failure);
 test(exitCode, new Error('plain'), EXIT.failure);
 test(exitCode, 'a string', EXIT.failure);
 test(exitCode, undefined, EXIT.failure);

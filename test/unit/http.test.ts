@@ -12,6 +12,7 @@ import { OperationTracker } from '../../src/http/operations.js';
 import { contextFromWire, contextToWire, renameField } from '../../src/wire.js';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../../src/errors.js';
 import { QuotaExceededError } from '../../src/tenants/quotas.js';
+import { StoredReplies } from '../../src/tenants/replies.js';
 
 const statuses: [string, number][] = [
   ['SANDBOX_NOT_FOUND', 404],
@@ -141,7 +142,7 @@ test('the library names some inputs differently: errors are renamed to the wire 
 
 function store(now: { t: number }) {
   const db = new Database(':memory:');
-  return { db, s: new IdempotencyStore(db, () => now.t) };
+  return { db, s: new IdempotencyStore(new StoredReplies(db), () => now.t) };
 }
 
 test('idempotency: the first response is stored and replayed; another request under the key is refused', (t) => {

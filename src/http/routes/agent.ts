@@ -39,7 +39,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
       schema: {
         tags,
         summary:
-          'Record the intent of an effect before running it (201), or get what it returned last time (200, replayed: true)',
+          'Record the intent of an effect before running it (201), or get ' +
+          'what it returned last time (200, replayed: true)',
         params: S.sandboxParams,
         body: S.effectBeginBody,
         response: { 200: S.beginResult, 201: S.beginResult, ...S.errors(409, 413) },

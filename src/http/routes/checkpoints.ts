@@ -1,6 +1,5 @@
 /** Routes: checkpoints with the agent's context, rollback (with its report) and fork. */
 import type { FastifyInstance } from 'fastify';
-import { checkQuota } from '../../tenants/quotas.js';
 import type { RollbackPolicy } from '../../effects/effect-ledger.js';
 import type { ApiContext } from '../context.js';
 import { contextFromWire, contextToWire, rollbackToWire } from '../../wire.js';
@@ -143,7 +142,7 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
       const tenant = ctx.tenant(req);
       const count = req.body.count ?? 1;
       const results = await ctx.gate.run(tenant.id, async () => {
-        checkQuota(ctx.db, tenant, {
+        ctx.tenants.checkQuota(tenant, {
           count,
           memoryMb: sb.info().memoryMb ?? 0,
           cpuWeight: sb.info().cpuWeight ?? undefined,

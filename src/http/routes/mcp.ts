@@ -20,8 +20,7 @@ import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { createMcpServer, type TenantScope } from '../../mcp/server.js';
 import { LIMITS } from '../../sandboxes/create.js';
-import { authenticate, tenantById, type Tenant } from '../../tenants/tenants.js';
-import { checkQuota } from '../../tenants/quotas.js';
+import type { Tenant } from '../../tenants/tenants.js';
 import { NotFoundError } from '../../errors.js';
 import type { ApiContext } from '../context.js';
 import { HttpError } from '../errors.js';
@@ -69,7 +68,7 @@ class McpSessions {
 /** What a tenant's MCP session may do: the REST routes' quota checks, on the tenant as it is now. */
 function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
   const current = (): Tenant => {
-    const t = tenantById(ctx.db, tenantId);
+    const t = ctx.tenants.byId(tenantId);
     if (!t) throw new NotFoundError('tenant', tenantId);
     return t;
   };
@@ -77,7 +76,7 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
     id: tenantId,
     create: (opts) =>
       ctx.gate.run(tenantId, async () => {
-        checkQuota(ctx.db, current(), {
+        ctx.tenants.checkQuota(current(), {
           count: 1,
           memoryMb: opts.memoryMb ?? LIMITS.memoryMb.default,
           cpuWeight: opts.cpuWeight,
@@ -87,7 +86,11 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
     fork: (sandbox, checkpointId, count) =>
       ctx.gate.run(tenantId, async () => {
         const info = sandbox.info();
-        checkQuota(ctx.db, current(), { count, memoryMb: info.memoryMb ?? 0, cpuWeight: info.cpuWeight ?? undefined });
+        ctx.tenants.checkQuota(current(), {
+          count,
+          memoryMb: info.memoryMb ?? 0,
+          cpuWeight: info.cpuWeight ?? undefined,
+        });
         return sandbox.fork(checkpointId, { count });
       }),
     present: (info) => {
@@ -115,7 +118,7 @@ export function mcpRoutes(
     bodyLimit: opts.bodyLimit,
     schema: { hide: true },
     handler: async (req, reply) => {
-      const tenant = authenticate(ctx.db, opts.bearer(req));
+      const tenant = ctx.tenants.authenticate(opts.bearer(req));
       if (!tenant)
         throw new HttpError(401, 'UNAUTHENTICATED', 'Send Authorization: Bearer <token> with a valid tenant token');
       req.log = reply.log = req.log.child({ tenant: tenant.name, tenantId: tenant.id, component: 'mcp' });

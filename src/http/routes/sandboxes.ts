@@ -1,7 +1,6 @@
 /** Routes: create, list, get and delete sandboxes; the caller's tenant. */
 import type { FastifyInstance } from 'fastify';
 import { LIMITS } from '../../sandboxes/create.js';
-import { checkQuota, tenantUsage } from '../../tenants/quotas.js';
 import { LockstepError } from '../../errors.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
@@ -35,7 +34,7 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     async (req, reply) => {
       const tenant = ctx.tenant(req);
       const sb = await ctx.gate.run(tenant.id, async () => {
-        checkQuota(ctx.db, tenant, {
+        ctx.tenants.checkQuota(tenant, {
           count: 1,
           memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default,
           cpuWeight: req.body.cpuWeight,
@@ -107,7 +106,8 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'The calling tenant: its quotas and what it uses',
         response: {
           200: S.anyObject(
-            '{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb}}',
+            '{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, ' +
+              'usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb}}',
           ),
           ...S.errors(),
         },
@@ -115,7 +115,7 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
     async (req) => {
       const t = ctx.tenant(req);
-      return { ...t, usage: tenantUsage(ctx.db, t.id) };
+      return { ...t, usage: ctx.tenants.usage(t.id) };
     },
   );
 }
