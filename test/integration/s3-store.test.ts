@@ -9,6 +9,9 @@ import test from 'ava';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { spawn } from 'node:child_process';
+import { Readable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
 import { ListObjectsV2Command, PutObjectCommand, DeleteObjectCommand, type S3Client } from '@aws-sdk/client-s3';
 import { S3SnapshotStore } from '../../src/snapshots/s3-store.js';
 import { openSnapshotStore } from '../../src/snapshots/open-store.js';
@@ -64,6 +67,25 @@ async function keys(client: S3Client, prefix: string): Promise<string[]> {
     token = page.IsTruncated ? page.NextContinuationToken : undefined;
   } while (token);
   return out;
+}
+
+const CLI = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../bin/lockstep.js');
+
+/** Runs the CLI with `input` on stdin; its stdout as bytes. */
+async function runCli(
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  input?: Readable,
+): Promise<{ code: number | null; stdout: Buffer; stderr: string }> {
+  const child = spawn(process.execPath, [CLI, ...args], { env, stdio: ['pipe', 'pipe', 'pipe'] });
+  const out: Buffer[] = [];
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => out.push(d));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  if (input) input.pipe(child.stdin);
+  else child.stdin.end();
+  const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
+  return { code, stdout: Buffer.concat(out), stderr };
 }
 
 /** Counts the S3 commands a client sends, by name. */
@@ -183,3 +205,35 @@ test.serial('an unreachable endpoint is STORE_UNAVAILABLE, naming the store', as
   t.throws(() => new S3SnapshotStore({ bucket: 'No_Such', endpoint: server.endpoint }), { code: 'INVALID_ARGUMENT' });
   t.throws(() => new S3SnapshotStore({ bucket: server.bucket, partBytes: MiB }), { code: 'INVALID_ARGUMENT' });
 });
+
+test.serial(
+  'lockstep store put/get pipe a bundle through the CLI; a second put sends nothing; a missing name exits 3',
+  async (t) => {
+    t.timeout(300_000);
+    const prefix = `cli-${randomBytes(4).toString('hex')}`;
+    const env = {
+      ...process.env,
+      LOCKSTEP_S3_ENDPOINT: server.endpoint,
+      LOCKSTEP_S3_ACCESS_KEY_ID: S3RVER_CREDENTIALS.accessKeyId,
+      LOCKSTEP_S3_SECRET_ACCESS_KEY: S3RVER_CREDENTIALS.secretAccessKey,
+    };
+    const url = `s3://${server.bucket}/${prefix}`;
+    const size = 20 * MiB + 3;
+    const put = await runCli(['store', 'put', 'piped', '--store', url, '--json'], env, randomStream('cli', size));
+    t.is(put.code, 0, put.stderr);
+    t.like(JSON.parse(put.stdout.toString()), { name: 'piped', bytes: size, chunks: 3, uploadedChunks: 3 });
+    const again = await runCli(['store', 'put', 'piped', '--store', url, '--json'], env, randomStream('cli', size));
+    t.like(JSON.parse(again.stdout.toString()), { uploadedChunks: 0, skippedChunks: 3 });
+    const get = await runCli(['store', 'get', 'piped', '--store', url], env);
+    t.is(get.code, 0, get.stderr);
+    t.deepEqual(await digestOf(Readable.from([get.stdout])), await digestOf(randomStream('cli', size)));
+    const ls = await runCli(['store', 'ls', '--store', url, '--json'], env);
+    t.deepEqual(
+      (JSON.parse(ls.stdout.toString()) as { name: string }[]).map((s) => s.name),
+      ['piped'],
+    );
+    const missing = await runCli(['store', 'get', 'nope', '--store', url], env);
+    t.is(missing.code, 3);
+    t.regex(missing.stderr, /No bundle named "nope"/);
+  },
+);
