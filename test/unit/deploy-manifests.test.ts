@@ -122,6 +122,15 @@ test('the Service and the NetworkPolicy select the node agents; namespaced objec
   const podSpec = (ds.spec!.template as Obj).spec as Record<string, unknown>;
   t.truthy(find('ServiceAccount', podSpec.serviceAccountName as string));
   t.truthy(find('PriorityClass', podSpec.priorityClassName as string));
+  // The agent holds no cluster credentials: no token mounted, no Role bound to its account.
+  t.is(podSpec.automountServiceAccountToken, false);
+  t.is(find('ServiceAccount', 'lockstep-node')!.automountServiceAccountToken, false);
+  for (const { where, obj } of all)
+    if (obj.kind === 'RoleBinding' || obj.kind === 'ClusterRoleBinding')
+      t.false(
+        (obj.subjects as { name: string }[]).some((s) => s.name === podSpec.serviceAccountName),
+        `${where} binds the agent's ServiceAccount`,
+      );
   // The server refuses a metrics token file others can read.
   const token = (podSpec.volumes as { name: string; secret?: { defaultMode?: number } }[]).find(
     (v) => v.name === 'metrics-token',
