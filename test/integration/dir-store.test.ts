@@ -8,6 +8,8 @@ import test from 'ava';
 import fs from 'node:fs';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { DirSnapshotStore } from '../../src/snapshots/dir-store.js';
 import { openSnapshotStore } from '../../src/snapshots/open-store.js';
 import { resolveStoreConfig } from '../../src/config.js';
@@ -97,3 +99,39 @@ test.serial('the store opens from a file:// URL or a folder; other URLs are refu
   t.throws(() => resolveStoreConfig({}, { LOCKSTEP_S3_ACCESS_KEY_ID: 'a' }), { code: 'CONFIG_INVALID' });
   t.throws(() => resolveStoreConfig({}, { LOCKSTEP_S3_FORCE_PATH_STYLE: 'yes' }), { code: 'CONFIG_INVALID' });
 });
+
+test.serial(
+  'a put killed with SIGKILL halfway is resumed by the next put, which sends only the missing chunks',
+  async (t) => {
+    t.timeout(300_000);
+    const root = freshRoot(t);
+    const cli = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../bin/lockstep.js');
+    const size = 64 * MiB;
+    const child = spawn(process.execPath, [cli, 'store', 'put', 'killed', '--store', root, '--json'], {
+      stdio: ['pipe', 'ignore', 'ignore'],
+    });
+    const exited = new Promise<NodeJS.Signals | null>((resolve) =>
+      child.once('exit', (_code, signal) => resolve(signal)),
+    );
+    t.teardown(() => child.kill('SIGKILL'));
+    randomStream('killed', size)
+      .pipe(child.stdin)
+      .on('error', () => undefined);
+    const chunkCount = () => {
+      const top = path.join(root, 'chunks');
+      return fs.existsSync(top)
+        ? fs.readdirSync(top).reduce((n, f) => n + fs.readdirSync(path.join(top, f)).length, 0)
+        : 0;
+    };
+    while (chunkCount() < 3) await new Promise((r) => setTimeout(r, 10));
+    child.kill('SIGKILL');
+    t.is(await exited, 'SIGKILL');
+    const stored = chunkCount();
+    t.true(stored >= 3 && stored < size / CHUNK, `${stored} chunks stored before the kill`);
+    const store = new DirSnapshotStore(root, { chunkBytes: CHUNK });
+    await t.throwsAsync(store.stat('killed'), { code: 'BUNDLE_NOT_FOUND' });
+    const resumed = await store.put('killed', randomStream('killed', size));
+    t.like(resumed, { skippedChunks: stored, uploadedChunks: size / CHUNK - stored });
+    t.deepEqual(await digestOf(await store.get('killed')), await digestOf(randomStream('killed', size)));
+  },
+);
