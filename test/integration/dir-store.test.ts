@@ -123,7 +123,10 @@ test.serial(
         ? fs.readdirSync(top).reduce((n, f) => n + fs.readdirSync(path.join(top, f)).length, 0)
         : 0;
     };
-    while (chunkCount() < 3) await new Promise((r) => setTimeout(r, 10));
+    let gone = false;
+    void exited.then(() => (gone = true));
+    while (chunkCount() < 3 && !gone) await new Promise((r) => setTimeout(r, 10));
+    t.false(gone, 'the put ended on its own before three chunks were stored');
     child.kill('SIGKILL');
     t.is(await exited, 'SIGKILL');
     const stored = chunkCount();
