@@ -255,8 +255,11 @@ export function storeBehaviour(test: TestFn, setup: () => Promise<StoreFixture>)
       t.log(
         `RSS ${Math.round(baseline / MiB)} MiB before, peak ${Math.round(peak / MiB)} MiB (+${grewMiB.toFixed(0)})`,
       );
-      // The bundle is 512 MiB; chunks are 8 MiB, up to 3 uploads in flight plus the one being cut.
-      t.true(grewMiB < 160, `RSS grew by ${grewMiB.toFixed(0)} MiB for a 512 MiB bundle`);
+      // The bundle is 512 MiB. Chunks are 8 MiB: at most 3 uploads in flight plus the one being
+      // cut, or one read ahead on get, ~56 MiB of buffers at a time, plus what the garbage
+      // collector has not given back yet (16-66 MiB measured). A store that held the bundle
+      // would grow by 512 MiB or more.
+      t.true(grewMiB < 200, `RSS grew by ${grewMiB.toFixed(0)} MiB for a 512 MiB bundle`);
     },
   );
 }
