@@ -84,11 +84,18 @@ export const ENVIRONMENT = {
   LOCKSTEP_DEBUG: { reader: 'cli' },
   NO_COLOR: { reader: 'cli' },
   CI: { reader: 'cli' },
+  LOCKSTEP_SNAPSHOT_STORE: { reader: 'store' },
+  LOCKSTEP_STORE_CHUNK_MIB: { reader: 'store' },
+  LOCKSTEP_S3_ENDPOINT: { reader: 'store' },
+  LOCKSTEP_S3_REGION: { reader: 'store' },
+  LOCKSTEP_S3_FORCE_PATH_STYLE: { reader: 'store' },
+  LOCKSTEP_S3_ACCESS_KEY_ID: { reader: 'store' },
+  LOCKSTEP_S3_SECRET_ACCESS_KEY: { reader: 'store' },
   LOCKSTEP_CRIU_SUITE: { reader: 'provisioning' },
   LOCKSTEP_KEEP_CONNTRACK_HASHSIZE: { reader: 'provisioning' },
 } as const satisfies Record<
   string,
-  { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'client' | 'provisioning' }
+  { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'client' | 'provisioning' | 'store' }
 >;
 
 /** A variable Lockstep reads. */
@@ -141,5 +148,75 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     dockerSocket: options.dockerSocket ?? e('DOCKER_SOCKET') ?? DEFAULTS.dockerSocket,
     userNamespaces: options.userNamespaces ?? e('LOCKSTEP_USERNS') !== 'off',
     pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
+  };
+}
+
+/** Where snapshot bundles are stored (src/snapshots/), and how to reach it. */
+export interface SnapshotStoreConfig {
+  /** `s3://BUCKET[/PREFIX]`, `file:///DIR` or an absolute folder; undefined: none configured. */
+  readonly url: string | undefined;
+  /** Size of the chunks a bundle is cut into. */
+  readonly chunkBytes: number;
+  readonly s3: {
+    /** An S3-compatible server's URL; undefined: AWS's endpoint for the region. */
+    readonly endpoint: string | undefined;
+    readonly region: string;
+    readonly forcePathStyle: boolean;
+    /** Undefined: the AWS SDK's default chain (AWS_* variables, profiles, web identity). */
+    readonly credentials: { readonly accessKeyId: string; readonly secretAccessKey: string } | undefined;
+  };
+}
+
+/** Store settings a caller may pass; each beats its environment variable. */
+export interface SnapshotStoreOptions {
+  url?: string | undefined;
+  chunkMib?: number | undefined;
+  s3Endpoint?: string | undefined;
+  s3Region?: string | undefined;
+  s3ForcePathStyle?: boolean | undefined;
+  s3AccessKeyId?: string | undefined;
+  s3SecretAccessKey?: string | undefined;
+}
+
+export const STORE_DEFAULTS = { chunkMib: 8, s3Region: 'us-east-1' } as const;
+
+function invalidStore(variable: EnvironmentVariable, expected: string, received: unknown): HostError {
+  return new HostError(
+    'CONFIG_INVALID',
+    `Invalid ${variable}: expected ${expected}, received ${JSON.stringify(received)}`,
+    { details: { variable } },
+  );
+}
+
+/** The snapshot store's settings: options, then the environment, then the defaults. */
+export function resolveStoreConfig(options: SnapshotStoreOptions = {}, env: Env = process.env): SnapshotStoreConfig {
+  const e = (name: EnvironmentVariable) => envValue(name, env);
+  const chunkMib = options.chunkMib ?? Number(e('LOCKSTEP_STORE_CHUNK_MIB') ?? STORE_DEFAULTS.chunkMib);
+  if (!Number.isInteger(chunkMib) || chunkMib < 1 || chunkMib > 4096)
+    throw invalidStore('LOCKSTEP_STORE_CHUNK_MIB', 'an integer number of MiB from 1 to 4096', chunkMib);
+  const endpoint = options.s3Endpoint ?? e('LOCKSTEP_S3_ENDPOINT');
+  if (endpoint !== undefined && !/^https?:\/\/[^/]+/.test(endpoint))
+    throw invalidStore('LOCKSTEP_S3_ENDPOINT', 'an http:// or https:// URL', endpoint);
+  const pathStyle = e('LOCKSTEP_S3_FORCE_PATH_STYLE');
+  if (pathStyle !== undefined && pathStyle !== 'on' && pathStyle !== 'off')
+    throw invalidStore('LOCKSTEP_S3_FORCE_PATH_STYLE', '"on" or "off"', pathStyle);
+  const accessKeyId = options.s3AccessKeyId ?? e('LOCKSTEP_S3_ACCESS_KEY_ID');
+  const secretAccessKey = options.s3SecretAccessKey ?? e('LOCKSTEP_S3_SECRET_ACCESS_KEY');
+  if ((accessKeyId === undefined) !== (secretAccessKey === undefined))
+    throw invalidStore(
+      accessKeyId === undefined ? 'LOCKSTEP_S3_ACCESS_KEY_ID' : 'LOCKSTEP_S3_SECRET_ACCESS_KEY',
+      'both LOCKSTEP_S3_ACCESS_KEY_ID and LOCKSTEP_S3_SECRET_ACCESS_KEY, or neither',
+      'only one of them',
+    );
+  return {
+    url: options.url ?? e('LOCKSTEP_SNAPSHOT_STORE'),
+    chunkBytes: chunkMib * 1024 * 1024,
+    s3: {
+      endpoint,
+      region: options.s3Region ?? e('LOCKSTEP_S3_REGION') ?? STORE_DEFAULTS.s3Region,
+      // S3-compatible servers (MinIO, Ceph RGW, ...) mostly need path-style URLs; AWS prefers virtual hosts.
+      forcePathStyle: options.s3ForcePathStyle ?? (pathStyle ? pathStyle === 'on' : endpoint !== undefined),
+      credentials: accessKeyId && secretAccessKey ? { accessKeyId, secretAccessKey } : undefined,
+    },
   };
 }

@@ -37,6 +37,7 @@ export const ERROR_CODES = [
   'FILE_NOT_FOUND',
   'ROUTE_NOT_FOUND',
   'DOCKER_IMAGE_NOT_FOUND',
+  'BUNDLE_NOT_FOUND',
   // Conflicts with the current state
   'IMAGE_EXISTS',
   'TENANT_EXISTS',
@@ -102,6 +103,9 @@ export const ERROR_CODES = [
   'IMAGE_BUILD_FAILED',
   'FILE_ACCESS_FAILED',
   'CHECKPOINT_CORRUPT',
+  'BUNDLE_CORRUPT',
+  'STORE_UNAVAILABLE',
+  'TRANSFER_ABORTED',
   'SUPERVISOR_UNREACHABLE',
   'HOME_NOT_SEARCHABLE',
   'ID_RANGES_EXHAUSTED',
@@ -116,7 +120,7 @@ export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /** Kinds of things NotFoundError names; each has a `<KIND>_NOT_FOUND` code. */
 export type NotFoundKind =
-  'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant';
+  'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant' | 'bundle';
 /** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
 export type ExistingKind = 'image' | 'tenant';
 
@@ -154,7 +158,9 @@ export class NotFoundError extends LockstepError {
   /** `hint`: what to do about it, appended to the message. */
   constructor(kind: NotFoundKind, id: string, hint?: string) {
     const what =
-      kind === 'image' || kind === 'tenant' ? `named ${JSON.stringify(id)}` : `with id ${JSON.stringify(id)}`;
+      kind === 'image' || kind === 'tenant' || kind === 'bundle'
+        ? `named ${JSON.stringify(id)}`
+        : `with id ${JSON.stringify(id)}`;
     super(
       `${kind.toUpperCase() as Uppercase<NotFoundKind>}_NOT_FOUND`,
       `No ${kind} ${what}${hint ? `: ${hint}` : ''}`,

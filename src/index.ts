@@ -56,3 +56,19 @@ export {
 export type { Observation, ObservationKind } from './provenance/observations.js';
 export type { Verdict, StaleVerdict } from './provenance/verdicts.js';
 export * from './errors.js';
+// The snapshot store. Its S3 backend is reached through openSnapshotStore, which loads
+// the AWS SDK only when an s3:// store is opened, so importing 'lockstep' stays light.
+export { openSnapshotStore } from './snapshots/open-store.js';
+export { DirSnapshotStore } from './snapshots/dir-store.js';
+export {
+  BundleCorruptError,
+  StoreUnavailableError,
+  TransferAbortedError,
+  type BundleStat,
+  type GetOptions,
+  type PutOptions,
+  type PutProgress,
+  type PutResult,
+  type SnapshotStore,
+} from './snapshots/store.js';
+export { resolveStoreConfig, type SnapshotStoreConfig, type SnapshotStoreOptions } from './config.js';

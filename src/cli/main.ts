@@ -15,6 +15,7 @@ import { agentCommands } from './agent-commands.js';
 import { SERVER_HELP, serverCommands } from './server-commands.js';
 import { withLockstep } from './session.js';
 import { SETUP_HELP, setupCommands } from './setup-command.js';
+import { STORE_HELP, storeCommands } from './store-commands.js';
 import { VERSION } from '../version.js';
 
 /** "mem 512M pids 256 cpu 100 cap 0.5 disk 8M": the limits of a sandbox on one line. */
@@ -66,6 +67,8 @@ host
 ${SETUP_HELP}
 
 ${SERVER_HELP}
+
+${STORE_HELP}
 
 The state directory is /var/lib/lockstep, or LOCKSTEP_HOME when set.
 Exit codes: 0 ok, 1 failure, 2 bad usage or input, 3 not found, 4 conflict
@@ -458,7 +461,7 @@ export async function main(argv: string[]): Promise<number> {
   const handler =
     cmd === '--version' || cmd === '-V'
       ? commands.version
-      : (commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd] ?? setupCommands[cmd]);
+      : (commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd] ?? setupCommands[cmd] ?? storeCommands[cmd]);
   try {
     if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
     return await handler(rest);

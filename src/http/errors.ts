@@ -53,6 +53,8 @@ export const HTTP_STATUS = {
   FILE_NOT_FOUND: 404,
   ROUTE_NOT_FOUND: 404,
   DOCKER_IMAGE_NOT_FOUND: 404,
+  // No bundle of that name in the snapshot store.
+  BUNDLE_NOT_FOUND: 404,
 
   // Conflicts with the object's current state (already settled, not unknown, damaged, ...).
   IMAGE_EXISTS: 409,
@@ -66,6 +68,8 @@ export const HTTP_STATUS = {
   // The checkpoint's files are not what was recorded when it was taken: this
   // one cannot be used, the sandbox and its other checkpoints can.
   CHECKPOINT_CORRUPT: 409,
+  // A stored bundle's chunk is missing or does not hash to its name: that bundle cannot be read.
+  BUNDLE_CORRUPT: 409,
   EFFECT_OUTCOME_UNKNOWN: 409,
   EFFECT_NOT_UNKNOWN: 409,
   EFFECT_NOT_COMPENSABLE: 409,
@@ -85,6 +89,10 @@ export const HTTP_STATUS = {
   FORK_ABORTED: 503,
   FORK_FAILED: 500,
   SERVER_SHUTTING_DOWN: 503,
+  // A snapshot-store transfer stopped by its signal; a retried put reuses what was stored.
+  TRANSFER_ABORTED: 503,
+  // The snapshot store (an S3 endpoint, a shared folder) failed or cannot be reached: a retry may succeed.
+  STORE_UNAVAILABLE: 503,
 
   DISK_QUOTA_EXCEEDED: 507,
   DISK_FULL: 507,

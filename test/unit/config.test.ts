@@ -16,7 +16,7 @@ function readmeVariables(): Map<string, string> {
   for (const line of table.split('\n')) {
     const cells = line.split('|').map((c) => c.trim());
     if (cells.length < 4 || !cells[1]!.startsWith('`')) continue;
-    for (const m of cells[1]!.matchAll(/`([A-Z_]+)`/g)) out.set(m[1]!, cells[3]!);
+    for (const m of cells[1]!.matchAll(/`([A-Z][A-Z0-9_]*)`/g)) out.set(m[1]!, cells[3]!);
   }
   return out;
 }
@@ -53,7 +53,7 @@ test('every variable named in src/ and bin/ is in the list, and only src/config.
   const direct: string[] = [];
   for (const file of [...files(path.join(root, 'src')), ...files(path.join(root, 'bin'))]) {
     const text = fs.readFileSync(file, 'utf8');
-    for (const m of text.matchAll(/\bLOCKSTEP_[A-Z_]+/g)) if (!(m[0] in ENVIRONMENT)) unknown.add(m[0]);
+    for (const m of text.matchAll(/\bLOCKSTEP_[A-Z0-9_]+/g)) if (!(m[0] in ENVIRONMENT)) unknown.add(m[0]);
     if (!OWN_READERS.some((f) => file.endsWith(f)) && /process\.env\.LOCKSTEP_/.test(text))
       direct.push(path.relative(root, file));
   }

@@ -69,6 +69,7 @@ test('a NotFoundError of each kind has a code in the union', (t) => {
     'context',
     'layer',
     'tenant',
+    'bundle',
   ] as const) {
     const code: ErrorCode = new NotFoundError(kind, 'x').code;
     t.is(statusForCode(code), 404, kind);
