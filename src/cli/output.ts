@@ -64,6 +64,7 @@ export const EXIT_CODE = {
   ROUTE_NOT_FOUND: EXIT.notFound,
   DOCKER_IMAGE_NOT_FOUND: EXIT.notFound,
   MCP_SESSION_NOT_FOUND: EXIT.notFound,
+  BUNDLE_NOT_FOUND: EXIT.notFound,
 
   // 4: conflict with the current state (exists, busy, in use, not running, refused)
   IMAGE_EXISTS: EXIT.conflict,
@@ -76,6 +77,7 @@ export const EXIT_CODE = {
   HOME_LOCKED: EXIT.conflict,
   CHECKPOINT_DAMAGED: EXIT.conflict,
   CHECKPOINT_CORRUPT: EXIT.conflict,
+  BUNDLE_CORRUPT: EXIT.conflict,
   EFFECT_OUTCOME_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_COMPENSABLE: EXIT.conflict,
@@ -136,6 +138,8 @@ export const EXIT_CODE = {
   FILE_ACCESS_FAILED: EXIT.failure,
   CONNECTION_FAILED: EXIT.failure,
   REQUEST_ABORTED: EXIT.failure,
+  TRANSFER_ABORTED: EXIT.failure,
+  STORE_UNAVAILABLE: EXIT.failure,
   INTERNAL: EXIT.failure,
 } as const satisfies Record<ErrorCode, ExitCode>;
 
