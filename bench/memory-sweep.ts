@@ -14,7 +14,17 @@ import fs from 'node:fs';
 import type { Sandbox } from '../src/index.js';
 import { measurement, type Measurement } from './report.js';
 import { numericFields, summarize, type Summary } from './stats.js';
-import { hostPidOf, instanceOf, MIB, rssKiB, settle, waitFor, withStandby, type BenchContext } from './workloads.js';
+import {
+  hostPidOf,
+  instanceOf,
+  MIB,
+  rssKiB,
+  settle,
+  waitFor,
+  withSettings,
+  withStandby,
+  type BenchContext,
+} from './workloads.js';
 import { measureCriuCliPeer } from './peers.js';
 
 export const SWEEP_SIZES_MIB = [16, 64, 256, 1024];
@@ -103,16 +113,9 @@ export interface SweepResult {
   notes: string[];
 }
 
-/** Runs fn with LOCKSTEP_PAGE_DELTA set (restored afterwards): "off" stores every image whole (the default), "on" incremental. */
-async function withPageDelta<T>(value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
-  const before = process.env.LOCKSTEP_PAGE_DELTA;
-  process.env.LOCKSTEP_PAGE_DELTA = value;
-  try {
-    return await fn();
-  } finally {
-    if (before === undefined) delete process.env.LOCKSTEP_PAGE_DELTA;
-    else process.env.LOCKSTEP_PAGE_DELTA = before;
-  }
+/** Runs fn with incremental images on or off (the manager setting pageDelta): "off" stores every image whole (the default), "on" incremental. */
+function withPageDelta<T>(ctx: BenchContext, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
+  return withSettings(ctx.ls, { pageDelta: value === 'on' }, fn);
 }
 
 /**
@@ -138,8 +141,8 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
       standbyRss: [] as number[],
       rb: [] as number[],
     };
-    await withPageDelta(delta, () =>
-      withStandby(standby, async () => {
+    await withPageDelta(ctx, delta, () =>
+      withStandby(ctx.ls, standby, async () => {
         for (let i = 0; i < total; i++) {
           ctx.checkAborted();
           ctx.progress.step(

@@ -276,7 +276,15 @@ async function runBench(
   if (opts.only.has('a') && idle) {
     const wl = { key: 'a', label: 'a: idle shell' };
     const r = await measureCheckpointRollback(ctx, idle, wl);
-    measurements.push(r.checkpoint, r.checkpointNoStandby, r.rollback, r.rollbackCold, r.standby);
+    measurements.push(
+      r.checkpoint,
+      r.checkpointNoStandby,
+      r.checkpointToDurable,
+      r.checkpointDurableFirst,
+      r.rollback,
+      r.rollbackCold,
+      r.standby,
+    );
     notes.push(`(a) rollback paths taken: ${JSON.stringify(r.paths)} (on/off = warm standby setting).`);
     // What every checkpoint/rollback pays before its own work: the CRIU service's version RPC.
     const check: number[] = [];
@@ -315,7 +323,15 @@ async function runBench(
     notes.push(`(b) python3 RSS before measuring: ${(rssKiB / 1024).toFixed(1)} MiB (Lockstep sandbox).`);
     const verify = (when: string) => void requirePythonRss(ls, sb.id, when);
     const r = await measureCheckpointRollback(ctx, sb, wl, verify);
-    measurements.push(r.checkpoint, r.checkpointNoStandby, r.rollback, r.rollbackCold, r.standby);
+    measurements.push(
+      r.checkpoint,
+      r.checkpointNoStandby,
+      r.checkpointToDurable,
+      r.checkpointDurableFirst,
+      r.rollback,
+      r.rollbackCold,
+      r.standby,
+    );
     notes.push(`(b) rollback paths taken: ${JSON.stringify(r.paths)} (on/off = warm standby setting).`);
     criu['(b) Lockstep checkpoint, CRIU dump.log at level 4'] = await criuDumpAttribution(ctx, sb);
     await ls.remove(sb.id);

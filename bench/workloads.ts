@@ -9,6 +9,7 @@
  */
 import fs from 'node:fs';
 import type { Lockstep, Sandbox } from '../src/index.js';
+import type { LockstepConfig } from '../src/config.js';
 import type { CheckpointInfo } from '../src/checkpoints/checkpoint.js';
 import {
   attributeCriuDumpLog,
@@ -86,16 +87,25 @@ export async function settle(ls: Lockstep, sandboxId: string): Promise<void> {
   await ls.engine.withSandboxLock(sandboxId, async () => undefined);
 }
 
-/** Runs fn with LOCKSTEP_STANDBY set (restored afterwards): "off" measures the CRIU-restore rollback path. */
-export async function withStandby<T>(value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
-  const before = process.env.LOCKSTEP_STANDBY;
-  process.env.LOCKSTEP_STANDBY = value;
+/**
+ * Runs fn with some of the manager's settings changed (restored afterwards),
+ * for A/B runs on one manager and one sandbox. Settings are resolved once at
+ * open (src/config.ts), so setting LOCKSTEP_* variables here would change nothing.
+ */
+export async function withSettings<T>(ls: Lockstep, patch: Partial<LockstepConfig>, fn: () => Promise<T>): Promise<T> {
+  const engine = ls.engine;
+  const before = engine.config;
+  engine.config = { ...before, ...patch };
   try {
     return await fn();
   } finally {
-    if (before === undefined) delete process.env.LOCKSTEP_STANDBY;
-    else process.env.LOCKSTEP_STANDBY = before;
+    engine.config = before;
   }
+}
+
+/** Runs fn with the warm standby on or off: "off" measures the CRIU-restore rollback path. */
+export function withStandby<T>(ls: Lockstep, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
+  return withSettings(ls, { standby: value === 'on' }, fn);
 }
 
 export async function waitFor<T>(what: string, fn: () => T | undefined | false, timeoutMs = 20_000): Promise<T> {
@@ -147,6 +157,10 @@ export interface CheckpointRollbackResult {
   checkpoint: Measurement;
   /** The same checkpoints with LOCKSTEP_STANDBY=off: what queueing the standby costs the caller. */
   checkpointNoStandby: Measurement;
+  /** Start of the checkpoint call until its background durability step recorded it (syncfs, checksums). */
+  checkpointToDurable: Measurement;
+  /** The same checkpoints with durableLater off: syncfs and checksums before the call returns (the lever's A/B). */
+  checkpointDurableFirst: Measurement;
   /** Rollback with Lockstep's defaults: a warm standby of the checkpoint is swapped in when one is ready. */
   rollback: Measurement;
   /** Rollback through a CRIU restore (LOCKSTEP_STANDBY=off; also what a rollback to an older checkpoint does). */
@@ -170,6 +184,9 @@ export async function measureCheckpointRollback(
   verify?: (when: string) => void,
 ): Promise<CheckpointRollbackResult> {
   const ck = { on: [] as number[], off: [] as number[] };
+  const toDurable: number[] = [];
+  const durableFirst: number[] = [];
+  const durableFirstPhases: Record<string, number>[] = [];
   const ckPhases = { on: [] as Record<string, number>[], off: [] as Record<string, number>[] };
   const standby: number[] = [];
   const paths: Record<string, number> = {};
@@ -178,7 +195,7 @@ export async function measureCheckpointRollback(
   let previous: string | null = null;
   const total = ctx.warmup + ctx.iterations;
   for (const mode of ['on', 'off'] as const) {
-    await withStandby(mode, async () => {
+    await withStandby(ctx.ls, mode, async () => {
       for (let i = 0; i < total; i++) {
         ctx.checkAborted();
         ctx.progress.step(`(${wl.key}) Lockstep checkpoint + rollback, warm standby ${mode}`, i + 1, total);
@@ -186,6 +203,8 @@ export async function measureCheckpointRollback(
         const t0 = performance.now();
         const info = await sb.checkpoint();
         const t1 = performance.now();
+        await sb.durable(info.id);
+        if (mode === 'on' && i >= ctx.warmup) toDurable.push(performance.now() - t0);
         await settle(ctx.ls, sb.id);
         const t2 = performance.now();
         const r = await sb.rollback(info.id);
@@ -205,6 +224,23 @@ export async function measureCheckpointRollback(
       }
     });
   }
+  // The lever's A/B, same sandbox, back to back: durability before the call returns.
+  await withSettings(ctx.ls, { durableLater: false, standby: false }, async () => {
+    for (let i = 0; i < total; i++) {
+      ctx.checkAborted();
+      ctx.progress.step(`(${wl.key}) Lockstep checkpoint, durable before it returns`, i + 1, total);
+      await settle(ctx.ls, sb.id);
+      const t0 = performance.now();
+      const info = await sb.checkpoint();
+      if (i >= ctx.warmup) {
+        durableFirst.push(performance.now() - t0);
+        durableFirstPhases.push(numericFields(info.timings));
+      }
+      await settle(ctx.ls, sb.id);
+      if (previous) await sb.deleteCheckpoint(previous);
+      previous = info.id;
+    }
+  });
   await settle(ctx.ls, sb.id);
   await assertAnswers(sb, `sandbox ${sb.id} after ${2 * total} rollbacks`);
   verify?.('after the last rollback');
@@ -220,6 +256,21 @@ export async function measureCheckpointRollback(
       'checkpoint, standby off',
       ck.off,
       { phaseSamples: ckPhases.off },
+    ),
+    checkpointToDurable: measurement(
+      `${wl.key}.lockstep.checkpoint:to-durable`,
+      wl.label,
+      'Lockstep',
+      'checkpoint until durable (background syncfs + checksums done)',
+      toDurable,
+    ),
+    checkpointDurableFirst: measurement(
+      `${wl.key}.lockstep.checkpoint:durable-first`,
+      wl.label,
+      'Lockstep',
+      'checkpoint, durable before it returns (LOCKSTEP_DURABLE_LATER=off)',
+      durableFirst,
+      { phaseSamples: durableFirstPhases },
     ),
     rollback: measurement(
       `${wl.key}.lockstep.rollback`,
