@@ -508,7 +508,7 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
 
   r.notes.push(
     `Latencies are wall-clock times of the public calls (sb.checkpoint(), sb.rollback(), sb.fork()); "lib total" is the totalMs the library returns. The gap is the per-sandbox lock and the CRIU service's version check before each call.`,
-    `Lockstep makes each checkpoint durable (persist = btrfs commit of the snapshot and the process image) before it returns; the CRIU CLI, cp -a and docker checkpoint do not fsync.`,
+    `A Lockstep checkpoint returns once it can be rolled back to; its syncfs and checksums follow behind the sandbox's lock ("until durable" rows; "durable before it returns" is LOCKSTEP_DURABLE_LATER=off, where persist = that step). The CRIU CLI, cp -a and docker checkpoint do not fsync.`,
     `The CRIU CLI peer pays exec and CRIU's kernel-feature probe on every call: /run is ${r.host.runIsTmpfs ? '' : 'not '}tmpfs here, so criu cannot cache it (Lockstep's long-lived CRIU service keeps its cache on a private tmpfs /run). Its restore runs through /bin/sh, which puts itself into the sandbox's cgroups first (about 1 ms).`,
     `CRIU step attributions are per-step medians of 3 extra dumps at log level 4 (1000+ log lines each), slower than the measured dumps at level 2: read the shares.`,
     `cp -a is GNU coreutils ${coreutilsVersion()}: since 9.0 it clones extents (reflink) by default where the filesystem can, so on the btrfs store it copies metadata only.`,

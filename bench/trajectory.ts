@@ -19,7 +19,8 @@
  * slept. Its share = state / (state + tool calls + steps × inference).
  *
  *   node dist/bench/trajectory.js [--quick] [--page-delta on|off] [--standby on|off]
- *                                 [--durable-later on|off] [--userns on|off] [--out FILE]
+ *                                 [--durable-later on|off] [--userns on|off]
+ *                                 [--standby-after-checkpoint on|off] [--out FILE]
  * (the three switches set the manager's settings of those names, for A/B runs;
  * incremental images apply only to sandboxes without a user namespace yet)
  */
@@ -35,6 +36,7 @@ const { values: args } = parseArgs({
     quick: { type: 'boolean', default: false },
     'page-delta': { type: 'string', default: 'on' },
     standby: { type: 'string', default: 'on' },
+    'standby-after-checkpoint': { type: 'string', default: 'on' },
     'durable-later': { type: 'string', default: 'on' },
     userns: { type: 'string', default: 'on' },
     out: { type: 'string' },
@@ -306,6 +308,7 @@ async function main(): Promise<void> {
     const settings = {
       pageDelta: args['page-delta'] === 'on',
       standby: args.standby !== 'off',
+      standbyAfterCheckpoint: args['standby-after-checkpoint'] !== 'off',
       durableLater: args['durable-later'] !== 'off',
       userNamespaces: args.userns !== 'off',
     };

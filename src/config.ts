@@ -62,6 +62,13 @@ export interface LockstepConfig {
    * the host's memory). Past it the least recently used standbys are evicted.
    */
   readonly standbyBudgetBytes: number;
+  /**
+   * Prepare a standby after every checkpoint (true), or only after a
+   * rollback (false: an agent that checkpoints each step and rarely rolls
+   * back then pays no CRIU restore per step; its first rollback to a
+   * checkpoint restores with CRIU, later ones to the same checkpoint swap).
+   */
+  readonly standbyAfterCheckpoint: boolean;
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -88,6 +95,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_PAGE_DELTA: { reader: 'manager', key: 'pageDelta' },
   LOCKSTEP_DURABLE_LATER: { reader: 'manager', key: 'durableLater' },
   LOCKSTEP_STANDBY_BUDGET_MB: { reader: 'manager', key: 'standbyBudgetBytes' },
+  LOCKSTEP_STANDBY_AFTER_CHECKPOINT: { reader: 'manager', key: 'standbyAfterCheckpoint' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -168,5 +176,6 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
     durableLater: options.durableLater ?? e('LOCKSTEP_DURABLE_LATER') !== 'off',
     standbyBudgetBytes,
+    standbyAfterCheckpoint: options.standbyAfterCheckpoint ?? e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT') !== 'off',
   };
 }

@@ -170,7 +170,8 @@ export class Sandbox {
     const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
     // First in the queue behind the lock: syncfs and checksums, then the standby (which verifies against them).
     if (info.durableAt === null) void queueDurability(engine, this.id, info.id);
-    this.queueStandby(info.id); // a later rollback to this checkpoint becomes a swap
+    // A later rollback to this checkpoint becomes a swap (unless standbys are kept for rollbacks only).
+    if (engine.config.standbyAfterCheckpoint) this.queueStandby(info.id);
     return info;
   }
 

@@ -122,3 +122,20 @@ test('a standby larger than the whole budget is not made, and evicts nothing', a
   t.is(m.row(big.id).standby_instance, null);
   t.not(m.row(small.id).standby_instance, null, 'the smaller standby stays');
 });
+
+test('with standbyAfterCheckpoint off, a checkpoint makes no standby and a rollback makes one', async (t) => {
+  const m = await openFake(t, { open: { config: { standbyAfterCheckpoint: false } } });
+  const sb = await m.ls.create();
+  m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=1';
+  const ckpt = await sb.checkpoint();
+  await sb.settled();
+  t.is(m.row(sb.id).standby_instance, null);
+  t.is(m.host.only('criu.restore').length, 0, 'no CRIU restore after the checkpoint');
+  await sb.rollback(ckpt.id); // through a CRIU restore
+  await sb.settled();
+  t.is(m.row(sb.id).standby_checkpoint, ckpt.id, 'agents often fail the same step again');
+  m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=2';
+  const report = await sb.rollback(ckpt.id);
+  t.is(report.path, 'standby');
+  t.is(m.host.processes.get(m.row(sb.id).init_pid!)!.memory, 'counter=1');
+});
