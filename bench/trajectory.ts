@@ -28,7 +28,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import { parseArgs } from 'node:util';
 import { Lockstep, type Sandbox } from '../src/index.js';
-import { summarize, type Summary } from './stats.js';
+import { numericFields, summarize, summarizePhases, type Summary } from './stats.js';
 import { withSettings } from './workloads.js';
 
 const { values: args } = parseArgs({
@@ -126,6 +126,8 @@ async function toolCall(sb: Sandbox, step: number): Promise<void> {
 interface Phase {
   steps: number;
   checkpointMs: number[];
+  /** The library's own phase timings of each checkpoint (dump, delta, snapshot, commit...). */
+  checkpointPhases: Record<string, number>[];
   rollbackMs: number[];
   rollbackPaths: Record<string, number>;
   toolMs: number[];
@@ -156,6 +158,7 @@ function newPhase(ls: Lockstep): Phase {
   return {
     steps: 0,
     checkpointMs: [],
+    checkpointPhases: [],
     rollbackMs: [],
     rollbackPaths: {},
     toolMs: [],
@@ -190,6 +193,7 @@ async function step(ls: Lockstep, sb: Sandbox, p: Phase, n: number, counters: Ma
   const t1 = performance.now();
   const info = await sb.checkpoint({ label: `step ${n}` });
   p.checkpointMs.push(performance.now() - t1);
+  p.checkpointPhases.push(numericFields(info.timings));
   p.steps++;
   await settleAndSample(ls, sb, p, info.id);
   counters.set(info.id, await py(sb, 'report')); // untimed: what the checkpoint holds
@@ -284,6 +288,9 @@ function report(p: Phase) {
     toolCallsMs: toolMs,
     byInference,
     checkpointMs: s(p.checkpointMs),
+    checkpointPhasesP50: Object.fromEntries(
+      Object.entries(summarizePhases(p.checkpointPhases)).map(([k, v]) => [k, v.p50]),
+    ),
     rollbackMs: s(p.rollbackMs),
     backgroundMs: s(p.backgroundMs),
     toDurableMs: s(p.toDurableMs),
