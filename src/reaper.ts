@@ -227,9 +227,14 @@ async function settlePendingCheckpoints(engine: Engine, report: ReapReport): Pro
     try {
       for (const id of await makeDurable(engine, thisBoot)) report.checkpoints.push(`durable:${id}`);
     } catch (err) {
-      // Files that cannot be read now are as good as lost.
-      engine.log.warn({ err }, 'a pending checkpoint could not be made durable; dropping it');
-      lost.push(...thisBoot.filter((c) => catalog.checkpoint(c.id)?.durable_at === null));
+      // A checkpoint whose process image is gone is as good as lost; one whose
+      // files are there stays pending (a restore from it, or the next reaper,
+      // tries again): a failed syncfs is no reason to throw a checkpoint away.
+      const missing = thisBoot.filter(
+        (c) => catalog.checkpoint(c.id)?.durable_at === null && !fs.existsSync(engine.paths.processImage(c.id)),
+      );
+      engine.log.warn({ err, dropped: missing.map((c) => c.id) }, 'pending checkpoints could not be made durable');
+      lost.push(...missing);
     }
     // Newest first: each one's children have gone (or moved up) before it.
     for (const ckpt of lost.sort((a, b) => b.created_at - a.created_at)) {

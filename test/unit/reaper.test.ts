@@ -303,3 +303,17 @@ test('a checkpoint left pending by an earlier boot is dropped with its pending d
   t.false(m.host.layers.has(second.layerId));
   t.false(m.host.layers.has(third.layerId));
 });
+
+test('a pending checkpoint of this boot stays pending when the sync fails, and is dropped when its image is gone', async (t) => {
+  const { m, id, ckpt } = await checkpointedSandbox(t);
+  const second = await m.ls.get(id).checkpoint();
+  await m.ls.get(id).settled();
+  leavePending(m, ckpt.id, m.host.bootId);
+  leavePending(m, second.id, m.host.bootId);
+  fs.rmSync(m.engine.paths.processImage(second.id), { recursive: true, force: true });
+  m.host.failAt('layers.sync');
+  const r = await reopen(t, m);
+  t.deepEqual(r.ls.reaped?.checkpoints, [`dropped:${second.id}`]);
+  t.is(r.engine.catalog.checkpoint(ckpt.id)!.durable_at, null, 'whole files: still pending, not thrown away');
+  t.is(r.row(id).head_checkpoint_id, ckpt.id);
+});
