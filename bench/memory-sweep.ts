@@ -21,7 +21,7 @@ import {
   rssKiB,
   settle,
   waitFor,
-  withConfig,
+  withSettings,
   withStandby,
   type BenchContext,
 } from './workloads.js';
@@ -113,6 +113,11 @@ export interface SweepResult {
   notes: string[];
 }
 
+/** Runs fn with incremental images on or off (the manager setting pageDelta): "off" stores every image whole (the default), "on" incremental. */
+function withPageDelta<T>(ctx: BenchContext, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
+  return withSettings(ctx.ls, { pageDelta: value === 'on' }, fn);
+}
+
 /**
  * One size of the sweep, on one sandbox: first with whole images
  * (LOCKSTEP_PAGE_DELTA=off, the baseline), then with incremental ones, each
@@ -136,7 +141,7 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
       standbyRss: [] as number[],
       rb: [] as number[],
     };
-    await withConfig(ctx.ls, { pageDelta: delta === 'on' }, () =>
+    await withPageDelta(ctx, delta, () =>
       withStandby(ctx.ls, standby, async () => {
         for (let i = 0; i < total; i++) {
           ctx.checkAborted();

@@ -9,8 +9,8 @@
  */
 import fs from 'node:fs';
 import type { Lockstep, Sandbox } from '../src/index.js';
-import type { CheckpointInfo } from '../src/checkpoints/checkpoint.js';
 import type { LockstepConfig } from '../src/config.js';
+import type { CheckpointInfo } from '../src/checkpoints/checkpoint.js';
 import {
   attributeCriuDumpLog,
   measurement,
@@ -88,12 +88,11 @@ export async function settle(ls: Lockstep, sandboxId: string): Promise<void> {
 }
 
 /**
- * Runs fn with some of the manager's settings changed, restored afterwards.
- * A manager resolves its configuration once, at open (src/config.ts), and
- * every verb reads it from there: setting LOCKSTEP_* variables after open
- * changes nothing, so the bench swaps the resolved object instead.
+ * Runs fn with some of the manager's settings changed (restored afterwards),
+ * for A/B runs on one manager and one sandbox. Settings are resolved once at
+ * open (src/config.ts), so setting LOCKSTEP_* variables here would change nothing.
  */
-export async function withConfig<T>(ls: Lockstep, patch: Partial<LockstepConfig>, fn: () => Promise<T>): Promise<T> {
+export async function withSettings<T>(ls: Lockstep, patch: Partial<LockstepConfig>, fn: () => Promise<T>): Promise<T> {
   const engine = ls.engine;
   const before = engine.config;
   engine.config = { ...before, ...patch };
@@ -106,7 +105,7 @@ export async function withConfig<T>(ls: Lockstep, patch: Partial<LockstepConfig>
 
 /** Runs fn with the warm standby on or off: "off" measures the CRIU-restore rollback path. */
 export function withStandby<T>(ls: Lockstep, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
-  return withConfig(ls, { standby: value === 'on' }, fn);
+  return withSettings(ls, { standby: value === 'on' }, fn);
 }
 
 export async function waitFor<T>(what: string, fn: () => T | undefined | false, timeoutMs = 20_000): Promise<T> {
@@ -158,6 +157,10 @@ export interface CheckpointRollbackResult {
   checkpoint: Measurement;
   /** The same checkpoints with LOCKSTEP_STANDBY=off: what queueing the standby costs the caller. */
   checkpointNoStandby: Measurement;
+  /** Start of the checkpoint call until its background durability step recorded it (syncfs, checksums). */
+  checkpointToDurable: Measurement;
+  /** The same checkpoints with durableLater off: syncfs and checksums before the call returns (the lever's A/B). */
+  checkpointDurableFirst: Measurement;
   /** Rollback with Lockstep's defaults: a warm standby of the checkpoint is swapped in when one is ready. */
   rollback: Measurement;
   /** Rollback through a CRIU restore (LOCKSTEP_STANDBY=off; also what a rollback to an older checkpoint does). */
@@ -181,6 +184,9 @@ export async function measureCheckpointRollback(
   verify?: (when: string) => void,
 ): Promise<CheckpointRollbackResult> {
   const ck = { on: [] as number[], off: [] as number[] };
+  const toDurable: number[] = [];
+  const durableFirst: number[] = [];
+  const durableFirstPhases: Record<string, number>[] = [];
   const ckPhases = { on: [] as Record<string, number>[], off: [] as Record<string, number>[] };
   const standby: number[] = [];
   const paths: Record<string, number> = {};
@@ -197,6 +203,8 @@ export async function measureCheckpointRollback(
         const t0 = performance.now();
         const info = await sb.checkpoint();
         const t1 = performance.now();
+        await sb.durable(info.id);
+        if (mode === 'on' && i >= ctx.warmup) toDurable.push(performance.now() - t0);
         await settle(ctx.ls, sb.id);
         const t2 = performance.now();
         const r = await sb.rollback(info.id);
@@ -216,6 +224,23 @@ export async function measureCheckpointRollback(
       }
     });
   }
+  // The lever's A/B, same sandbox, back to back: durability before the call returns.
+  await withSettings(ctx.ls, { durableLater: false, standby: false }, async () => {
+    for (let i = 0; i < total; i++) {
+      ctx.checkAborted();
+      ctx.progress.step(`(${wl.key}) Lockstep checkpoint, durable before it returns`, i + 1, total);
+      await settle(ctx.ls, sb.id);
+      const t0 = performance.now();
+      const info = await sb.checkpoint();
+      if (i >= ctx.warmup) {
+        durableFirst.push(performance.now() - t0);
+        durableFirstPhases.push(numericFields(info.timings));
+      }
+      await settle(ctx.ls, sb.id);
+      if (previous) await sb.deleteCheckpoint(previous);
+      previous = info.id;
+    }
+  });
   await settle(ctx.ls, sb.id);
   await assertAnswers(sb, `sandbox ${sb.id} after ${2 * total} rollbacks`);
   verify?.('after the last rollback');
@@ -231,6 +256,21 @@ export async function measureCheckpointRollback(
       'checkpoint, standby off',
       ck.off,
       { phaseSamples: ckPhases.off },
+    ),
+    checkpointToDurable: measurement(
+      `${wl.key}.lockstep.checkpoint:to-durable`,
+      wl.label,
+      'Lockstep',
+      'checkpoint until durable (background syncfs + checksums done)',
+      toDurable,
+    ),
+    checkpointDurableFirst: measurement(
+      `${wl.key}.lockstep.checkpoint:durable-first`,
+      wl.label,
+      'Lockstep',
+      'checkpoint, durable before it returns (LOCKSTEP_DURABLE_LATER=off)',
+      durableFirst,
+      { phaseSamples: durableFirstPhases },
     ),
     rollback: measurement(
       `${wl.key}.lockstep.rollback`,
@@ -271,7 +311,7 @@ export async function criuDumpAttribution(ctx: BenchContext, sb: Sandbox, runs =
     ctx.checkAborted();
     ctx.progress.step(`checkpoint with CRIU log level 4 (attribution)`, i + 1, runs);
     await settle(ctx.ls, sb.id);
-    const info: CheckpointInfo = await withConfig(ctx.ls, { criuLogLevel: 4 }, async () => {
+    const info: CheckpointInfo = await withSettings(ctx.ls, { criuLogLevel: 4 }, async () => {
       const made = await sb.checkpoint({ label: 'bench: CRIU log level 4' });
       await settle(ctx.ls, sb.id);
       return made;

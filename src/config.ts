@@ -5,6 +5,7 @@
  * The README's table of environment variables is checked against
  * ENVIRONMENT (test/unit/config.test.ts), in both directions.
  */
+import os from 'node:os';
 import path from 'node:path';
 import { HostError } from './errors.js';
 
@@ -49,6 +50,25 @@ export interface LockstepConfig {
   readonly userNamespaces: boolean;
   /** Store only the pages that changed since the head checkpoint (incremental process images; opt-in). */
   readonly pageDelta: boolean;
+  /**
+   * A checkpoint returns once it can be rolled back to (layer snapshot, dump
+   * and catalog row done); syncfs and checksums follow in the background.
+   * false: each checkpoint is durable and checksummed before it returns.
+   */
+  readonly durableLater: boolean;
+  /**
+   * Host-wide bound on the memory of all warm standbys of this state
+   * directory, in bytes (LOCKSTEP_STANDBY_BUDGET_MB; default a quarter of
+   * the host's memory). Past it the least recently used standbys are evicted.
+   */
+  readonly standbyBudgetBytes: number;
+  /**
+   * Prepare a standby after every checkpoint (true), or only after a
+   * rollback (false: an agent that checkpoints each step and rarely rolls
+   * back then pays no CRIU restore per step; its first rollback to a
+   * checkpoint restores with CRIU, later ones to the same checkpoint swap).
+   */
+  readonly standbyAfterCheckpoint: boolean;
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -73,6 +93,9 @@ export const ENVIRONMENT = {
   DOCKER_SOCKET: { reader: 'manager', key: 'dockerSocket' },
   LOCKSTEP_USERNS: { reader: 'manager', key: 'userNamespaces' },
   LOCKSTEP_PAGE_DELTA: { reader: 'manager', key: 'pageDelta' },
+  LOCKSTEP_DURABLE_LATER: { reader: 'manager', key: 'durableLater' },
+  LOCKSTEP_STANDBY_BUDGET_MB: { reader: 'manager', key: 'standbyBudgetBytes' },
+  LOCKSTEP_STANDBY_AFTER_CHECKPOINT: { reader: 'manager', key: 'standbyAfterCheckpoint' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -134,6 +157,16 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   const storeGib = options.storeGib ?? Number(e('LOCKSTEP_STORE_GIB') ?? DEFAULTS.storeGib);
   if (!Number.isFinite(storeGib) || storeGib <= 0)
     throw invalid('storeGib', 'LOCKSTEP_STORE_GIB', 'a positive number of GiB', storeGib);
+  const budgetMb = e('LOCKSTEP_STANDBY_BUDGET_MB');
+  const standbyBudgetBytes =
+    options.standbyBudgetBytes ?? (budgetMb === undefined ? Math.floor(os.totalmem() / 4) : Number(budgetMb) * 2 ** 20);
+  if (!Number.isFinite(standbyBudgetBytes) || standbyBudgetBytes < 0)
+    throw invalid(
+      'standbyBudgetBytes',
+      'LOCKSTEP_STANDBY_BUDGET_MB',
+      'a number of MiB, 0 or more',
+      options.standbyBudgetBytes ?? budgetMb,
+    );
   return {
     home: path.resolve(options.home ?? e('LOCKSTEP_HOME') ?? DEFAULTS.home),
     standby: options.standby ?? e('LOCKSTEP_STANDBY') !== 'off',
@@ -148,6 +181,9 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     dockerSocket: options.dockerSocket ?? e('DOCKER_SOCKET') ?? DEFAULTS.dockerSocket,
     userNamespaces: options.userNamespaces ?? e('LOCKSTEP_USERNS') !== 'off',
     pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
+    durableLater: options.durableLater ?? e('LOCKSTEP_DURABLE_LATER') !== 'off',
+    standbyBudgetBytes,
+    standbyAfterCheckpoint: options.standbyAfterCheckpoint ?? e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT') !== 'off',
   };
 }
 

@@ -12,6 +12,8 @@ import { envValue } from './config.js';
 /** Every fault point, so that a test can crash the manager at each of them. */
 export const FAULT_POINTS = {
   checkpoint: ['begin', 'frozen', 'snapshotted', 'dumped', 'delta', 'persisted', 'committed'],
+  /** The background step after a checkpoint's commit (durability.ts). */
+  durable: ['begin', 'synced', 'committed'],
   deleteCheckpoint: ['flattened'],
   rollback: ['begin', 'killed', 'layer-reset', 'mounted', 'restored', 'commit', 'committed'],
   fork: ['begin', 'prepared', 'layer-ready', 'restored', 'committed'],

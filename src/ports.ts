@@ -5,6 +5,7 @@
  * with a recording fake, so checkpoint, rollback, fork, the standby and the
  * reaper run without root (youki's `Syscall` trait, testcontainers' ports).
  */
+import fs from 'node:fs';
 import type { CriuRequest, NativeBinding } from './native/binding.js';
 import type { LayerStore } from './layers/layer-store.js';
 import * as proc from './host/proc.js';
@@ -26,6 +27,8 @@ export interface ProcessTable {
   mountsUnder(prefix: string): string[];
   /** Propagation of a mount point; undefined when it is not one. */
   mountPropagation(mountPoint: string): 'shared' | 'slave' | 'private' | undefined;
+  /** This kernel's boot id: files written but not yet synced survive a manager crash only within one boot. */
+  bootId(): string;
 }
 
 /** Client of the state directory's supervisor (lockstep-helper supervise): the parent of every init and of CRIU. */
@@ -86,4 +89,5 @@ export const procfs: ProcessTable = {
   startTime: proc.startTime,
   mountsUnder: proc.mountsUnder,
   mountPropagation: proc.mountPropagation,
+  bootId: () => fs.readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim(),
 };

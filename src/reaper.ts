@@ -18,21 +18,29 @@ import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/r
 import { hasStandbyFor } from './checkpoints/standby.js';
 import { verifyCheckpoint } from './checkpoints/integrity.js';
 import { removeSandbox } from './sandboxes/remove.js';
+import { ensureDurable, makeDurable } from './checkpoints/durability.js';
+import type { CheckpointRow } from './catalog/catalog.js';
 
 export interface ReapReport {
   operations: string[];
+  /** Checkpoints left pending durability: `durable:<id>` (made durable now) or `dropped:<id>` (taken before a host restart). */
+  checkpoints: string[];
   sandboxes: string[];
   orphans: string[];
 }
 
 export async function reap(engine: Engine): Promise<ReapReport> {
-  const report: ReapReport = { operations: [], sandboxes: [], orphans: [] };
+  const report: ReapReport = { operations: [], checkpoints: [], sandboxes: [], orphans: [] };
   const { catalog, runtime, layers, paths, cgroups, proc } = engine;
 
   // A dead manager's CRIU call may still be running in the service: stop it
   // before its checkpoint is discarded or its sandbox thawed.
   const workers = await engine.criu.stopOrphanedWorkers();
   if (workers > 0) engine.log.warn({ workers }, 'killed CRIU workers left by a manager that died');
+
+  // Checkpoints whose background durability step never finished: verified
+  // (synced and checksummed) or dropped, never left half-present.
+  await settlePendingCheckpoints(engine, report);
 
   for (const op of catalog.operations()) {
     const payload = JSON.parse(op.payload) as { checkpointId?: string; layerId?: string; branchId?: string };
@@ -72,7 +80,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
           continue;
         }
         // Past the point of no return: a corrupt checkpoint leaves the sandbox stopped at it.
-        await verifyCheckpoint(engine, ckpt);
+        await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
         const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
         commitRollback(engine, row, ckpt, op.id, pid, payload.branchId ?? row.branch_id);
       } catch (e) {
@@ -196,6 +204,68 @@ export async function reap(engine: Engine): Promise<ReapReport> {
   }
   engine.images.collectGarbage();
   return report;
+}
+
+/**
+ * A pending checkpoint of this boot has whole files in the page cache: sync
+ * and checksum them now. One of an earlier boot may have lost any part of
+ * its files, with nothing recorded to check them against: drop it, and its
+ * descendants with it (they are pending too: making a checkpoint durable
+ * makes every pending one of its sandbox durable, so a durable checkpoint
+ * never has a pending ancestor, in the tree or in its image's parent links).
+ */
+async function settlePendingCheckpoints(engine: Engine, report: ReapReport): Promise<void> {
+  const { catalog } = engine;
+  const pending = catalog.pendingCheckpoints();
+  if (!pending.length) return;
+  const boot = engine.proc.bootId();
+  const bySandbox = new Map<string, CheckpointRow[]>();
+  for (const c of pending) bySandbox.set(c.sandbox_id, [...(bySandbox.get(c.sandbox_id) ?? []), c]);
+  for (const rows of bySandbox.values()) {
+    const thisBoot = rows.filter((c) => c.boot_id === boot);
+    const lost = rows.filter((c) => c.boot_id !== boot);
+    try {
+      for (const id of await makeDurable(engine, thisBoot)) report.checkpoints.push(`durable:${id}`);
+    } catch (err) {
+      // A checkpoint whose process image is gone is as good as lost; one whose
+      // files are there stays pending (a restore from it, or the next reaper,
+      // tries again): a failed syncfs is no reason to throw a checkpoint away.
+      const missing = thisBoot.filter(
+        (c) => catalog.checkpoint(c.id)?.durable_at === null && !fs.existsSync(engine.paths.processImage(c.id)),
+      );
+      engine.log.warn({ err, dropped: missing.map((c) => c.id) }, 'pending checkpoints could not be made durable');
+      lost.push(...missing);
+    }
+    // Newest first: each one's children have gone (or moved up) before it.
+    for (const ckpt of lost.sort((a, b) => b.created_at - a.created_at)) {
+      await dropCheckpoint(engine, ckpt);
+      report.checkpoints.push(`dropped:${ckpt.id}`);
+    }
+  }
+}
+
+/** Removes a checkpoint that never became durable: its row first (head and standby move off it), then its files. */
+async function dropCheckpoint(engine: Engine, ckpt: CheckpointRow): Promise<void> {
+  const { catalog } = engine;
+  const row = catalog.sandbox(ckpt.sandbox_id);
+  if (row?.standby_checkpoint === ckpt.id && row.standby_instance)
+    await engine.runtime.destroy(row.standby_instance).catch(() => undefined);
+  catalog.tx(() => {
+    catalog.reparentCheckpoints(ckpt.id, ckpt.parent_id);
+    const fresh = catalog.sandbox(ckpt.sandbox_id);
+    if (fresh?.head_checkpoint_id === ckpt.id) catalog.updateSandbox(fresh.id, { head_checkpoint_id: ckpt.parent_id });
+    if (fresh?.standby_checkpoint === ckpt.id)
+      catalog.updateSandbox(fresh.id, {
+        standby_instance: null,
+        standby_checkpoint: null,
+        standby_pid: null,
+        standby_start: null,
+      });
+    catalog.deleteCheckpointRow(ckpt.id);
+    catalog.deleteLayerRow(ckpt.layer_id);
+    engine.agent.onCheckpointDeleted(ckpt);
+  });
+  await discardCheckpointFiles(engine, ckpt.id, ckpt.layer_id);
 }
 
 function safeReaddir(dir: string): string[] {

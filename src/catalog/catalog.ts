@@ -52,6 +52,8 @@ export interface SandboxRow {
   standby_checkpoint: string | null;
   standby_pid: number | null;
   standby_start: number | null;
+  /** When the standby was made (ms since the epoch): the policy evicts the least recently made first. */
+  standby_at?: number | null;
   /** CPU weight (cgroup v2 scale, 1-10000); null on rows made before limits existed. */
   cpu_weight: number | null;
   /** Hard CPU cap in microseconds per 100 ms period, or null for none. */
@@ -86,6 +88,14 @@ export interface CheckpointRow {
    * taken before checksums were recorded.
    */
   checksums?: string | null;
+  /**
+   * When the checkpoint's files were made durable (syncfs) and checksummed
+   * (ms since the epoch); null while that still runs in the background
+   * (src/checkpoints/durability.ts). Rows from before migration 5 were durable at commit.
+   */
+  durable_at?: number | null;
+  /** The kernel boot in which the checkpoint was taken: unsynced files outlive a manager crash, not a host restart. */
+  boot_id?: string | null;
 }
 
 export interface OperationRow {
@@ -216,6 +226,19 @@ CREATE TABLE IF NOT EXISTS operations (
     version: 4,
     description: 'checksums recorded at checkpoint time (checkpoints.checksums)',
     up: (db) => addColumn(db, 'checkpoints', 'checksums', 'TEXT'),
+  },
+  {
+    version: 5,
+    description:
+      'checkpoints made durable after they are runnable (checkpoints.durable_at, boot_id); standby LRU order (sandboxes.standby_at)',
+    up: (db) => {
+      addColumn(db, 'checkpoints', 'durable_at', 'INTEGER');
+      addColumn(db, 'checkpoints', 'boot_id', 'TEXT');
+      // The standby policy's LRU order (src/checkpoints/standby-policy.ts).
+      addColumn(db, 'sandboxes', 'standby_at', 'INTEGER');
+      // Every checkpoint before this step was durable when its row committed.
+      db.exec('UPDATE checkpoints SET durable_at = created_at WHERE durable_at IS NULL');
+    },
   },
 ];
 
@@ -448,11 +471,39 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label,
-         ledger_cursor, context_id, sizes, timings, created_at, checksums)
+         ledger_cursor, context_id, sizes, timings, created_at, checksums, durable_at, boot_id)
          VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor,
-           @context_id, @sizes, @timings, @created_at, @checksums)`,
+           @context_id, @sizes, @timings, @created_at, @checksums, @durable_at, @boot_id)`,
       )
-      .run({ checksums: null, ...row });
+      .run({
+        checksums: null,
+        boot_id: null,
+        ...row,
+        durable_at: row.durable_at === undefined ? row.created_at : row.durable_at,
+      });
+  }
+  /** Checkpoints whose files are not durable yet (of one sandbox, or all), oldest first. */
+  pendingCheckpoints(sandboxId?: string): CheckpointRow[] {
+    if (sandboxId === undefined)
+      return this.db
+        .prepare('SELECT * FROM checkpoints WHERE durable_at IS NULL ORDER BY created_at, rowid')
+        .all() as CheckpointRow[];
+    return this.db
+      .prepare('SELECT * FROM checkpoints WHERE durable_at IS NULL AND sandbox_id = ? ORDER BY created_at, rowid')
+      .all(sandboxId) as CheckpointRow[];
+  }
+  /** Records a pending checkpoint as durable, with its checksums; false if it is gone or was already durable. */
+  markCheckpointDurable(
+    id: string,
+    fields: { checksums: string; sizes: string; timings: string; durable_at: number },
+  ): boolean {
+    return (
+      this.db
+        .prepare(
+          'UPDATE checkpoints SET checksums = @checksums, sizes = @sizes, timings = @timings, durable_at = @durable_at WHERE id = @id AND durable_at IS NULL',
+        )
+        .run({ ...fields, id }).changes === 1
+    );
   }
   setCheckpointChecksums(id: string, checksums: string): void {
     this.db.prepare('UPDATE checkpoints SET checksums = ? WHERE id = ?').run(checksums, id);

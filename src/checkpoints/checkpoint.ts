@@ -1,9 +1,11 @@
 /**
  * Verb: checkpoint. Freeze the sandbox's cgroup, snapshot its writable layer
  * (btrfs, O(1)), dump the process tree with CRIU (the tree keeps running),
- * thaw, make it all durable, then commit one catalog transaction. The
- * checkpoint exists only once that transaction commits; a failure (or a
- * crash: see the reaper) at any step leaves no trace and the sandbox running.
+ * thaw, then commit one catalog transaction: from then on it can be rolled
+ * back to. Its files are made durable and checksummed afterwards, in the
+ * background (durability.ts), unless durableLater is off. The checkpoint
+ * exists only once that transaction commits; a failure (or a crash: see the
+ * reaper) at any step before leaves no trace and the sandbox running.
  */
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
@@ -34,8 +36,13 @@ export interface CheckpointTimings {
   frozenMs: number;
   /** Comparing the dump with the parent's image and keeping only the pages that changed. */
   deltaMs: number;
+  /** syncfs and checksums before the commit (only with durableLater off). */
   persistMs: number;
   commitMs: number;
+  /** Background durability (durability.ts): the store's syncfs, the checksums, and start of checkpoint → durable record. */
+  syncMs: number;
+  hashMs: number;
+  toDurableMs: number;
   totalMs: number;
 }
 
@@ -52,6 +59,8 @@ export interface CheckpointInfo {
   /** layerBytes: what the checkpoint's layer referenced when taken (absent when the store has no quotas on). */
   sizes: { processImageBytes: number; layerBytes?: number; contextBytes?: number };
   timings: Partial<CheckpointTimings>;
+  /** When the files were made durable and checksummed; null while that runs in the background (a rollback to it still works). */
+  durableAt: string | null;
 }
 
 export function checkpointInfo(row: CheckpointRow): CheckpointInfo {
@@ -67,7 +76,15 @@ export function checkpointInfo(row: CheckpointRow): CheckpointInfo {
     ledgerCursor: row.ledger_cursor,
     sizes: JSON.parse(row.sizes),
     timings: JSON.parse(row.timings),
+    durableAt: row.durable_at === null || row.durable_at === undefined ? null : new Date(row.durable_at).toISOString(),
   };
+}
+
+/** Bytes of a process image folder (its files' sizes; the `parent` link counts as its target's length). */
+function processImageBytes(dir: string): number {
+  let n = 0;
+  for (const name of fs.readdirSync(dir)) n += fs.lstatSync(`${dir}/${name}`).size;
+  return n;
 }
 
 export function validateLabel(label: unknown): string | null {
@@ -135,19 +152,28 @@ export async function checkpointSandbox(
     engine.fault('checkpoint:delta');
     // After the delta: the pages files it wrote must belong to the sandbox's root too.
     shareProcessImageWith(imagesDir, row.id_base);
-    // Durable before the record: one btrfs commit covers the snapshot and
-    // every file of the process image (they live on the same filesystem).
-    // The image is hashed meanwhile, from the page cache CRIU just filled:
-    // the commit waits on the disk, the hashing on the CPU.
-    const tp = performance.now();
-    const [, images] = await Promise.all([layers.sync(), hashProcessImage(imagesDir)]);
-    const checksums: CheckpointChecksums = { images, layer: layerFingerprint(engine.native, paths.layer(layerId)) };
-    t.persistMs = performance.now() - tp;
-    engine.fault('checkpoint:persisted');
+    // Runnable first (the default): the record commits now, with the files in
+    // the page cache, and durability (syncfs, checksums) follows behind the
+    // sandbox's lock (durability.ts). With durableLater off, both happen here,
+    // before the record: one btrfs commit covers the snapshot and every file
+    // of the process image, hashed meanwhile from the page cache.
+    let checksums: CheckpointChecksums | null = null;
+    let imageBytes: number;
+    if (engine.config.durableLater) {
+      imageBytes = processImageBytes(imagesDir);
+    } else {
+      const tp = performance.now();
+      const [, images] = await Promise.all([layers.sync(), hashProcessImage(imagesDir)]);
+      checksums = { images, layer: layerFingerprint(engine.native, paths.layer(layerId)) };
+      imageBytes = Object.values(images).reduce((n, f) => n + f.size, 0);
+      t.persistMs = performance.now() - tp;
+      engine.fault('checkpoint:persisted');
+    }
 
     const tc = performance.now();
-    const sizes: CheckpointInfo['sizes'] = { processImageBytes: Object.values(images).reduce((n, f) => n + f.size, 0) };
-    const layerBytes = layers.layerBytes(layerId); // exact now: the sync above committed the qgroup numbers
+    const sizes: CheckpointInfo['sizes'] = { processImageBytes: imageBytes };
+    // The snapshot's own commit set its qgroup numbers (durability.ts records them again after the sync).
+    const layerBytes = layers.layerBytes(layerId);
     if (layerBytes !== null) sizes.layerBytes = layerBytes;
     catalog.tx(() => {
       // In the commit transaction, so that two checkpoints cannot both fit the last room.
@@ -173,7 +199,9 @@ export async function checkpointSandbox(
         sizes: JSON.stringify(sizes),
         timings: JSON.stringify(t),
         created_at: Date.now(),
-        checksums: JSON.stringify(checksums),
+        checksums: checksums ? JSON.stringify(checksums) : null,
+        durable_at: checksums ? Date.now() : null,
+        boot_id: engine.proc.bootId(),
       };
       catalog.insertCheckpoint(committed);
       catalog.updateSandbox(row.id, { head_checkpoint_id: checkpointId });

@@ -11,6 +11,7 @@ import type { Engine } from '../engine.js';
 import { restoreNewInstance } from './process-image.js';
 import { freeIdBase } from '../sandboxes/id-ranges.js';
 import { verifyCheckpoint } from './integrity.js';
+import { ensureDurable } from './durability.js';
 
 export const MAX_FORKS = 64;
 
@@ -111,7 +112,7 @@ export async function forkSandbox(
 ): Promise<ForkResult[]> {
   await engine.criu.ensureRunning();
   // Once for all the forks, before any is made: a damaged checkpoint makes none.
-  await verifyCheckpoint(engine, ckpt);
+  await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
   const results: ForkResult[] = new Array(count);
   let next = 0;
   let done = 0;

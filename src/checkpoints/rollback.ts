@@ -24,6 +24,7 @@ import {
 import { SandboxFiles } from '../sandboxes/files.js';
 import { hasStandbyFor } from './standby.js';
 import { verifyCheckpoint } from './integrity.js';
+import { ensureDurable } from './durability.js';
 import type { RollbackWarning } from '../effects/effect-ledger.js';
 
 export interface RollbackTimings {
@@ -232,7 +233,9 @@ export async function rollbackSandbox(
   // The restore path reads the checkpoint's files: verify them while the
   // sandbox is untouched. A standby was restored from verified files when it
   // was made, and a swap reads none.
-  if (!standby) await verifyCheckpoint(engine, ckpt);
+  // A checkpoint still pending durability is made durable first, so that
+  // there are checksums to verify against (durability.ts).
+  if (!standby) await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
   opts.signal?.throwIfAborted();
   catalog.beginOperation({
     id: opId,

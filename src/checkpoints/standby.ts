@@ -17,7 +17,9 @@ import type { Engine } from '../engine.js';
 import { isInitOf } from '../sandboxes/identity.js';
 import { restoreNewInstance } from './process-image.js';
 import { verifyCheckpoint } from './integrity.js';
+import { ensureDurable } from './durability.js';
 import { checkStandbyQuota, tenantOf } from '../tenants/quotas.js';
+import { makeRoomForStandby } from './standby-policy.js';
 
 /**
  * True when the sandbox has a live standby for this checkpoint: its pid is
@@ -76,12 +78,18 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
   if (!row || row.state !== 'running' || hasStandbyFor(engine, row, ckpt.id)) return;
   await dropStandby(engine, sandboxId);
   if (!standbyFits(engine, row)) return;
+  // The host-wide budget: a standby will hold about what the sandbox holds now.
+  const estimate = engine.cgroups.memoryBytes(engine.runtime.cgroupName(row.instance));
+  if (!makeRoomForStandby(engine, row, estimate)) {
+    engine.log.info({ sandboxId, bytes: estimate }, 'no warm standby: it would not fit the standby memory budget');
+    return;
+  }
   const key = `${sandboxId}.${randomBytes(3).toString('hex')}`;
   const { runtime, cgroups } = engine;
   try {
     // A standby is restored from the checkpoint's files: they are verified
     // here, once, so that the swap later need not read them.
-    await verifyCheckpoint(engine, ckpt);
+    await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
     const pid = await restoreNewInstance(engine, key, row, ckpt);
     await cgroups.freeze(runtime.cgroupName(key));
     // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.
@@ -92,11 +100,15 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
     // Checked again with the commit, in the same tick: another sandbox of
     // the tenant may have taken the room while this one was restoring.
     if (!standbyFits(engine, fresh)) throw new Error('the tenant has no memory left for a standby');
+    // And the budget again, with what the standby really holds.
+    if (!makeRoomForStandby(engine, fresh, engine.cgroups.memoryBytes(runtime.cgroupName(key))))
+      throw new Error('the standby does not fit the standby memory budget');
     engine.catalog.updateSandbox(sandboxId, {
       standby_instance: key,
       standby_checkpoint: ckpt.id,
       standby_pid: pid,
       standby_start: start,
+      standby_at: engine.clock.now(),
     });
     engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
   } catch (e) {

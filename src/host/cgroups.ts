@@ -73,7 +73,25 @@ export interface CgroupDriver {
   readonly cpuControl: boolean;
   /** Total CPU time the cgroup's processes used, in microseconds (cpuacct.usage / cpu.stat usage_usec). */
   cpuUsageUsec(name: string): number;
+  /** Anonymous and shared memory charged to the cgroup, in bytes (memory.stat): what a copy of its processes costs. */
+  memoryBytes(name: string): number;
   ioWeightSupport(): IoWeightSupport;
+}
+
+/** Sums the named fields of a memory.stat file; 0 when it cannot be read (the cgroup is gone). */
+function memoryStat(file: string, fields: string[]): number {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch {
+    return 0;
+  }
+  let n = 0;
+  for (const line of text.split('\n')) {
+    const [k, v] = line.split(' ');
+    if (k && fields.includes(k)) n += Number(v);
+  }
+  return n;
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -214,6 +232,10 @@ export class CgroupV1 implements CgroupDriver {
 
   procsFiles(name: string): string[] {
     return this.hierarchies.map((c) => path.join(this.dir(c, name), 'cgroup.procs'));
+  }
+
+  memoryBytes(name: string): number {
+    return memoryStat(path.join(this.dir('memory', name), 'memory.stat'), ['rss', 'shmem']);
   }
 
   cpuUsageUsec(name: string): number {
@@ -378,6 +400,10 @@ export class CgroupV2 implements CgroupDriver {
 
   procsFiles(name: string): string[] {
     return [path.join(this.dir(name), 'cgroup.procs')];
+  }
+
+  memoryBytes(name: string): number {
+    return memoryStat(path.join(this.dir(name), 'memory.stat'), ['anon', 'shmem']);
   }
 
   freezerPath(name: string): string {

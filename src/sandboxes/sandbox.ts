@@ -21,6 +21,7 @@ import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
 import { removeSandbox } from './remove.js';
 import { prepareStandby } from '../checkpoints/standby.js';
+import { ensureDurable, queueDurability } from '../checkpoints/durability.js';
 import { SandboxCore, type Provenance } from './sandbox-core.js';
 import { CommandHandle, SandboxCommands, type ObservedRunResult } from './sandbox-commands.js';
 import { ObservedFiles } from './observed-files.js';
@@ -170,8 +171,21 @@ export class Sandbox {
   async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
     const engine = this.core.engine;
     const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
-    this.queueStandby(info.id); // a later rollback to this checkpoint becomes a swap
+    // First in the queue behind the lock: syncfs and checksums, then the standby (which verifies against them).
+    if (info.durableAt === null) void queueDurability(engine, this.id, info.id);
+    // A later rollback to this checkpoint becomes a swap (unless standbys are kept for rollbacks only).
+    if (engine.config.standbyAfterCheckpoint) this.queueStandby(info.id);
     return info;
+  }
+
+  /**
+   * Resolves once a checkpoint's files are durable and checksummed (a
+   * checkpoint returns before that: see LOCKSTEP_DURABLE_LATER); returns it.
+   */
+  async durable(checkpointId: string): Promise<CheckpointInfo> {
+    const engine = this.core.engine;
+    const ckpt = ownCheckpoint(engine, this.core.row(), checkpointId);
+    return checkpointInfo(await ensureDurable(engine, ckpt));
   }
 
   /** Prepares a warm standby of a checkpoint in the background, behind this sandbox's lock. */

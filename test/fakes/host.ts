@@ -58,6 +58,10 @@ export class FakeHost {
   private readonly failures = new Map<string, Error>();
   private readonly watchers = new Set<FakePidWatcher>();
   now = Date.parse('2026-11-30T12:00:00Z');
+  /** The fake kernel's boot id; a test changes it to model a host restart. */
+  bootId = 'fake-boot-1';
+  /** Memory charged to each sandbox's cgroups (by sandbox id; a standby's cgroup reports its sandbox's). */
+  readonly memoryBytes = new Map<string, number>();
 
   constructor(readonly home: string) {}
 
@@ -128,6 +132,7 @@ export class FakeHost {
     mountsUnder: (prefix) =>
       [...this.mounts].filter((m) => m === prefix || m.startsWith(prefix + '/')).sort((a, b) => b.length - a.length),
     mountPropagation: (mp) => (this.mounts.has(mp) ? 'shared' : undefined),
+    bootId: () => this.bootId,
   };
 
   readonly cgroupDriver: CgroupDriver = {
@@ -163,6 +168,7 @@ export class FakeHost {
       [...this.cgroups.keys()].filter((n) => n.startsWith(group + '/')).map((n) => n.slice(group.length + 1)),
     oomKills: () => 0,
     cpuUsageUsec: () => 0,
+    memoryBytes: (name) => this.memoryBytes.get(name.split('/').at(-1)!.split('.')[0]!) ?? 0,
     ioWeightSupport: () => ({ ok: true, detail: 'fake' }) as ReturnType<CgroupDriver['ioWeightSupport']>,
   };
 

@@ -188,7 +188,7 @@ integration(test, () => {
       const ls = await Lockstep.open({ home });
       t.teardown(() => ls.close());
       process.kill(supervisor, 'SIGCONT');
-      t.deepEqual(ls.reaped, { operations: [`checkpoint:started:${b}`], sandboxes: [c], orphans: [] });
+      t.deepEqual(ls.reaped, { operations: [`checkpoint:started:${b}`], checkpoints: [], sandboxes: [c], orphans: [] });
 
       // B is thawed, still runs, and the checkpoint that never committed left nothing.
       t.false(cgroups.isFrozen(runtime.cgroupName(b)));

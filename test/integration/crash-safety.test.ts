@@ -41,8 +41,10 @@ interface ChildExit {
 /** Runs the crash runner with LOCKSTEP_FAULT set; resolves when it is gone. */
 function crashRunner(fault: string, args: string[]): Promise<ChildExit> {
   return new Promise((resolve, reject) => {
+    // checkpoint:persisted is on the path only when durability comes before the commit.
+    const durableLater = fault === 'checkpoint:persisted' ? { LOCKSTEP_DURABLE_LATER: 'off' } : {};
     const child = spawn(process.execPath, [RUNNER, ...args], {
-      env: { ...process.env, LOCKSTEP_FAULT: fault },
+      env: { ...process.env, LOCKSTEP_FAULT: fault, ...durableLater },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let output = '';
@@ -72,6 +74,7 @@ integration(test, () => {
     await sb.files.write('/workspace/at-T', 'written before T\n');
     await waitCounter(ls, sb.id, (v) => v >= 5);
     target = await sb.checkpoint({ label: 'T' });
+    target = await sb.durable(target.id); // what each test reads as "before" is T's final record
     atTarget = await counterInLayer(ls, target);
   });
   test.after.always(async () => {
@@ -94,10 +97,20 @@ integration(test, () => {
     op: 'checkpoint' | 'rollback' | 'fork',
     ...args: string[]
   ): Promise<void> {
+    await crashOnly(t, fault, op, ...args);
+    await reopen();
+  }
+
+  /** crashAt without the reopen, for tests that change what the reaper will find first. */
+  async function crashOnly(
+    t: ExecutionContext,
+    fault: string,
+    op: 'checkpoint' | 'rollback' | 'fork',
+    ...args: string[]
+  ): Promise<void> {
     await sb.settled(); // no background work of ours may race the child
     const exit = await crashRunner(fault, [op, home, ...args]);
     t.is(exit.signal, 'SIGKILL', `the manager died at ${fault} (exit ${exit.code}):\n${exit.output}`);
-    await reopen();
   }
 
   /**
@@ -183,6 +196,73 @@ integration(test, () => {
       `kill -9 at checkpoint:${point} leaves the checkpoint ${point === 'committed' ? 'complete' : 'absent'} and the sandbox running`,
   });
   for (const point of FAULT_POINTS.checkpoint) test.serial(checkpointCrash, point);
+
+  // Past its commit a checkpoint can be rolled back to; its files are made
+  // durable and checksummed in the background. A crash there leaves them
+  // whole in the page cache (same boot): the reaper syncs, checksums and
+  // records them, and a CRIU restore from it verifies against those.
+  const durableCrash = test.macro({
+    async exec(t, point: string) {
+      const tag = `before-durable-${point}`;
+      await setTag(ls, sb.id, tag);
+      const before = sb.checkpoints();
+      const headBefore = sb.info().headCheckpointId;
+
+      await crashAt(t, `durable:${point}`, 'checkpoint', sb.id);
+
+      t.deepEqual(ls.reaped?.operations, [], 'the checkpoint had committed');
+      assertConsistent(t);
+      const after = sb.checkpoints();
+      t.is(after.length, before.length + 1);
+      const made = after.at(-1)!;
+      t.like(made, { label: 'crash', parentId: headBefore });
+      t.is(sb.info().headCheckpointId, made.id);
+      // At `committed` the record was written; before it, the reaper wrote it.
+      t.deepEqual(ls.reaped?.checkpoints, point === 'committed' ? [] : [`durable:${made.id}`]);
+      t.not(made.durableAt, null, 'the checkpoint is durable once the reaper has run');
+      const checksums = JSON.parse(ls.engine.catalog.checkpoint(made.id)!.checksums!) as { images: object };
+      t.true(Object.keys(checksums.images).length > 0, 'its process image files have checksums');
+      t.is(await tagInMemory(ls, sb.id), tag);
+      await assertRunning(t, sb);
+      // No standby was made by the dead manager: this rollback is a CRIU restore, verified first.
+      t.not(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, made.id);
+      await setTag(ls, sb.id, 'moved on');
+      t.is((await sb.rollback(made.id)).checkpointId, made.id);
+      t.is(await tagInMemory(ls, sb.id), tag, 'rolling back to the recovered checkpoint works');
+      await assertRunning(t, sb);
+    },
+    title: (_p, point) => `kill -9 at durable:${point} leaves the checkpoint complete, durable and verified`,
+  });
+  for (const point of FAULT_POINTS.durable) test.serial(durableCrash, point);
+
+  test.serial(
+    'a checkpoint not yet durable when the host restarted is dropped whole, and its parent is head again',
+    async (t) => {
+      const tag = 'before-restart';
+      await setTag(ls, sb.id, tag);
+      const before = sb.checkpoints();
+      const headBefore = sb.info().headCheckpointId!;
+      await crashOnly(t, 'durable:begin', 'checkpoint', sb.id);
+      // The catalog (synchronous=FULL) outlives a restart; the unsynced files
+      // may not. Model the restart by the boot the row names.
+      const pending = ls.engine.catalog.pendingCheckpoints(sb.id);
+      t.is(pending.length, 1, 'the crashed manager left one pending checkpoint');
+      const lost = pending[0]!;
+      ls.engine.catalog.db.prepare('UPDATE checkpoints SET boot_id = ? WHERE id = ?').run('an-earlier-boot', lost.id);
+      await reopen();
+
+      t.deepEqual(ls.reaped?.checkpoints, [`dropped:${lost.id}`]);
+      assertConsistent(t); // its layer and process image are gone with its row
+      t.deepEqual(sb.checkpoints(), before, 'no trace of the dropped checkpoint');
+      t.is(sb.info().headCheckpointId, headBefore, 'its parent is the head again');
+      t.false(fs.existsSync(ls.engine.paths.layer(lost.layer_id)));
+      t.false(fs.existsSync(ls.engine.paths.processImage(lost.id)));
+      // The parent still restores whole.
+      await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
+      t.is((await sb.rollback(headBefore)).checkpointId, headBefore);
+      await assertRunning(t, sb);
+    },
+  );
 
   const rollbackCrash = test.macro({
     async exec(t, via: 'restore' | 'standby', point: string) {

@@ -8,15 +8,15 @@ import fs from 'node:fs';
 import { openFake } from '../fakes/manager.js';
 import { systemError } from '../fakes/host.js';
 
-async function sandboxWithFiles(t: ExecutionContext, content: string) {
-  const m = await openFake(t, { open: { config: { standby: false } } });
+async function sandboxWithFiles(t: ExecutionContext, content: string, durableLater = true) {
+  const m = await openFake(t, { open: { config: { standby: false, durableLater } } });
   const sb = await m.ls.create();
   m.host.uppers.set(m.row(sb.id).instance, content);
   m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=7';
   return { ...m, sb };
 }
 
-test('a checkpoint freezes, snapshots, dumps, thaws, syncs, then commits', async (t) => {
+test('a checkpoint freezes, snapshots, dumps, thaws and commits; the sync and checksums follow behind the lock', async (t) => {
   const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1');
   const cg = engine.runtime.cgroupName(row(sb.id).instance);
   const mark = host.calls.length;
@@ -27,8 +27,17 @@ test('a checkpoint freezes, snapshots, dumps, thaws, syncs, then commits', async
     `layers.snapshotUpper ${sb.id} ${info.layerId}`,
     `criu.dump ${row(sb.id).init_pid}`,
     `cgroups.thaw ${cg}`,
-    'layers.sync',
   ]);
+  // Runnable: recorded and head, not durable yet.
+  t.is(info.durableAt, null);
+  t.is(engine.catalog.checkpoint(info.id)!.checksums, null);
+  t.is(engine.catalog.checkpoint(info.id)!.boot_id, host.bootId);
+  const durable = await ls.get(sb.id).durable(info.id);
+  t.deepEqual(host.since(mark).slice(5), ['layers.sync']);
+  t.not(durable.durableAt, null);
+  const checksums = JSON.parse(engine.catalog.checkpoint(info.id)!.checksums!) as { images: Record<string, unknown> };
+  t.deepEqual(Object.keys(checksums.images), ['memory']);
+  t.is(typeof durable.timings.toDurableMs, 'number');
   // What was taken: the layer's content and the process's memory, as they were.
   t.is(host.layers.get(info.layerId), 'files-v1');
   t.is(fs.readFileSync(`${engine.paths.processImage(info.id)}/memory`, 'utf8'), 'counter=7');
@@ -38,16 +47,47 @@ test('a checkpoint freezes, snapshots, dumps, thaws, syncs, then commits', async
   t.false(host.cgroupDriver.isFrozen(cg));
 });
 
+test('with durableLater off the sync comes before the commit, and the checkpoint returns durable', async (t) => {
+  const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1', false);
+  const cg = engine.runtime.cgroupName(row(sb.id).instance);
+  const mark = host.calls.length;
+  const info = await ls.get(sb.id).checkpoint();
+  t.deepEqual(host.since(mark).slice(-2), [`cgroups.thaw ${cg}`, 'layers.sync']);
+  t.not(info.durableAt, null);
+  t.not(engine.catalog.checkpoint(info.id)!.checksums, null);
+  await ls.get(sb.id).settled();
+  t.deepEqual(host.since(mark).slice(-1), ['layers.sync'], 'no second sync in the background');
+});
+
+test('a background sync that fails leaves the checkpoint pending; a CRIU rollback makes it durable before it verifies', async (t) => {
+  const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1');
+  host.failAt('layers.sync', systemError('EIO', 'layers.sync'));
+  const info = await ls.get(sb.id).checkpoint();
+  await ls.get(sb.id).settled();
+  t.is(engine.catalog.checkpoint(info.id)!.durable_at, null, 'still pending, still recorded');
+  t.is(row(sb.id).head_checkpoint_id, info.id);
+  host.uppers.set(row(sb.id).instance, 'files-v2');
+  const mark = host.calls.length;
+  await ls.get(sb.id).rollback(info.id);
+  const calls = host.since(mark);
+  t.true(
+    calls.indexOf('layers.sync') >= 0 &&
+      calls.indexOf('layers.sync') < calls.findIndex((c) => c.startsWith('criu.restore')),
+  );
+  t.not(engine.catalog.checkpoint(info.id)!.durable_at, null);
+  t.is(host.uppers.get(row(sb.id).instance), 'files-v1');
+});
+
 const failures = [
-  { at: 'cgroups.freeze', thawed: false },
-  { at: 'layers.snapshotUpper', thawed: true },
-  { at: 'criu.dump', thawed: true },
-  { at: 'layers.sync', thawed: true },
+  { at: 'cgroups.freeze', thawed: false, durableLater: true },
+  { at: 'layers.snapshotUpper', thawed: true, durableLater: true },
+  { at: 'criu.dump', thawed: true, durableLater: true },
+  { at: 'layers.sync', thawed: true, durableLater: false },
 ];
 
-for (const { at, thawed } of failures) {
+for (const { at, thawed, durableLater } of failures) {
   test(`a failure at ${at} leaves no checkpoint, no layer, no image, and the sandbox running`, async (t) => {
-    const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1');
+    const { ls, host, engine, row, sb } = await sandboxWithFiles(t, 'files-v1', durableLater);
     const before = row(sb.id);
     const cg = engine.runtime.cgroupName(before.instance);
     const layersBefore = [...host.layers.keys()];

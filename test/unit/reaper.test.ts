@@ -264,3 +264,56 @@ test('each kind of leftover the catalog does not know is removed and reported', 
   t.true(fs.existsSync(p.processImage(ckpt.id)));
   t.like(r.row(id), { state: 'running' });
 });
+
+/** Makes a committed checkpoint look as a crash before its background durability step leaves it. */
+function leavePending(m: FakeManager, checkpointId: string, bootId: string): void {
+  m.engine.catalog.db
+    .prepare('UPDATE checkpoints SET durable_at = NULL, checksums = NULL, boot_id = ? WHERE id = ?')
+    .run(bootId, checkpointId);
+}
+
+test('a checkpoint left pending in this boot is synced, checksummed and recorded durable', async (t) => {
+  const { m, ckpt } = await checkpointedSandbox(t);
+  leavePending(m, ckpt.id, m.host.bootId);
+  const r = await reopen(t, m);
+  t.deepEqual(r.ls.reaped?.checkpoints, [`durable:${ckpt.id}`]);
+  const row = r.engine.catalog.checkpoint(ckpt.id)!;
+  t.not(row.durable_at, null);
+  t.deepEqual(Object.keys((JSON.parse(row.checksums!) as { images: object }).images), ['memory']);
+});
+
+test('a checkpoint left pending by an earlier boot is dropped with its pending descendants; the last durable one is head again', async (t) => {
+  const { m, id, ckpt } = await checkpointedSandbox(t);
+  const sb = m.ls.get(id);
+  const second = await sb.checkpoint();
+  const third = await sb.checkpoint();
+  await sb.settled();
+  leavePending(m, second.id, 'an-earlier-boot');
+  leavePending(m, third.id, 'an-earlier-boot');
+  m.host.bootId = 'fake-boot-2';
+  const r = await reopen(t, m);
+  t.deepEqual(r.ls.reaped?.checkpoints, [`dropped:${third.id}`, `dropped:${second.id}`]);
+  t.deepEqual(
+    r.engine.catalog.checkpointsOf(id).map((c) => c.id),
+    [ckpt.id],
+  );
+  t.is(r.row(id).head_checkpoint_id, ckpt.id);
+  t.false(fs.existsSync(r.engine.paths.processImage(second.id)));
+  t.false(fs.existsSync(r.engine.paths.processImage(third.id)));
+  t.false(m.host.layers.has(second.layerId));
+  t.false(m.host.layers.has(third.layerId));
+});
+
+test('a pending checkpoint of this boot stays pending when the sync fails, and is dropped when its image is gone', async (t) => {
+  const { m, id, ckpt } = await checkpointedSandbox(t);
+  const second = await m.ls.get(id).checkpoint();
+  await m.ls.get(id).settled();
+  leavePending(m, ckpt.id, m.host.bootId);
+  leavePending(m, second.id, m.host.bootId);
+  fs.rmSync(m.engine.paths.processImage(second.id), { recursive: true, force: true });
+  m.host.failAt('layers.sync');
+  const r = await reopen(t, m);
+  t.deepEqual(r.ls.reaped?.checkpoints, [`dropped:${second.id}`]);
+  t.is(r.engine.catalog.checkpoint(ckpt.id)!.durable_at, null, 'whole files: still pending, not thrown away');
+  t.is(r.row(id).head_checkpoint_id, ckpt.id);
+});

@@ -74,3 +74,68 @@ test('no standby when it would take the tenant past its memory quota', async (t)
   t.is(m.row(sb.id).standby_instance, null);
   t.is(m.host.only('criu.restore').length, 0);
 });
+
+test('standbys share one memory budget: the least recently made is evicted for a newer one, and its sandbox rolls back with CRIU', async (t) => {
+  const MiB = 2 ** 20;
+  // Room for two standbys of 100 MiB, not three.
+  const m = await openFake(t, { open: { config: { standbyBudgetBytes: 250 * MiB } } });
+  const sbs = [];
+  for (const memory of ['a=1', 'b=1', 'c=1']) {
+    const sb = await m.ls.create();
+    m.host.memoryBytes.set(sb.id, 100 * MiB);
+    m.host.processes.get(m.row(sb.id).init_pid!)!.memory = memory;
+    sbs.push({ sb, ckpt: await sb.checkpoint() });
+    await sb.settled();
+    m.host.now += 1000; // the LRU order is the standbys' making times
+  }
+  const [a, b, c] = sbs.map((x) => m.row(x.sb.id));
+  t.is(a!.standby_instance, null, 'the oldest standby was evicted');
+  t.is(b!.standby_checkpoint, sbs[1]!.ckpt.id);
+  t.is(c!.standby_checkpoint, sbs[2]!.ckpt.id);
+  await sbs[0]!.sb.settled();
+  const group = m.engine.runtime.cgroupGroup;
+  t.deepEqual(
+    m.host.cgroupDriver.children(group).filter((k) => k.startsWith(`${a!.id}.`)),
+    [],
+    'its processes are gone',
+  );
+  // The evicted sandbox still rolls back, through a CRIU restore, to its own state.
+  const first = sbs[0]!;
+  m.host.processes.get(m.row(first.sb.id).init_pid!)!.memory = 'a=2';
+  const restores = m.host.only('criu.restore').length;
+  await first.sb.rollback(first.ckpt.id);
+  t.true(m.host.only('criu.restore').length > restores);
+  t.is(m.host.processes.get(m.row(first.sb.id).init_pid!)!.memory, 'a=1');
+});
+
+test('a standby larger than the whole budget is not made, and evicts nothing', async (t) => {
+  const MiB = 2 ** 20;
+  const m = await openFake(t, { open: { config: { standbyBudgetBytes: 150 * MiB } } });
+  const small = await m.ls.create();
+  m.host.memoryBytes.set(small.id, 100 * MiB);
+  await small.checkpoint();
+  await small.settled();
+  const big = await m.ls.create();
+  m.host.memoryBytes.set(big.id, 200 * MiB);
+  await big.checkpoint();
+  await big.settled();
+  t.is(m.row(big.id).standby_instance, null);
+  t.not(m.row(small.id).standby_instance, null, 'the smaller standby stays');
+});
+
+test('with standbyAfterCheckpoint off, a checkpoint makes no standby and a rollback makes one', async (t) => {
+  const m = await openFake(t, { open: { config: { standbyAfterCheckpoint: false } } });
+  const sb = await m.ls.create();
+  m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=1';
+  const ckpt = await sb.checkpoint();
+  await sb.settled();
+  t.is(m.row(sb.id).standby_instance, null);
+  t.is(m.host.only('criu.restore').length, 0, 'no CRIU restore after the checkpoint');
+  await sb.rollback(ckpt.id); // through a CRIU restore
+  await sb.settled();
+  t.is(m.row(sb.id).standby_checkpoint, ckpt.id, 'agents often fail the same step again');
+  m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=2';
+  const report = await sb.rollback(ckpt.id);
+  t.is(report.path, 'standby');
+  t.is(m.host.processes.get(m.row(sb.id).init_pid!)!.memory, 'counter=1');
+});

@@ -1,0 +1,86 @@
+/**
+ * Which sandboxes get a warm standby. A standby is a frozen second copy of
+ * a sandbox's processes, so each one costs about the sandbox's memory again.
+ * All standbys of a state directory share one budget
+ * (LockstepConfig.standbyBudgetBytes): before a standby is made, the least
+ * recently made standbys of other sandboxes (LRU: the sandbox whose last
+ * checkpoint or rollback is the oldest) are evicted until the new one fits;
+ * one that cannot fit even then is not made. Memory is what each standby's
+ * cgroup is charged (anonymous + shared, memory.stat), read at decision
+ * time, so the bound holds for what the standbys hold now, not a forecast.
+ * A sandbox without a standby still rolls back, through a CRIU restore.
+ * (Decision and measurements: docs/ARCHITECTURE.md, "Standby policy".)
+ */
+import type { SandboxRow } from '../catalog/catalog.js';
+import type { Engine } from '../engine.js';
+
+/** One live standby and what it holds. */
+export interface StandbyUse {
+  sandboxId: string;
+  instance: string;
+  bytes: number;
+  madeAt: number;
+}
+
+/** Every standby of the state directory with its memory, least recently made first. */
+export function standbysInUse(engine: Engine): StandbyUse[] {
+  const out: StandbyUse[] = [];
+  for (const row of engine.catalog.allSandboxes()) {
+    if (!row.standby_instance) continue;
+    out.push({
+      sandboxId: row.id,
+      instance: row.standby_instance,
+      bytes: engine.cgroups.memoryBytes(engine.runtime.cgroupName(row.standby_instance)),
+      madeAt: row.standby_at ?? 0,
+    });
+  }
+  return out.sort((a, b) => a.madeAt - b.madeAt);
+}
+
+/**
+ * Makes room for `bytes` more of standby memory for this sandbox by evicting
+ * other sandboxes' standbys, oldest first; false (nothing evicted) when even
+ * evicting all of them would not be enough. Runs in one tick with the
+ * catalog update that follows it, so two sandboxes cannot both take the last
+ * room. Eviction clears the victim's standby from its row at once (a
+ * rollback of it from now on restores with CRIU) and removes the instance
+ * later, behind the victim's own lock (never waiting for it here: two
+ * sandboxes evicting each other would deadlock).
+ */
+export function makeRoomForStandby(engine: Engine, row: SandboxRow, bytes: number): boolean {
+  const budget = engine.config.standbyBudgetBytes;
+  if (bytes > budget) return false;
+  const others = standbysInUse(engine).filter((s) => s.sandboxId !== row.id);
+  let used = others.reduce((n, s) => n + s.bytes, 0);
+  const victims: StandbyUse[] = [];
+  for (const s of others) {
+    if (used + bytes <= budget) break;
+    victims.push(s);
+    used -= s.bytes;
+  }
+  if (used + bytes > budget) return false;
+  for (const v of victims) evictStandby(engine, v, `to make room for the standby of ${row.id}`);
+  return true;
+}
+
+/** Takes a standby out of use now; its processes are removed behind its sandbox's lock. */
+export function evictStandby(engine: Engine, victim: StandbyUse, why: string): void {
+  engine.catalog.updateSandbox(victim.sandboxId, {
+    standby_instance: null,
+    standby_checkpoint: null,
+    standby_pid: null,
+    standby_start: null,
+    standby_at: null,
+  });
+  engine.log.info({ sandboxId: victim.sandboxId, bytes: victim.bytes }, `warm standby evicted ${why}`);
+  void engine
+    .withSandboxLock(victim.sandboxId, async () => {
+      // A rollback that had already chosen this standby may have swapped it in meanwhile.
+      const fresh = engine.catalog.sandbox(victim.sandboxId);
+      if (fresh && (fresh.instance === victim.instance || fresh.standby_instance === victim.instance)) return;
+      await engine.runtime.destroy(victim.instance);
+    })
+    .catch((err: unknown) =>
+      engine.log.warn({ err, sandboxId: victim.sandboxId }, 'removing an evicted standby failed'),
+    );
+}
