@@ -24,6 +24,7 @@ import { prepareStandby } from '../checkpoints/standby.js';
 import { SandboxCore, type Provenance } from './sandbox-core.js';
 import { CommandHandle, SandboxCommands, type ObservedRunResult } from './sandbox-commands.js';
 import { ObservedFiles } from './observed-files.js';
+import { PtyHandle, SandboxPty } from './sandbox-pty.js';
 import { SandboxEffects } from './sandbox-effects.js';
 import { SandboxVerdicts } from './sandbox-verdicts.js';
 
@@ -32,6 +33,8 @@ export {
   SandboxCore,
   SandboxCommands,
   CommandHandle,
+  SandboxPty,
+  PtyHandle,
   ObservedFiles,
   SandboxEffects,
   SandboxVerdicts,
@@ -104,6 +107,8 @@ export interface ForkOptions {
 export class Sandbox {
   readonly id: string;
   readonly commands: SandboxCommands;
+  /** Interactive processes on terminals of the sandbox's own. */
+  readonly pty: SandboxPty;
   readonly files: ObservedFiles;
   readonly effects: SandboxEffects;
   readonly verdicts: SandboxVerdicts;
@@ -115,6 +120,7 @@ export class Sandbox {
     this.id = id;
     this.core = new SandboxCore(engine, id);
     this.commands = new SandboxCommands(this.core);
+    this.pty = new SandboxPty(this.core);
     const raw = this.core.files();
     this.files = new ObservedFiles(this.core, raw);
     this.effects = new SandboxEffects(this.core);
