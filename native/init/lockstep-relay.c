@@ -151,7 +151,8 @@ static void write_all(int fd, const unsigned char *p, size_t n) {
 /* ---- stdin mode ---------------------------------------------------------- */
 
 struct stdin_state {
-  int to; /* write end of the command's stdin; -1 once closed */
+  int to;           /* write end of the command's stdin; -1 once closed */
+  const char *fifo; /* unlinked on close: a writer that comes later finds nothing to open */
 };
 
 static void stdin_record(int type, const unsigned char *p, uint32_t n, void *arg) {
@@ -161,6 +162,7 @@ static void stdin_record(int type, const unsigned char *p, uint32_t n, void *arg
   } else if (type == 'c' && s->to >= 0) {
     close(s->to);
     s->to = -1;
+    unlink(s->fifo);
   }
 }
 
@@ -181,7 +183,7 @@ static int run_stdin(const char *fifo_path, char **argv) {
   close(in[0]);
   /* Blocking writes: a command that does not read its stdin stops the relay
    * here, the FIFO fills, and the manager sees it full; nothing else waits. */
-  struct stdin_state s = {.to = in[1]};
+  struct stdin_state s = {.to = in[1], .fifo = fifo_path};
   static struct records rec;
   int status = 0;
   for (;;) {

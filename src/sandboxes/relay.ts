@@ -17,6 +17,7 @@ import net from 'node:net';
 import { native } from '../native/binding.js';
 import { InvalidStateError, LockstepError, isNativeError } from '../errors.js';
 import { sleep } from '../host/proc.js';
+import type { SandboxRow } from '../catalog/catalog.js';
 
 /** Bytes of input a manager queues for one process that is not reading (the FIFO's own 64 KiB come on top). */
 export const MAX_PENDING_INPUT_BYTES = 1 << 20;
@@ -24,6 +25,8 @@ export const MAX_PENDING_INPUT_BYTES = 1 << 20;
 const MAX_RECORD = 65536;
 /** The relay makes its FIFO right after it starts: how long an open waits for it. */
 const OPEN_WAIT_MS = 10_000;
+/** A writer with nothing queued closes its fd after this long unused (the next write opens it again). */
+const IDLE_CLOSE_MS = 30_000;
 
 /** Record types the relay reads. */
 const DATA = 0x64; // 'd'
@@ -55,9 +58,19 @@ export function resizeRecord(cols: number, rows: number): Buffer {
   return record(RESIZE, p);
 }
 
+/**
+ * Names one process tree of a sandbox: every restore (rollback, either path)
+ * gives the init a new start time, and the standby path a new instance too.
+ * Writers are keyed by it, so input after a rollback never goes to a FIFO of
+ * the tree that was replaced.
+ */
+export function timelineOf(row: SandboxRow): string {
+  return `${row.instance}:${row.init_pid ?? 0}:${row.init_start ?? 0}`;
+}
+
 /** Where a relay's FIFO is: the sandbox root on the host and the path below it. */
 export interface FifoAddress {
-  /** Identifies the process across calls: sandbox instance (a rollback makes a new one) and pid. */
+  /** Identifies the process across calls: its tree (timelineOf) and pid. */
   key: string;
   root: string;
   /** Relative to root. */
@@ -70,9 +83,29 @@ export interface FifoAddress {
 class FifoWriter {
   private socket: net.Socket | undefined;
   private opening: Promise<net.Socket> | undefined;
+  private idle: NodeJS.Timeout | undefined;
   closed: string | undefined;
 
-  constructor(private readonly address: FifoAddress) {}
+  constructor(
+    private readonly address: FifoAddress,
+    /** Called when the writer let its fd go while idle: the owner forgets it. */
+    private readonly onIdle: () => void,
+  ) {}
+
+  /**
+   * Arms the idle timer: the fd of a process that exited (or of an instance
+   * a rollback replaced) is never written again and would stay open
+   * forever; one unused for IDLE_CLOSE_MS with nothing queued is closed.
+   */
+  private touch(): void {
+    clearTimeout(this.idle);
+    this.idle = setTimeout(() => {
+      if (this.pending() > 0 || this.opening) return this.touch();
+      this.socket?.destroy();
+      this.socket = undefined;
+      this.onIdle();
+    }, IDLE_CLOSE_MS).unref();
+  }
 
   private async open(): Promise<net.Socket> {
     const deadline = Date.now() + OPEN_WAIT_MS;
@@ -120,6 +153,7 @@ class FifoWriter {
       );
     }
     s.write(bytes);
+    this.touch();
   }
 
   /** Bytes queued in this manager that the relay has not taken yet. */
@@ -129,6 +163,7 @@ class FifoWriter {
 
   end(reason: string): void {
     this.closed ??= reason;
+    clearTimeout(this.idle);
     this.socket?.end();
   }
 }
@@ -144,8 +179,11 @@ export class RelayInputs {
   private writer(address: FifoAddress): FifoWriter {
     let w = this.writers.get(address.key);
     if (!w) {
-      w = new FifoWriter(address);
-      this.writers.set(address.key, w);
+      const created = new FifoWriter(address, () => {
+        if (this.writers.get(address.key) === created) this.writers.delete(address.key);
+      });
+      this.writers.set(address.key, created);
+      w = created;
     }
     return w;
   }

@@ -23,7 +23,7 @@ import {
   type OutputOffsets,
 } from './background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
-import { dataRecords, relayInputs, type FifoAddress } from './relay.js';
+import { dataRecords, relayInputs, timelineOf, type FifoAddress } from './relay.js';
 
 /** Options of a background command: `stdin: true` keeps its stdin open for sendStdin (default: /dev/null). */
 export interface BackgroundOptions {
@@ -158,11 +158,11 @@ export class CommandHandle {
     if (!this.stdinKnown)
       throw new InvalidStateError(
         'STDIN_CLOSED',
-        `Background command ${this.pid} was not started with stdin: true (its stdin is /dev/null)`,
+        `Background command ${this.pid} takes no input: it was started without stdin: true, or its stdin was closed`,
         { pid: this.pid },
       );
     return {
-      key: `${row.instance}:stdin:${this.pid}`,
+      key: `${timelineOf(row)}:stdin:${this.pid}`,
       root: this.sandbox.engine.paths.sandboxRoot(row.instance),
       path: `${INPUT_DIR.slice(1)}/${this.pid}`,
       running: () => this.isRunning(),
@@ -183,9 +183,19 @@ export class CommandHandle {
     await relayInputs(this.sandbox.engine).send(await this.stdinAddress(), dataRecords(bytes));
   }
 
-  /** Closes the command's stdin: it reads EOF after the bytes sent before. Closing twice is not an error. */
+  /**
+   * Closes the command's stdin: it reads EOF after the bytes sent before.
+   * Closing twice is not an error, nor is closing the stdin of a command
+   * started without one (/dev/null is at EOF already).
+   */
   async closeStdin(): Promise<void> {
-    const address = await this.stdinAddress();
+    let address: FifoAddress;
+    try {
+      address = await this.stdinAddress();
+    } catch (e) {
+      if (e instanceof InvalidStateError && e.code === 'STDIN_CLOSED') return;
+      throw e;
+    }
     const inputs = relayInputs(this.sandbox.engine);
     if (inputs.isClosed(address.key) || !this.isRunning()) return;
     await inputs.close(address);

@@ -23,7 +23,7 @@ import { spawnDetached, validateCommand } from './commands.js';
 import { RELAY_PATH } from './background-output.js';
 import { CommandHandle, inputBytes } from './sandbox-commands.js';
 import type { SandboxCore } from './sandbox-core.js';
-import { dataRecords, relayInputs, resizeRecord, type FifoAddress } from './relay.js';
+import { dataRecords, relayInputs, resizeRecord, timelineOf, type FifoAddress } from './relay.js';
 
 export const PTY_DIR = '/run/lockstep/pty';
 /** Most bytes one output() call returns; a reader behind by more reads again. */
@@ -139,8 +139,8 @@ export class SandboxPty {
 /** One PTY: write to it, resize it, read its output by offsets, wait for it or kill it. */
 export class PtyHandle {
   private readonly process: CommandHandle;
-  /** The sandbox instance when the handle was made: another one later means a rollback happened in between. */
-  private readonly instance: string;
+  /** The sandbox's process tree when the handle was made: another one later means a rollback happened in between. */
+  private readonly timeline: string;
 
   constructor(
     private readonly sandbox: SandboxCore,
@@ -148,13 +148,13 @@ export class PtyHandle {
     readonly pid: number,
   ) {
     this.process = new CommandHandle(sandbox, pid);
-    this.instance = sandbox.row().instance;
+    this.timeline = timelineOf(sandbox.row());
   }
 
   private address(): FifoAddress {
     const row = this.sandbox.runningRow();
     return {
-      key: `${row.instance}:pty:${this.pid}`,
+      key: `${timelineOf(row)}:pty:${this.pid}`,
       root: this.sandbox.engine.paths.sandboxRoot(row.instance),
       path: `${PTY_DIR.slice(1)}/${this.pid}.in`,
       running: () => this.isRunning(),
@@ -254,7 +254,7 @@ export class PtyHandle {
     }
     const exitCode = await this.exitCode();
     if (exitCode !== null) return { exitCode, reason: 'exited' };
-    const rolledBack = this.sandbox.row().instance !== this.instance && !(await this.hasTranscript());
+    const rolledBack = timelineOf(this.sandbox.row()) !== this.timeline && !(await this.hasTranscript());
     return { exitCode: null, reason: rolledBack ? 'rolled-back' : 'killed' };
   }
 

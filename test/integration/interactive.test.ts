@@ -15,6 +15,7 @@ import { MAX_PENDING_INPUT_BYTES } from '../../src/index.js';
 import { Sandbox as RemoteSandbox } from '../../src/client/index.js';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
+import { dropStandby } from '../../src/checkpoints/standby.js';
 
 const KiB = 1024;
 
@@ -175,6 +176,24 @@ integration(test, () => {
     t.is((late as { code?: string }).code, 'STDIN_CLOSED');
   });
 
+  test.serial(
+    'a PTY whose input FIFO the sandbox replaced (symlink, regular file) is refused, and nothing is written through it',
+    async (t) => {
+      const sb = await sandbox(t);
+      for (const plant of ['ln -s /workspace/target', 'touch']) {
+        const pty = await sb.pty.create({ cols: 80, rows: 24, cmd: ['sleep', '600'] });
+        const fifo = `/run/lockstep/pty/${pty.pid}.in`;
+        await sb.commands.run(
+          `echo keep > /workspace/target; while [ ! -p ${fifo} ]; do sleep 0.05; done; rm ${fifo}; ${plant} ${fifo}`,
+        );
+        const err = await t.throwsAsync(pty.write('overwrite\n'));
+        t.is((err as { code?: string }).code, 'STDIN_CLOSED', plant);
+        t.is((await sb.files.read('/workspace/target')).content.toString(), 'keep\n', plant);
+        t.true(await pty.kill());
+      }
+    },
+  );
+
   test.serial('a PTY that exits reports its code; follow() streams its output until then', async (t) => {
     const sb = await sandbox(t);
     const pty = await sb.pty.create({ cols: 40, rows: 10, cmd: 'read x; echo "you said $x"; exit 3' });
@@ -186,9 +205,8 @@ integration(test, () => {
     t.deepEqual(await sb.pty.list(), [{ pid: pty.pid, running: false, exitCode: 3 }]);
   });
 
-  test.serial(
-    'checkpoint with an open Python PTY, type on, roll back: the REPL is back as it was; a later PTY is rolled-back; a fork has its own',
-    async (t) => {
+  const ptyAcrossRollback = test.macro({
+    async exec(t, path: 'standby' | 'restore') {
       const sb = await sandbox(t, 'dev');
       const pty = await sb.pty.create({ cols: 80, rows: 24, cmd: ['python3', '-q'] });
       let at = (await readUntil(pty, 0, '>>> ')).offset;
@@ -201,8 +219,11 @@ integration(test, () => {
       const later = await sb.pty.create({ cols: 80, rows: 24, cmd: ['sleep', '600'] });
       t.is((await sb.files.read('/workspace/f')).content.toString(), 'two!');
 
+      await sb.settled(); // the warm standby of ckpt is ready
+      if (path === 'restore') await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
       const report = await sb.rollback(ckpt.id);
       t.is(report.checkpointId, ckpt.id);
+      t.is(report.path, path);
       // The REPL of the checkpoint runs again, under the same id, with x == 1; its transcript is cut back to that instant.
       t.true(pty.isRunning());
       const back = await pty.output(at);
@@ -217,25 +238,33 @@ integration(test, () => {
         (await sb.pty.list()).map((p) => p.pid),
         [pty.pid],
       );
+      const gone = await t.throwsAsync(later.write('x'));
+      t.is((gone as { code?: string }).code, 'STDIN_CLOSED');
 
-      // A fork of the checkpoint has its own REPL with the same past.
-      const [fork] = await sb.fork(ckpt.id);
-      t.true(fork!.ok);
-      const forked = ls.get((fork as { id: string }).id);
-      t.teardown(() => ls.remove(forked.id).catch(() => undefined));
-      const fpty = await forked.pty.connect(pty.pid);
-      const fr = await repl(fpty, atCheckpoint, 'x += 10; print("fork x", x)', /fork x \d+\r\n>>> $/);
-      t.regex(fr.out, /fork x 11\r\n/);
-      // Typing in the fork does not reach the parent's REPL.
-      const p2 = await repl(pty, r.offset, 'print("parent x", x)', /parent x \d+\r\n>>> $/);
-      t.regex(p2.out, /parent x 1\r\n/);
+      if (path === 'standby') {
+        // A fork of the checkpoint has its own REPL with the same past.
+        const [fork] = await sb.fork(ckpt.id);
+        t.true(fork!.ok);
+        const forked = ls.get((fork as { id: string }).id);
+        t.teardown(() => ls.remove(forked.id).catch(() => undefined));
+        const fpty = await forked.pty.connect(pty.pid);
+        const fr = await repl(fpty, atCheckpoint, 'x += 10; print("fork x", x)', /fork x \d+\r\n>>> $/);
+        t.regex(fr.out, /fork x 11\r\n/);
+        // Typing in the fork does not reach the parent's REPL.
+        const p2 = await repl(pty, r.offset, 'print("parent x", x)', /parent x \d+\r\n>>> $/);
+        t.regex(p2.out, /parent x 1\r\n/);
+      }
 
       // And the restored sandbox still checkpoints with the PTY open.
       const again = await sb.checkpoint({ label: 'after' });
       t.truthy(again.id);
       t.true(await pty.kill());
     },
-  );
+    title: (_t, path) =>
+      `checkpoint with an open Python PTY, type on, roll back (${path} path): the REPL is back as it was, a later PTY is rolled-back${path === 'standby' ? ', a fork has its own' : ''}`,
+  });
+  test.serial(ptyAcrossRollback, 'standby');
+  test.serial(ptyAcrossRollback, 'restore');
 
   test.serial('through lockstep/client: stdin bytes exact, and a Python PTY over the NDJSON stream', async (t) => {
     const { client } = await startServer(t, ls);
