@@ -79,6 +79,21 @@ export interface FifoAddress {
   running: () => boolean;
 }
 
+/**
+ * Waits until the relay has made its FIFO (it does so first thing, after its
+ * output files): from then on the process can be reached by id through every
+ * API, also by a client that asks right after the start. False if the relay
+ * stopped before, or did not get there in OPEN_WAIT_MS.
+ */
+export async function relayReady(exists: () => Promise<boolean>, running: () => boolean): Promise<boolean> {
+  const deadline = Date.now() + OPEN_WAIT_MS;
+  for (;;) {
+    if (await exists()) return true;
+    if (!running() || Date.now() > deadline) return false;
+    await sleep(10);
+  }
+}
+
 /** One FIFO's writer in this manager. */
 class FifoWriter {
   private socket: net.Socket | undefined;

@@ -23,7 +23,7 @@ import {
   type OutputOffsets,
 } from './background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
-import { dataRecords, relayInputs, timelineOf, type FifoAddress } from './relay.js';
+import { dataRecords, relayInputs, relayReady, timelineOf, type FifoAddress } from './relay.js';
 
 /** Options of a background command: `stdin: true` keeps its stdin open for sendStdin (default: /dev/null). */
 export interface BackgroundOptions {
@@ -103,7 +103,15 @@ export class SandboxCommands {
       throw new InvalidArgumentError('stdin', 'a boolean', opts.stdin);
     const wrapped = backgroundWrapper(argv, { stdin: opts.stdin });
     const pid = await spawnDetached(this.sandbox.enterTarget(), wrapped, { cwd: opts.cwd, env: opts.env });
-    return new CommandHandle(this.sandbox, pid, opts.signal, opts.stdin === true);
+    const handle = new CommandHandle(this.sandbox, pid, opts.signal, opts.stdin === true);
+    if (opts.stdin) {
+      const files = this.sandbox.files();
+      await relayReady(
+        () => hasInput(files, pid),
+        () => handle.isRunning(),
+      );
+    }
+    return handle;
   }
 
   /** Reattaches to a background command by its pid (from run's handle or list()). */

@@ -23,7 +23,7 @@ import { spawnDetached, validateCommand } from './commands.js';
 import { RELAY_PATH } from './background-output.js';
 import { CommandHandle, inputBytes } from './sandbox-commands.js';
 import type { SandboxCore } from './sandbox-core.js';
-import { dataRecords, relayInputs, resizeRecord, timelineOf, type FifoAddress } from './relay.js';
+import { dataRecords, relayInputs, relayReady, resizeRecord, timelineOf, type FifoAddress } from './relay.js';
 
 export const PTY_DIR = '/run/lockstep/pty';
 /** Most bytes one output() call returns; a reader behind by more reads again. */
@@ -96,6 +96,12 @@ export class SandboxPty {
       { cwd: opts.cwd, env },
     );
     const handle = new PtyHandle(this.sandbox, pid);
+    // Reachable by id (connect, the HTTP routes) once this returns.
+    const files = this.sandbox.files();
+    await relayReady(
+      async () => (await files.list(PTY_DIR).catch(() => [])).some((e) => e.name === `${pid}.in`),
+      () => handle.isRunning(),
+    );
     if (opts.onData) void handle.follow(opts.onData).catch(() => undefined);
     return handle;
   }
