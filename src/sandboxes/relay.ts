@@ -128,6 +128,8 @@ class FifoWriter {
       try {
         const fd = await native().openFifoWriter(this.address.root, this.address.path);
         const socket = new net.Socket({ fd, readable: false, writable: true });
+        // Input in flight does not keep a manager's process alive (a script that exits loses what was still queued).
+        socket.unref();
         socket.on('error', (e) => {
           // EPIPE: the relay is gone (exited, killed, or its timeline rolled back).
           this.closed ??= `the process's input is gone (${(e as NodeJS.ErrnoException).code ?? e.message})`;
