@@ -1,8 +1,9 @@
 {
-  # Three targets: the addon (syscall-sized verbs for the orchestrator), the
+  # Four targets: the addon (syscall-sized verbs for the orchestrator), the
   # helper executable that enters namespaces (Node is multithreaded, so
   # unshare/setns/pivot_root happen in a separate process, as node-pty's
-  # spawn-helper and runc's nsenter do), and the sandbox's static init.
+  # spawn-helper and runc's nsenter do), the sandbox's static init, and the
+  # static relay that holds an interactive process's terminal and stdin inside it.
   # libcriu comes from the private CRIU prefix that scripts/provision-host.sh
   # installs (see docs/ARCHITECTURE.md, "CRIU 4.2.1 from Debian forky"). The
   # helper links libcap, and its syscall filter is compiled at build time with
@@ -69,6 +70,13 @@
       "target_name": "lockstep-init",
       "type": "executable",
       "sources": ["native/init/lockstep-init.c"],
+      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Os"],
+      "ldflags": ["-static"]
+    },
+    {
+      "target_name": "lockstep-relay",
+      "type": "executable",
+      "sources": ["native/init/lockstep-relay.c"],
       "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Os"],
       "ldflags": ["-static"]
     }

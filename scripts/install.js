@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Builds Lockstep's native parts (the addon, lockstep-helper and the static
-// lockstep-init) with node-gyp. npm runs it as the package's `install`
+// lockstep-init, lockstep-relay) with node-gyp. npm runs it as the package's `install`
 // script; `lockstep setup` runs it with --required after provisioning the
 // host. Why a build at install time and not prebuilt binaries:
 // docs/ARCHITECTURE.md, "Installing: a build at install time".
@@ -22,7 +22,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const required = process.argv.includes('--required');
 const force = process.argv.includes('--force');
 const note = path.join(root, 'build', 'install-skipped.txt');
-const outputs = ['lockstep.node', 'lockstep-helper', 'lockstep-init'].map((f) =>
+const outputs = ['lockstep.node', 'lockstep-helper', 'lockstep-init', 'lockstep-relay'].map((f) =>
   path.join(root, 'build', 'Release', f),
 );
 // The gyp variable of binding.gyp; scripts/provision-host.sh installs it there.
@@ -94,7 +94,7 @@ for (const [cmd, pkg] of [
   ['cc', 'gcc'],
 ])
   if (!onPath(cmd)) missing.push(pkg);
-// lockstep-init is linked statically.
+// lockstep-init and lockstep-relay are linked statically.
 if (!['/usr/lib/x86_64-linux-gnu/libc.a', '/usr/lib64/libc.a', '/usr/lib/libc.a'].some((f) => fs.existsSync(f)))
   missing.push('libc6-dev');
 // The helper's syscall filter is compiled with libseccomp at build time; its capability sets use libcap.
@@ -126,7 +126,7 @@ if (!process.env.npm_config_nodedir && fs.existsSync(path.join(prefix, 'include'
 
 const logFile = path.join(os.tmpdir(), `lockstep-build-${process.pid}.log`);
 const log = fs.openSync(logFile, 'w', 0o600);
-say('building the native parts (addon, helper, init) with node-gyp');
+say('building the native parts (addon, helper, init, relay) with node-gyp');
 const started = Date.now();
 const r = spawnSync(process.execPath, args, { cwd: root, stdio: ['ignore', log, log] });
 fs.closeSync(log);

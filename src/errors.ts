@@ -59,6 +59,8 @@ export const ERROR_CODES = [
   'LANGGRAPH_SANDBOX_DIVERGED',
   'LANGGRAPH_CONTEXT_MISSING',
   'CGROUP_TIMEOUT',
+  'STDIN_FULL',
+  'STDIN_CLOSED',
   // Commands and forks that did not finish
   'COMMAND_TIMEOUT',
   'COMMAND_ABORTED',

@@ -9,6 +9,8 @@ export {
   Sandbox,
   SandboxCommands,
   CommandHandle,
+  SandboxPty,
+  PtyHandle,
   ObservedFiles,
   SandboxEffects,
   SandboxVerdicts,
@@ -19,6 +21,9 @@ export {
 } from './sandboxes/sandbox.js';
 export type { CreateOptions } from './sandboxes/create.js';
 export type { RunOptions, RunResult, SpawnOptions } from './sandboxes/commands.js';
+export type { PtyCreateOptions, PtyOutput, PtyExit } from './sandboxes/sandbox-pty.js';
+export type { BackgroundOptions } from './sandboxes/sandbox-commands.js';
+export { MAX_PENDING_INPUT_BYTES } from './sandboxes/relay.js';
 export {
   PathEscapeError,
   FileNotFoundError,

@@ -177,10 +177,38 @@ static Napi::Value OpenChecked(const Napi::CallbackInfo& info) {
       OpenedValue);
 }
 
+// openFifoWriter(root, relativePath) -> Promise<fd>: the write end of a FIFO
+// below root, for feeding an interactive process's relay (lockstep-relay.c).
+// The leaf is checked on an O_PATH descriptor first, like openChecked, so a
+// regular file, a device or a symlink planted there is never opened
+// (ENOTSUP); the reopen is O_NONBLOCK, so it fails with ENXIO instead of
+// waiting when no process reads the FIFO.
+static Napi::Value OpenFifoWriter(const Napi::CallbackInfo& info) {
+  std::string root = StringArg(info, 0, "root");
+  std::string rel = StringArg(info, 1, "path");
+  return PromiseWorker<int>::Start(
+      info.Env(), "lockstep:openFifoWriter",
+      [root, rel](SystemFailure* f) {
+        UniqueFd rootFd(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+        if (!rootFd.valid()) return Fail(f, errno, "open", root, -1);
+        UniqueFd leaf(OpenAt2(rootFd.get(), rel, O_PATH | O_NOFOLLOW, 0));
+        if (!leaf.valid()) return Fail(f, errno, "openat2", rel, -1);
+        struct stat st;
+        if (::fstat(leaf.get(), &st) != 0) return Fail(f, errno, "fstat", rel, -1);
+        if (!S_ISFIFO(st.st_mode)) return Fail(f, ENOTSUP, "fstat", rel, -1);
+        std::string self = "/proc/self/fd/" + std::to_string(leaf.get());
+        int fd = ::open(self.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0) return Fail(f, errno, "open", rel, -1);
+        return fd;
+      },
+      [](Napi::Env env, const int& fd) -> Napi::Value { return Napi::Number::New(env, fd); });
+}
+
 void InitFiles(Napi::Env env, Napi::Object exports) {
   exports.Set("openBeneath", Napi::Function::New(env, OpenBeneath));
   exports.Set("openBeneathSync", Napi::Function::New(env, OpenBeneathSync));
   exports.Set("openChecked", Napi::Function::New(env, OpenChecked));
+  exports.Set("openFifoWriter", Napi::Function::New(env, OpenFifoWriter));
   Napi::Object flags = Napi::Object::New(env);
   flags.Set("O_PATH", Napi::Number::New(env, O_PATH));
   flags.Set("O_DIRECTORY", Napi::Number::New(env, O_DIRECTORY));

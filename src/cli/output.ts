@@ -71,6 +71,8 @@ export const EXIT_CODE = {
   TENANT_EXISTS: EXIT.conflict,
   SANDBOX_BUSY: EXIT.conflict,
   SANDBOX_NOT_RUNNING: EXIT.conflict,
+  STDIN_FULL: EXIT.conflict,
+  STDIN_CLOSED: EXIT.conflict,
   IMAGE_IN_USE: EXIT.conflict,
   TENANT_HAS_SANDBOXES: EXIT.conflict,
   FILE_BUSY: EXIT.conflict,

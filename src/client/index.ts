@@ -18,6 +18,8 @@ export {
   type RemoteRollbackReport,
   type RemoteReadStream,
 } from './sandbox.js';
+export { RemotePty, RemotePtyHandle, type RemotePtyCreateOptions } from './pty.js';
+export type { PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
 export { Images, type ImageInfo } from './images.js';
 export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from './errors.js';
 export { DEFAULT_API_URL, type ConnectionOptions, type CallOptions } from './transport.js';

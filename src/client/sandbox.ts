@@ -13,6 +13,7 @@ import type { SandboxInfo, ObservedRunResult } from '../sandboxes/sandbox.js';
 import type { CreateOptions } from '../sandboxes/create.js';
 import type { FileEntry } from '../sandboxes/files.js';
 import type { OutputChunk, OutputOffsets } from '../sandboxes/background-output.js';
+import { RemotePty } from './pty.js';
 import type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 import type { ForkResult } from '../checkpoints/fork.js';
 import type { RollbackReport } from '../checkpoints/rollback.js';
@@ -40,6 +41,8 @@ export interface RemoteRunOptions extends CallOptions {
   /** Called with each piece of output as the server streams it. */
   onStdout?: ((chunk: string) => void) | undefined;
   onStderr?: ((chunk: string) => void) | undefined;
+  /** With background: keep the command's stdin open for sendStdin. */
+  stdin?: boolean | undefined;
 }
 
 /** A rollback report as JSON: contexts of the "bytes" format carry base64 text. */
@@ -56,6 +59,8 @@ export const WAIT_SLICE_MS = 60_000;
 /** A handle on a sandbox of the calling tenant, over HTTP. */
 export class Sandbox {
   readonly commands: RemoteCommands;
+  /** Interactive processes on terminals of the sandbox's own. */
+  readonly pty: RemotePty;
   readonly files: RemoteFiles;
   readonly effects: RemoteEffects;
   readonly verdicts: RemoteVerdicts;
@@ -65,6 +70,7 @@ export class Sandbox {
     /** @internal */ readonly transport: Transport,
   ) {
     this.commands = new RemoteCommands(this);
+    this.pty = new RemotePty(this);
     this.files = new RemoteFiles(this);
     this.effects = new RemoteEffects(this);
     this.verdicts = new RemoteVerdicts(this);
@@ -301,6 +307,32 @@ export class RemoteCommandHandle {
     }
   }
 
+  /**
+   * Writes bytes (text as UTF-8) to its stdin; the command must have been
+   * started with `stdin: true`. STDIN_FULL (nothing written) while the
+   * process leaves too much unread; STDIN_CLOSED after closeStdin or once it
+   * has exited. A retry after a lost answer is replayed, not written twice.
+   */
+  async sendStdin(data: string | Uint8Array, opts: CallOptions = {}): Promise<void> {
+    await this.sandbox.transport.json({
+      method: 'POST',
+      path: this.sandbox.path(`/commands/${this.pid}/stdin`),
+      body: { bytes: typeof data === 'string' ? Buffer.from(data, 'utf8') : data },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+  }
+
+  /** Closes its stdin: it reads EOF after what was sent before. */
+  async closeStdin(opts: CallOptions = {}): Promise<void> {
+    await this.sandbox.transport.json({
+      method: 'POST',
+      path: this.sandbox.path(`/commands/${this.pid}/stdin/close`),
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+  }
+
   /** Sends a signal (default SIGKILL); false if it had already exited. */
   async kill(signal: NodeJS.Signals = 'SIGKILL', opts: CallOptions = {}): Promise<boolean> {
     const r = await this.sandbox.transport.json<{ killed: boolean }>({
@@ -414,7 +446,7 @@ export class RemoteCommands {
   }
 }
 
-async function* ndjsonEvents(res: Response): AsyncGenerator<Record<string, unknown> & { type: string }> {
+export async function* ndjsonEvents(res: Response): AsyncGenerator<Record<string, unknown> & { type: string }> {
   if (!res.body) return;
   const decoder = new TextDecoder();
   let buf = '';

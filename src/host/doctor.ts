@@ -5,7 +5,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import { execFileSync } from 'node:child_process';
-import { native, helperPath, initPath } from '../native/binding.js';
+import { native, helperPath, initPath, relayPath } from '../native/binding.js';
 import { criuBinary, formatVersion, MIN_CRIU_VERSION } from './criu-service.js';
 import { CRIU_TESTED_VERSION, CRIU_TESTED_VERSION_NUMBER } from './criu-version.js';
 import { detectCgroups } from './cgroups.js';
@@ -108,7 +108,7 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
     );
   }
 
-  const builtOk = fs.existsSync(helperPath) && fs.existsSync(initPath);
+  const builtOk = fs.existsSync(helperPath) && fs.existsSync(initPath) && fs.existsSync(relayPath);
   let addonOk = false;
   try {
     native();

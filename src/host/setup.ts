@@ -13,7 +13,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
 import Database from 'better-sqlite3';
-import { assertSupportedPlatform, helperPath, initPath, native, projectRoot } from '../native/binding.js';
+import { assertSupportedPlatform, helperPath, initPath, native, projectRoot, relayPath } from '../native/binding.js';
 import { HostError, InvalidArgumentError, SETUP_COMMAND } from '../errors.js';
 import { StatePaths, resolveHome } from '../paths.js';
 import { SCHEMA_VERSION } from '../catalog/catalog.js';
@@ -89,7 +89,7 @@ function normaliseImages(images: string[] | undefined): string[] {
 }
 
 function nativeBuilt(): { ok: boolean; detail: string } {
-  const missing = [helperPath, initPath].filter((f) => !fs.existsSync(f));
+  const missing = [helperPath, initPath, relayPath].filter((f) => !fs.existsSync(f));
   try {
     native();
   } catch (e) {

@@ -164,9 +164,38 @@ export const runBody = obj(
     timeoutMs: int(1, 24 * 3600 * 1000, 'Kill the command after this long (504 COMMAND_TIMEOUT)'),
     toolCallId,
     background: bool('Start it in the background and return its pid at once'),
+    stdin: bool('With background: keep its stdin open for POST .../stdin (default: /dev/null)'),
   },
   ['cmd'],
 );
+
+const dimension = (what: string): Schema => int(1, 65535, what);
+export const ptyCreateBody = obj(
+  {
+    cols: dimension('Terminal width in columns'),
+    rows: dimension('Terminal height in rows'),
+    cmd: {
+      oneOf: [
+        str(131072, { description: 'Run through /bin/sh -c' }),
+        {
+          type: 'array',
+          items: { type: 'string', maxLength: 131072 },
+          minItems: 1,
+          maxItems: 4096,
+          description: 'argv, run directly',
+        },
+      ],
+      description: 'Default /bin/sh -i',
+    },
+    cwd: str(4096, { pattern: '^/', description: 'Working directory (default /workspace)' }),
+    envs,
+  },
+  ['cols', 'rows'],
+);
+export const ptyResizeBody = obj({ cols: dimension('Columns'), rows: dimension('Rows') }, ['cols', 'rows']);
+export const offsetQuery = obj({
+  offset: { type: 'string', pattern: '^(0|[1-9][0-9]{0,15})$', description: 'Byte offset to read from (default 0)' },
+});
 
 export const waitBody = obj({ timeoutMs: int(1, 24 * 3600 * 1000) });
 export const killBody = obj({

@@ -25,6 +25,7 @@ import { IdempotencyStore, requestHash, validateIdempotencyKey } from './idempot
 import { ServerMetrics } from './metrics.js';
 import { OperationTracker } from './operations.js';
 import { agentRoutes } from './routes/agent.js';
+import { ptyRoutes } from './routes/pty.js';
 import { backgroundRoutes } from './routes/background.js';
 import { checkpointRoutes } from './routes/checkpoints.js';
 import { commandRoutes } from './routes/commands.js';
@@ -249,6 +250,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
       checkpointRoutes(v1, ctx, { contextBodyLimit: fileBodyLimit });
       agentRoutes(v1, ctx);
       imageRoutes(v1, ctx);
+      // Input bytes (stdin, PTY keys) arrive as one Buffer, bounded like the input queue.
+      await v1.register(async (raw) => ptyRoutes(raw, ctx));
       await v1.register(async (files) => {
         // Raw file bytes stay a stream: the route writes them to the file as they arrive.
         files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));

@@ -107,6 +107,11 @@ export interface NativeBinding {
    * the root fails with EXDEV.
    */
   openChecked(root: string, relativePath: string, flags: number): Promise<OpenedFile>;
+  /**
+   * The write end (O_NONBLOCK) of a FIFO below root, resolved as openChecked
+   * does: ENOTSUP if the leaf is not a FIFO, ENXIO if no process reads it.
+   */
+  openFifoWriter(root: string, relativePath: string): Promise<number>;
   /** Turns on btrfs qgroup accounting for the filesystem holding path (idempotent). */
   quotaEnable(path: string): void;
   /** Sets the max-referenced limit of a subvolume's qgroup (0 clears it). */
@@ -150,6 +155,8 @@ const buildDir = path.join(projectRoot, 'build', 'Release');
 export const helperPath = path.join(buildDir, 'lockstep-helper');
 /** Path of the static init that becomes pid 1 of every sandbox. */
 export const initPath = path.join(buildDir, 'lockstep-init');
+/** Path of the static relay that holds an interactive process's terminal and stdin inside the sandbox. */
+export const relayPath = path.join(buildDir, 'lockstep-relay');
 
 /**
  * Where scripts/install.js says why `npm install` did not build the native

@@ -23,12 +23,37 @@ export const EXIT_DIR = '/run/lockstep/exit';
  */
 export const MAX_OUTPUT_BYTES = 16 * 1024 * 1024;
 
-/** The wrapper: output to OUTPUT_DIR/<pid>.{stdout,stderr}, exit code to EXIT_DIR/<pid>. */
-export function backgroundWrapper(argv: string[]): string[] {
+/**
+ * FIFOs of the background commands started with stdin: the relay of the
+ * command with wrapper pid N reads INPUT_DIR/N.
+ */
+export const INPUT_DIR = '/run/lockstep/in';
+/** The relay inside the sandbox (runtime layer; native/init/lockstep-relay.c). */
+export const RELAY_PATH = '/.lockstep/relay';
+
+/**
+ * The wrapper: output to OUTPUT_DIR/<pid>.{stdout,stderr}, exit code to
+ * EXIT_DIR/<pid>. With stdin, the command runs under the relay, which feeds
+ * its stdin from the FIFO INPUT_DIR/<pid> (relay.ts); without, its stdin is
+ * /dev/null.
+ */
+export function backgroundWrapper(argv: string[], opts: { stdin?: boolean | undefined } = {}): string[] {
+  const run = opts.stdin ? `${RELAY_PATH} stdin ${INPUT_DIR}/$$ -- "$@"` : '"$@"';
+  const dirs = opts.stdin ? `${EXIT_DIR} ${OUTPUT_DIR} ${INPUT_DIR}` : `${EXIT_DIR} ${OUTPUT_DIR}`;
   const script =
-    `mkdir -p ${EXIT_DIR} ${OUTPUT_DIR}; exec >${OUTPUT_DIR}/$$.stdout ` +
-    `2>${OUTPUT_DIR}/$$.stderr; "$@"; echo $? > ${EXIT_DIR}/$$`;
+    `mkdir -p ${dirs}; exec >${OUTPUT_DIR}/$$.stdout ` + `2>${OUTPUT_DIR}/$$.stderr; ${run}; echo $? > ${EXIT_DIR}/$$`;
   return ['/bin/sh', '-c', script, 'lockstep-bg', ...argv];
+}
+
+/** Whether the background command with this pid was started with stdin (its FIFO exists). */
+export async function hasInput(files: SandboxFiles, pid: number): Promise<boolean> {
+  try {
+    // A FIFO lists as 'other'; the writer's open checks that it is one.
+    return (await files.list(INPUT_DIR)).some((e) => e.name === String(pid) && e.type === 'other');
+  } catch (e) {
+    if (e instanceof LockstepError && e.code === 'FILE_NOT_FOUND') return false;
+    throw e;
+  }
 }
 
 /** Byte offsets into the two output files. */

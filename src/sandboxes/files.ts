@@ -276,6 +276,33 @@ export class SandboxFiles {
   }
 
   /**
+   * Up to `maxBytes` of a file from byte `offset` on, and the file's size
+   * when opened (a transcript read by offsets: the reader learns where the
+   * file ends, and that it is shorter than its offset after a rollback).
+   */
+  async readFrom(p: string, offset: number, maxBytes: number): Promise<{ content: Buffer; size: number }> {
+    const { fd, size } = await this.openChecked(p, fs.constants.O_RDONLY);
+    try {
+      if (offset >= size) return { content: Buffer.alloc(0), size };
+      const want = Math.min(maxBytes, size - offset);
+      const buf = Buffer.allocUnsafe(want);
+      let got = 0;
+      try {
+        while (got < want) {
+          const { bytesRead } = await read(fd, buf, got, want - got, offset + got);
+          if (bytesRead === 0) break;
+          got += bytesRead;
+        }
+      } catch (e) {
+        mapError(e, p);
+      }
+      return { content: buf.subarray(0, got), size };
+    } finally {
+      await closeQuietly(fd);
+    }
+  }
+
+  /**
    * Opens a file for reading as a stream (chunks of CHUNK_BYTES). Refusals
    * (missing, escaping, not a regular file) reject here, before any byte.
    */

@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import { helperPath, initPath } from '../native/binding.js';
+import { helperPath, initPath, relayPath } from '../native/binding.js';
 import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
 import { createArgs, parseHelperAnswer, prepareArgs } from '../host/helper-protocol.js';
 import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgroups.js';
@@ -62,17 +62,19 @@ export class SandboxRuntime {
 
   /**
    * The runtime layer: a read-only lower layer on top of the image holding
-   * /.lockstep/init and the mount-point directories. Content-addressed by the
-   * init binary, so checkpoints made with one build keep restoring with it.
+   * /.lockstep/init, /.lockstep/relay (interactive processes: relay.ts) and
+   * the mount-point directories. Content-addressed by the two binaries, so
+   * checkpoints made with one build keep restoring with it.
    */
   ensureRuntimeLayer(): string {
-    // Every create and fork asks; the init binary cannot change under a
-    // running manager, so it is read and hashed once.
+    // Every create and fork asks; the binaries cannot change under a
+    // running manager, so they are read and hashed once.
     if (this.runtimeLayer) return this.runtimeLayer;
     const bin = fs.readFileSync(initPath);
-    const hash = createHash('sha256').update(bin).digest('hex').slice(0, 16);
+    const relay = fs.readFileSync(relayPath);
+    const hash = createHash('sha256').update(bin).update(relay).digest('hex').slice(0, 16);
     const dir = this.paths.runtimeLayer(hash);
-    if (fs.existsSync(path.join(dir, '.lockstep', 'init'))) return (this.runtimeLayer = hash);
+    if (fs.existsSync(path.join(dir, '.lockstep', 'relay'))) return (this.runtimeLayer = hash);
     const tmp = `${dir}.tmp-${process.pid}`;
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.mkdirSync(tmp, { recursive: true, mode: 0o755 });
@@ -81,11 +83,12 @@ export class SandboxRuntime {
       fs.chmodSync(path.join(tmp, d), mode);
     }
     fs.writeFileSync(path.join(tmp, '.lockstep', 'init'), bin, { mode: 0o755 });
+    fs.writeFileSync(path.join(tmp, '.lockstep', 'relay'), relay, { mode: 0o755 });
     try {
       fs.renameSync(tmp, dir);
     } catch (e) {
       fs.rmSync(tmp, { recursive: true, force: true });
-      if (!fs.existsSync(path.join(dir, '.lockstep', 'init'))) throw e;
+      if (!fs.existsSync(path.join(dir, '.lockstep', 'relay'))) throw e;
     }
     return (this.runtimeLayer = hash);
   }

@@ -2,7 +2,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import { native } from '../native/binding.js';
-import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
+import { CommandAbortedError, InvalidArgumentError, InvalidStateError } from '../errors.js';
 import { namespacePid, sleep } from '../host/proc.js';
 import {
   runCommand,
@@ -14,13 +14,28 @@ import {
 } from './commands.js';
 import {
   EXIT_DIR,
+  INPUT_DIR,
   backgroundPids,
   backgroundWrapper,
+  hasInput,
   readOutput,
   type OutputChunk,
   type OutputOffsets,
 } from './background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
+import { dataRecords, relayInputs, relayReady, timelineOf, type FifoAddress } from './relay.js';
+
+/** Options of a background command: `stdin: true` keeps its stdin open for sendStdin (default: /dev/null). */
+export interface BackgroundOptions {
+  stdin?: boolean | undefined;
+}
+
+/** Input bytes as the SDK takes them: text (UTF-8) or bytes. */
+export function inputBytes(field: string, data: unknown): Buffer {
+  if (typeof data === 'string') return Buffer.from(data, 'utf8');
+  if (data instanceof Uint8Array) return Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+  throw new InvalidArgumentError(field, 'a string or a Uint8Array', data);
+}
 
 /** A command's result plus the id of the observation it was recorded as. */
 export interface ObservedRunResult extends RunResult {
@@ -40,7 +55,7 @@ export class SandboxCommands {
    */
   run(
     cmd: string | string[],
-    opts: RunOptions & Provenance & { envs?: Record<string, string> | undefined; background: true },
+    opts: RunOptions & Provenance & BackgroundOptions & { envs?: Record<string, string> | undefined; background: true },
   ): Promise<CommandHandle>;
   run(
     cmd: string | string[],
@@ -49,7 +64,8 @@ export class SandboxCommands {
   async run(
     cmd: string | string[],
     options: RunOptions &
-      Provenance & { envs?: Record<string, string> | undefined; background?: boolean | undefined } = {},
+      Provenance &
+      BackgroundOptions & { envs?: Record<string, string> | undefined; background?: boolean | undefined } = {},
   ): Promise<ObservedRunResult | CommandHandle> {
     const opts = options.envs && !options.env ? { ...options, env: options.envs } : options;
     if (opts.background) return this.background(cmd, opts);
@@ -77,12 +93,25 @@ export class SandboxCommands {
    * sandbox, where output() reads it, and writes its exit code where wait()
    * finds it (background-output.ts).
    */
-  private async background(cmd: string | string[], opts: RunOptions & Provenance): Promise<CommandHandle> {
+  private async background(
+    cmd: string | string[],
+    opts: RunOptions & Provenance & BackgroundOptions,
+  ): Promise<CommandHandle> {
     const argv = typeof cmd === 'string' ? ['/bin/sh', '-c', cmd] : cmd;
     validateCommand(argv, opts);
-    const wrapped = backgroundWrapper(argv);
+    if (opts.stdin !== undefined && typeof opts.stdin !== 'boolean')
+      throw new InvalidArgumentError('stdin', 'a boolean', opts.stdin);
+    const wrapped = backgroundWrapper(argv, { stdin: opts.stdin });
     const pid = await spawnDetached(this.sandbox.enterTarget(), wrapped, { cwd: opts.cwd, env: opts.env });
-    return new CommandHandle(this.sandbox, pid, opts.signal);
+    const handle = new CommandHandle(this.sandbox, pid, opts.signal, opts.stdin === true);
+    if (opts.stdin) {
+      const files = this.sandbox.files();
+      await relayReady(
+        () => hasInput(files, pid),
+        () => handle.isRunning(),
+      );
+    }
+    return handle;
   }
 
   /** Reattaches to a background command by its pid (from run's handle or list()). */
@@ -118,15 +147,66 @@ export class SandboxCommands {
   }
 }
 
-/** A background command: wait for it, or kill it. */
+/** A background command: read its output, write its stdin, wait for it, or kill it. */
 export class CommandHandle {
   constructor(
     private readonly sandbox: SandboxCore,
     /** pid inside the sandbox */
     readonly pid: number,
     signal?: AbortSignal,
+    /** Started with stdin: true (its FIFO may not exist yet); undefined: look. */
+    private stdinKnown?: boolean,
   ) {
     signal?.addEventListener('abort', () => void this.kill().catch(() => undefined), { once: true });
+  }
+
+  private async stdinAddress(): Promise<FifoAddress> {
+    const row = this.sandbox.runningRow();
+    this.stdinKnown ??= await hasInput(this.sandbox.files(), this.pid);
+    if (!this.stdinKnown)
+      throw new InvalidStateError(
+        'STDIN_CLOSED',
+        `Background command ${this.pid} takes no input: it was started without stdin: true, or its stdin was closed`,
+        { pid: this.pid },
+      );
+    return {
+      key: `${timelineOf(row)}:stdin:${this.pid}`,
+      root: this.sandbox.engine.paths.sandboxRoot(row.instance),
+      path: `${INPUT_DIR.slice(1)}/${this.pid}`,
+      running: () => this.isRunning(),
+    };
+  }
+
+  /**
+   * Writes bytes to the command's stdin (it must have been started with
+   * `stdin: true`). Resolves once they are queued, in order, for the
+   * process; STDIN_FULL (nothing of them queued) while more than
+   * MAX_PENDING_INPUT_BYTES wait because the process is not reading;
+   * STDIN_CLOSED once stdin was closed or the process is gone.
+   */
+  async sendStdin(data: string | Uint8Array): Promise<void> {
+    const bytes = inputBytes('data', data);
+    if (!this.isRunning())
+      throw new InvalidStateError('STDIN_CLOSED', `Background command ${this.pid} is not running`, { pid: this.pid });
+    await relayInputs(this.sandbox.engine).send(await this.stdinAddress(), dataRecords(bytes));
+  }
+
+  /**
+   * Closes the command's stdin: it reads EOF after the bytes sent before.
+   * Closing twice is not an error, nor is closing the stdin of a command
+   * started without one (/dev/null is at EOF already).
+   */
+  async closeStdin(): Promise<void> {
+    let address: FifoAddress;
+    try {
+      address = await this.stdinAddress();
+    } catch (e) {
+      if (e instanceof InvalidStateError && e.code === 'STDIN_CLOSED') return;
+      throw e;
+    }
+    const inputs = relayInputs(this.sandbox.engine);
+    if (inputs.isClosed(address.key) || !this.isRunning()) return;
+    await inputs.close(address);
   }
 
   private hostPid(): number | undefined {

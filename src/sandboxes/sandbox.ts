@@ -25,6 +25,7 @@ import { ensureDurable, queueDurability } from '../checkpoints/durability.js';
 import { SandboxCore, type Provenance } from './sandbox-core.js';
 import { CommandHandle, SandboxCommands, type ObservedRunResult } from './sandbox-commands.js';
 import { ObservedFiles } from './observed-files.js';
+import { PtyHandle, SandboxPty } from './sandbox-pty.js';
 import { SandboxEffects } from './sandbox-effects.js';
 import { SandboxVerdicts } from './sandbox-verdicts.js';
 
@@ -33,6 +34,8 @@ export {
   SandboxCore,
   SandboxCommands,
   CommandHandle,
+  SandboxPty,
+  PtyHandle,
   ObservedFiles,
   SandboxEffects,
   SandboxVerdicts,
@@ -105,6 +108,8 @@ export interface ForkOptions {
 export class Sandbox {
   readonly id: string;
   readonly commands: SandboxCommands;
+  /** Interactive processes on terminals of the sandbox's own. */
+  readonly pty: SandboxPty;
   readonly files: ObservedFiles;
   readonly effects: SandboxEffects;
   readonly verdicts: SandboxVerdicts;
@@ -116,6 +121,7 @@ export class Sandbox {
     this.id = id;
     this.core = new SandboxCore(engine, id);
     this.commands = new SandboxCommands(this.core);
+    this.pty = new SandboxPty(this.core);
     const raw = this.core.files();
     this.files = new ObservedFiles(this.core, raw);
     this.effects = new SandboxEffects(this.core);

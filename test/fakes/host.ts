@@ -288,6 +288,7 @@ export class FakeHost {
       openBeneath: notFaked('openBeneath'),
       openBeneathSync: notFaked('openBeneathSync'),
       openChecked: notFaked('openChecked'),
+      openFifoWriter: notFaked('openFifoWriter'),
       quotaEnable: notFaked('quotaEnable'),
       qgroupLimit: notFaked('qgroupLimit'),
       qgroupUsage: notFaked('qgroupUsage'),

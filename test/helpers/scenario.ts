@@ -5,7 +5,7 @@
  * list sandboxes) and registers these tests with it.
  */
 import type { ExecutionContext, TestFn } from 'ava';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import type { BeginResult, CheckpointInfo, EffectSpec, ForkResult, ObservedRunResult } from '../../src/index.js';
 import { eventually } from './harness.js';
 
@@ -13,6 +13,8 @@ type Awaitable<T> = T | Promise<T>;
 
 interface BackgroundHandle {
   pid: number;
+  sendStdin(data: string | Uint8Array): Promise<void>;
+  closeStdin(): Promise<void>;
   wait(): Promise<{ exitCode: number | null }>;
   kill(): Promise<boolean>;
   output(from?: { stdout: number; stderr: number }): Promise<{
@@ -22,6 +24,15 @@ interface BackgroundHandle {
     rewound: boolean;
     running: boolean;
   }>;
+}
+
+interface PtyLike {
+  pid: number;
+  write(data: string | Uint8Array): Promise<void>;
+  resize(cols: number, rows: number): Promise<void>;
+  output(from?: number): Promise<{ data: Uint8Array; offset: number; rewound: boolean; running: boolean }>;
+  wait(): Promise<{ exitCode: number | null; reason: string }>;
+  kill(): Promise<boolean>;
 }
 
 /** What the scenario uses of a sandbox: the members both SDKs have, with the same names. */
@@ -38,9 +49,13 @@ export interface ScenarioSandbox {
         signal?: AbortSignal;
       },
     ): Promise<ObservedRunResult>;
-    run(cmd: string | string[], opts: { background: true }): Promise<BackgroundHandle>;
+    run(cmd: string | string[], opts: { background: true; stdin?: boolean }): Promise<BackgroundHandle>;
     connect(pid: number): Promise<BackgroundHandle>;
     list(): Promise<{ pid: number; running: boolean; exitCode: number | null }[]>;
+  };
+  pty: {
+    create(opts: { cols: number; rows: number; cmd?: string | string[] }): Promise<PtyLike>;
+    connect(pid: number): Promise<PtyLike>;
   };
   files: {
     write(path: string, data: string | Uint8Array): Promise<{ sha256: string; bytes: number }>;
@@ -148,6 +163,41 @@ export function scenarioTests(
       );
       const unknown = await t.throwsAsync(sbx.commands.connect(999_999));
       t.like(unknown, { code: 'INVALID_ARGUMENT', field: 'pid' });
+    },
+  );
+
+  test.serial(
+    `${label}: interactive processes: bytes to a background command's stdin, a program on a PTY`,
+    async (t) => {
+      const target = await open(t);
+      const sbx = await target.create({ memoryMb: 128 });
+      t.teardown(() =>
+        sbx.kill().then(
+          () => undefined,
+          () => undefined,
+        ),
+      );
+      const sum = await sbx.commands.run('sha256sum', { background: true, stdin: true });
+      const data = randomBytes(100_000);
+      await sum.sendStdin(data.subarray(0, 1));
+      await sum.sendStdin(data.subarray(1));
+      await sum.closeStdin();
+      t.deepEqual(await sum.wait(), { exitCode: 0 });
+      t.is((await sum.output()).stdout, `${createHash('sha256').update(data).digest('hex')}  -\n`);
+
+      const pty = await sbx.pty.create({
+        cols: 80,
+        rows: 24,
+        cmd: 'read go; stty size; read l; echo "got:$l"; exit 5',
+      });
+      await pty.resize(100, 30);
+      await pty.write('go\n');
+      const text = async (p: PtyLike) => Buffer.from((await p.output(0)).data).toString();
+      await eventually(async () => (await text(pty)).includes('30 100\r\n'), 20_000);
+      await pty.write('hello\n');
+      t.deepEqual(await pty.wait(), { exitCode: 5, reason: 'exited' });
+      const again = await (await target.connect(sbx.id)).pty.connect(pty.pid);
+      t.regex(await text(again), /^go\r\n30 100\r\nhello\r\ngot:hello\r\n$/);
     },
   );
 

@@ -712,6 +712,77 @@ const GENERATORS: Record<string, Generator> = {
         )
         .map(([pid, query]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/output`, query, cross: id.cross })),
     ),
+  // Stdin and PTYs: pids the fuzzer cannot know are almost always unused; a PTY it creates runs `true` or bad input.
+  'POST /v1/sandboxes/:id/commands/:pid/stdin': (_w, own, other) =>
+    sandboxPath(own, other, (id) =>
+      fc
+        .tuple(
+          fc.oneof(fc.integer({ min: 100_000, max: 999_999_999 }).map(String), hostileSegment),
+          fc
+            .uint8Array({ maxLength: 200 })
+            .map((b) => ({ contentType: 'application/octet-stream', bytes: Buffer.from(b) })),
+        )
+        .map(([pid, body]) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/stdin`, cross: id.cross, body })),
+    ),
+  'POST /v1/sandboxes/:id/commands/:pid/stdin/close': (_w, own, other) =>
+    sandboxPath(own, other, (id) =>
+      fc
+        .oneof(fc.integer({ min: 100_000, max: 999_999_999 }).map(String), hostileSegment)
+        .map((pid) => ({ path: `/v1/sandboxes/${id.text}/commands/${pid}/stdin/close`, cross: id.cross })),
+    ),
+  'POST /v1/sandboxes/:id/pty': underSandbox('/pty', () =>
+    envelope(
+      jsonFields(
+        {
+          cols: fc.constantFrom(0, 1, 80, 65535, 65536, -1, 1.5),
+          rows: fc.constantFrom(0, 24, 70000),
+          cmd: fc.constantFrom('true', ['true'], [], '', ['/nonexistent']),
+          cwd: fc.constantFrom('/workspace', 'relative', '/nonexistent'),
+          envs,
+        },
+        ['cols', 'rows'],
+      ),
+    ).map((body) => ({ body, timed: true })),
+  ),
+  'GET /v1/sandboxes/:id/pty': underSandbox('/pty', noBody),
+  ...Object.fromEntries(
+    (['output', 'stream'] as const).map((verb) => [
+      `GET /v1/sandboxes/:id/pty/:pid/${verb}`,
+      ((_w, own, other) =>
+        sandboxPath(own, other, (id) =>
+          fc
+            .tuple(
+              fc.oneof(fc.integer({ min: 100_000, max: 999_999_999 }).map(String), hostileSegment),
+              queryString({ offset: fc.oneof(fc.string(), fc.constantFrom('-1', '1e30', '0', '12')) }),
+            )
+            .map(([pid, query]) => ({ path: `/v1/sandboxes/${id.text}/pty/${pid}/${verb}`, query, cross: id.cross })),
+        )) satisfies Generator,
+    ]),
+  ),
+  ...Object.fromEntries(
+    (['input', 'resize', 'wait', 'kill'] as const).map((verb) => [
+      `POST /v1/sandboxes/:id/pty/:pid/${verb}`,
+      ((_w, own, other) =>
+        sandboxPath(own, other, (id) =>
+          fc
+            .tuple(
+              fc.oneof(fc.integer({ min: 100_000, max: 999_999_999 }).map(String), hostileSegment),
+              verb === 'input'
+                ? fc
+                    .uint8Array({ maxLength: 100 })
+                    .map((b) => ({ contentType: 'application/octet-stream', bytes: Buffer.from(b) }))
+                : envelope(
+                    jsonFields({
+                      cols: fc.constantFrom(0, 80),
+                      rows: fc.constantFrom(24, 1e9),
+                      timeoutMs: fc.constantFrom(1, 100),
+                    }),
+                  ),
+            )
+            .map(([pid, body]) => ({ path: `/v1/sandboxes/${id.text}/pty/${pid}/${verb}`, cross: id.cross, body })),
+        )) satisfies Generator,
+    ]),
+  ),
   // MCP over streamable HTTP: JSON-RPC of every shape, with no session (a
   // tool call is refused) or opening one (initialize answers, and changes no row).
   'POST /mcp': () =>

@@ -64,7 +64,8 @@ integration(test, () => {
       return t.fail(
         `${PYTHON} is missing: run npm run setup (scripts/provision-host.sh installs python3 and python3-pytest)`,
       );
-    const ls = await openTestLockstep(t);
+    // dev: the PTY test runs Python's REPL on a terminal of the sandbox.
+    const ls = await openTestLockstep(t, { images: ['base', 'dev'] });
     const url = await serve(t, ls.home);
     const env = {
       PATH: '/usr/bin:/bin',

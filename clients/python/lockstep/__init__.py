@@ -6,7 +6,7 @@ API of ``lockstep serve``. Standard library only.
         print(sbx.commands.run("echo hi").stdout)
 """
 
-from .aio import AsyncCommandHandle, AsyncSandbox, list_images_async
+from .aio import AsyncCommandHandle, AsyncPtyHandle, AsyncSandbox, list_images_async
 from .errors import (
     CommandAbortedError,
     InvalidArgumentError,
@@ -16,10 +16,12 @@ from .errors import (
     NotFoundError,
     QuotaExceededError,
 )
+from .pty import PtyExit, PtyHandle, PtyOutput
 from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
 
 __all__ = [
     "AsyncCommandHandle",
+    "AsyncPtyHandle",
     "AsyncSandbox",
     "CommandAbortedError",
     "CommandHandle",
@@ -31,6 +33,9 @@ __all__ = [
     "LockstepConnectionError",
     "LockstepError",
     "NotFoundError",
+    "PtyExit",
+    "PtyHandle",
+    "PtyOutput",
     "QuotaExceededError",
     "Sandbox",
     "SandboxInfo",

@@ -12,6 +12,7 @@ import asyncio
 import functools
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
 
+from .pty import PtyExit, PtyHandle, PtyOutput
 from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
 
 
@@ -28,6 +29,51 @@ class AsyncCommandHandle:
 
     async def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
         return await asyncio.to_thread(self._h.output, stdout_offset, stderr_offset)
+
+    async def send_stdin(self, data: Union[str, bytes]) -> None:
+        await asyncio.to_thread(self._h.send_stdin, data)
+
+    async def close_stdin(self) -> None:
+        await asyncio.to_thread(self._h.close_stdin)
+
+
+class AsyncPtyHandle:
+    def __init__(self, handle: PtyHandle):
+        self._h = handle
+        self.pid = handle.pid
+
+    async def write(self, data: Union[str, bytes]) -> None:
+        await asyncio.to_thread(self._h.write, data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await asyncio.to_thread(self._h.resize, cols, rows)
+
+    async def output(self, offset: int = 0) -> PtyOutput:
+        return await asyncio.to_thread(self._h.output, offset)
+
+    async def follow(self, on_data: Callable[[bytes], None], offset: int = 0) -> PtyExit:
+        """on_data is called from the worker thread that reads the stream."""
+        return await asyncio.to_thread(self._h.follow, on_data, offset)
+
+    async def wait(self, timeout_ms: Optional[int] = None) -> PtyExit:
+        return await asyncio.to_thread(self._h.wait, timeout_ms)
+
+    async def kill(self) -> bool:
+        return await asyncio.to_thread(self._h.kill)
+
+
+class AsyncPty:
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+
+    async def create(self, cols: int, rows: int, **kw: Any) -> AsyncPtyHandle:
+        return AsyncPtyHandle(await asyncio.to_thread(functools.partial(self._sbx.pty.create, cols, rows, **kw)))
+
+    async def connect(self, pid: int) -> AsyncPtyHandle:
+        return AsyncPtyHandle(await asyncio.to_thread(self._sbx.pty.connect, pid))
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.pty.list)
 
 
 class AsyncCommands:
@@ -144,6 +190,7 @@ class AsyncSandbox:
         self._sbx = sbx
         self.sandbox_id = sbx.sandbox_id
         self.commands = AsyncCommands(sbx)
+        self.pty = AsyncPty(sbx)
         self.files = AsyncFiles(sbx)
         self.effects = AsyncEffects(sbx)
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Unio
 
 from ._transport import Transport
 from .errors import InvalidArgumentError, LockstepConnectionError, NotFoundError, error_from_wire
+from .pty import Pty
 
 _SANDBOX_ID = re.compile(r"^sbx_[a-z0-9]+$")
 
@@ -131,6 +132,17 @@ class CommandHandle:
         """Sends a signal; False if it had already exited."""
         return bool(self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/kill"), json_body={"signal": signal})["killed"])
 
+    def send_stdin(self, data: Union[str, bytes]) -> None:
+        """Writes bytes (str as UTF-8) to its stdin; it must have been started
+        with stdin=True. InvalidStateError STDIN_FULL (nothing written) while it
+        leaves too much unread, STDIN_CLOSED after close_stdin or once it exited."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/stdin"), body=raw)
+
+    def close_stdin(self) -> None:
+        """Closes its stdin: it reads EOF after what was sent before."""
+        self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/stdin/close"))
+
     def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
         """What it wrote since the byte offsets (default the start); continue from the returned offsets."""
         r = self._sandbox._t.json(
@@ -164,13 +176,25 @@ class Commands:
         timeout_ms: Optional[int] = None,
         tool_call_id: Optional[str] = None,
         background: bool = False,
+        stdin: bool = False,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
     ) -> Union[CommandResult, CommandHandle]:
         """Runs a command (a string through /bin/sh -c, a list as argv). With
         on_stdout/on_stderr the output is streamed as it is produced;
-        background=True returns a CommandHandle at once."""
-        body = _drop_none({"cmd": cmd, "cwd": cwd, "envs": envs, "timeoutMs": timeout_ms, "toolCallId": tool_call_id, "background": True if background else None})
+        background=True returns a CommandHandle at once (with stdin=True its
+        stdin stays open for send_stdin)."""
+        body = _drop_none(
+            {
+                "cmd": cmd,
+                "cwd": cwd,
+                "envs": envs,
+                "timeoutMs": timeout_ms,
+                "toolCallId": tool_call_id,
+                "background": True if background else None,
+                "stdin": True if stdin else None,
+            }
+        )
         t = self._sandbox._t
         path = self._sandbox._path("/commands")
         if background:
@@ -341,6 +365,7 @@ class Sandbox:
         self.sandbox_id = sandbox_id
         self._t = transport
         self.commands = Commands(self)
+        self.pty = Pty(self)
         self.files = Files(self)
         self.effects = Effects(self)
 

@@ -25,6 +25,7 @@ interface RunBody {
   timeoutMs?: number;
   toolCallId?: string;
   background?: boolean;
+  stdin?: boolean;
 }
 
 type StreamMode = 'ndjson' | 'sse';
@@ -112,7 +113,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
 
       if (req.body.background) {
         const handle = await sb.commands
-          .run(cmd, { cwd, envs, toolCallId, background: true })
+          .run(cmd, { cwd, envs, toolCallId, background: true, stdin: req.body.stdin })
           .catch((e) => Promise.reject(renameField(e, WIRE_NAMES)));
         return { pid: handle.pid };
       }

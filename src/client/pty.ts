@@ -1,0 +1,156 @@
+/**
+ * PTYs of a remote sandbox, with the in-process SDK's shape
+ * (src/sandboxes/sandbox-pty.ts): `create`, `connect`, `list`, and handles
+ * with `write`, `resize`, `output`, `follow` (the server's NDJSON stream,
+ * docs/http-reference.md), `wait` and `kill`. Output offsets are the
+ * transcript's bytes, so a follower that reconnects passes the last offset
+ * it saw and misses nothing.
+ */
+import { InvalidArgumentError } from '../errors.js';
+import type { PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
+import { errorFromWire, type WireError, ConnectionError } from './errors.js';
+import type { CallOptions } from './transport.js';
+import { WAIT_SLICE_MS, ndjsonEvents, type Sandbox } from './sandbox.js';
+
+/** Options of pty.create. */
+export interface RemotePtyCreateOptions extends CallOptions {
+  cols: number;
+  rows: number;
+  cmd?: string | string[] | undefined;
+  envs?: Record<string, string> | undefined;
+  cwd?: string | undefined;
+  /** Called with the terminal's output as it comes, until the PTY ends. */
+  onData?: ((data: Uint8Array) => void) | undefined;
+}
+
+/** The PTYs of a remote sandbox. */
+export class RemotePty {
+  constructor(private readonly sandbox: Sandbox) {}
+
+  /** Starts cmd (default /bin/sh -i) on a new terminal of the sandbox; the handle's pid is its id. */
+  async create(opts: RemotePtyCreateOptions): Promise<RemotePtyHandle> {
+    const { signal, idempotencyKey, onData, ...body } = opts;
+    const r = await this.sandbox.transport.json<{ pid: number }>({
+      method: 'POST',
+      path: this.sandbox.path('/pty'),
+      body: { json: body },
+      signal,
+      idempotencyKey,
+    });
+    const handle = new RemotePtyHandle(this.sandbox, r.pid);
+    if (onData) void handle.follow(onData, { signal }).catch(() => undefined);
+    return handle;
+  }
+
+  /** Reattaches by id; INVALID_ARGUMENT (field pid) when the sandbox has no such PTY. */
+  async connect(pid: number, opts: CallOptions = {}): Promise<RemotePtyHandle> {
+    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'the id of a PTY', pid);
+    const h = new RemotePtyHandle(this.sandbox, pid);
+    await h.output(0, opts);
+    return h;
+  }
+
+  async list(opts: CallOptions = {}): Promise<{ pid: number; running: boolean; exitCode: number | null }[]> {
+    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/pty'), signal: opts.signal });
+  }
+}
+
+/** One remote PTY. */
+export class RemotePtyHandle {
+  constructor(
+    private readonly sandbox: Sandbox,
+    readonly pid: number,
+  ) {}
+
+  private path(tail: string): string {
+    return this.sandbox.path(`/pty/${this.pid}${tail}`);
+  }
+
+  /** Types bytes (text as UTF-8) on the terminal. */
+  async write(data: string | Uint8Array, opts: CallOptions = {}): Promise<void> {
+    await this.sandbox.transport.json({
+      method: 'POST',
+      path: this.path('/input'),
+      body: { bytes: typeof data === 'string' ? Buffer.from(data, 'utf8') : data },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+  }
+
+  async resize(cols: number, rows: number, opts: CallOptions = {}): Promise<void> {
+    await this.sandbox.transport.json({
+      method: 'POST',
+      path: this.path('/resize'),
+      body: { json: { cols, rows } },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+  }
+
+  /** Output from byte `from` of the transcript (one answer, at most 1 MiB). */
+  async output(from = 0, opts: CallOptions = {}): Promise<PtyOutput> {
+    const r = await this.sandbox.transport.json<{ data: string; offset: number; rewound: boolean; running: boolean }>({
+      method: 'GET',
+      path: this.path('/output'),
+      query: { offset: String(from) },
+      signal: opts.signal,
+    });
+    return { data: Buffer.from(r.data, 'base64'), offset: r.offset, rewound: r.rewound, running: r.running };
+  }
+
+  /**
+   * Streams the output from `from` on to onData until the PTY ends; resolves
+   * with how it ended. A rollback is told to onRewound, and the data starts
+   * again at offset 0.
+   */
+  async follow(
+    onData: (data: Uint8Array) => void,
+    opts: CallOptions & { from?: number; onRewound?: () => void } = {},
+  ): Promise<PtyExit> {
+    const res = await this.sandbox.transport.send({
+      method: 'GET',
+      path: this.path('/stream'),
+      query: { offset: String(opts.from ?? 0) },
+      accept: 'application/x-ndjson',
+      signal: opts.signal,
+    });
+    for await (const ev of ndjsonEvents(res)) {
+      if (ev.type === 'data') onData(Buffer.from(ev.data as string, 'base64'));
+      else if (ev.type === 'rewound') opts.onRewound?.();
+      else if (ev.type === 'exit')
+        return { exitCode: ev.exitCode as number | null, reason: ev.reason as PtyExit['reason'] };
+      else if (ev.type === 'error') throw errorFromWire(500, (ev as unknown as { error: WireError }).error);
+    }
+    throw new ConnectionError('The PTY stream ended before the PTY did: the connection was cut');
+  }
+
+  /** Resolves when the PTY has ended (waits in slices, like a background command's wait). */
+  async wait(opts: { timeoutMs?: number | undefined } & CallOptions = {}): Promise<PtyExit> {
+    const deadline = opts.timeoutMs === undefined ? Infinity : Date.now() + opts.timeoutMs;
+    for (;;) {
+      const slice = Math.max(1, Math.min(WAIT_SLICE_MS, deadline - Date.now()));
+      try {
+        const r = await this.sandbox.transport.json<PtyExit>({
+          method: 'POST',
+          path: this.path('/wait'),
+          body: { json: { timeoutMs: Math.ceil(slice) } },
+          signal: opts.signal,
+        });
+        return { exitCode: r.exitCode, reason: r.reason };
+      } catch (e) {
+        if ((e as { code?: string }).code !== 'COMMAND_TIMEOUT' || Date.now() >= deadline) throw e;
+      }
+    }
+  }
+
+  /** Kills the PTY; false if it had already ended. */
+  async kill(opts: CallOptions = {}): Promise<boolean> {
+    const r = await this.sandbox.transport.json<{ killed: boolean }>({
+      method: 'POST',
+      path: this.path('/kill'),
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+    return r.killed;
+  }
+}
