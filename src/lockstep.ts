@@ -295,7 +295,9 @@ export class Lockstep {
     for (const m of this.engine.proc.mountsUnder(this.engine.paths.run)) this.engine.native.unmount(m, true);
     // An injected layer store is its owner's to unmount.
     if (this.engine.layers instanceof LayerStore) LayerStore.unmount(this.engine.paths);
-    if (opts.deleteFiles) fs.rmSync(this.home, { recursive: true, force: true });
+    // A process of a sandbox killed a moment ago may still be writing its last bytes below home:
+    // rm retries ENOTEMPTY/EBUSY (seen once in a test's teardown) instead of failing at once.
+    if (opts.deleteFiles) fs.rmSync(this.home, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 });
   }
 
   private assertOpen(): void {
