@@ -315,7 +315,12 @@ export class Catalog {
   }
   liveImage(name: string): ImageRow {
     const row = this.image(name);
-    if (!row || row.deleted) throw new NotFoundError('image', name);
+    if (!row || row.deleted)
+      throw new NotFoundError(
+        'image',
+        name,
+        `its image is gone from this state directory: make it again with \`lockstep image build ${name}\` (a shipped recipe) or \`lockstep image import docker:REF --name ${name}\``,
+      );
     return row;
   }
   /** The image of an existing sandbox or checkpoint, even if it was removed (hidden) since. */
@@ -331,7 +336,12 @@ export class Catalog {
 
   liveImageOrHidden(name: string): ImageRow {
     const row = this.image(name);
-    if (!row) throw new NotFoundError('image', name);
+    if (!row)
+      throw new NotFoundError(
+        'image',
+        name,
+        `its image is gone from this state directory: make it again with \`lockstep image build ${name}\` (a shipped recipe) or \`lockstep image import docker:REF --name ${name}\``,
+      );
     return row;
   }
   images(): ImageRow[] {
