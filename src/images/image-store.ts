@@ -217,13 +217,17 @@ export class ImageStore {
       throw new NotFoundError(
         'image',
         name,
-        `it was removed (\`lockstep image rm ${name}\`) and waits for its last sandboxes to go; \`${SETUP_COMMAND} --images ${name}${home}\` takes it back`,
+        `it was removed (\`lockstep image rm ${name}\`) and waits for its last sandboxes to go; ` +
+          `\`${SETUP_COMMAND} --images ${name}${home}\` takes it back`,
       );
     }
     return this.ensure(name, progress);
   }
 
-  /** The installed image; with takeBack, also one removed while still in use (hidden, not yet collected), made visible again. */
+  /**
+   * The installed image; with takeBack, also one removed while still in use
+   * (hidden, not yet collected), made visible again.
+   */
   private ready(name: string, takeBack: boolean): ImageRow | undefined {
     const row = this.catalog.image(name);
     if (!row || (row.deleted && !takeBack)) return undefined;
