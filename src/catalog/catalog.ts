@@ -342,7 +342,7 @@ export class Catalog {
   }
   liveImage(name: string): ImageRow {
     const row = this.image(name);
-    if (!row || row.deleted) throw new NotFoundError('image', name);
+    if (!row || row.deleted) throw new NotFoundError('image', name, imageGone(name));
     return row;
   }
   /** The image of an existing sandbox or checkpoint, even if it was removed (hidden) since. */
@@ -358,7 +358,7 @@ export class Catalog {
 
   liveImageOrHidden(name: string): ImageRow {
     const row = this.image(name);
-    if (!row) throw new NotFoundError('image', name);
+    if (!row) throw new NotFoundError('image', name, imageGone(name));
     return row;
   }
   images(): ImageRow[] {
@@ -546,4 +546,12 @@ export class Catalog {
   operations(): OperationRow[] {
     return this.db.prepare('SELECT * FROM operations ORDER BY started_at').all() as OperationRow[];
   }
+}
+
+/** What IMAGE_NOT_FOUND says when a sandbox's or checkpoint's image row is gone: the commands that make it again. */
+function imageGone(name: string): string {
+  return (
+    `its image is gone from this state directory: make it again with \`lockstep image build ${name}\` ` +
+    `(a shipped recipe) or \`lockstep image import docker:REF --name ${name}\``
+  );
 }

@@ -135,16 +135,21 @@ const commands: Record<string, Handler> = {
     const { values, positionals } = parse(argv, options, usage);
     need(positionals, 0, usage);
     return withLockstep(async (ls) => {
-      const sb = await ls.create({
-        image: values.image,
-        memoryMb: intFlag(values.memory, 'memory'),
-        pids: intFlag(values.pids, 'pids'),
-        cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
-        cpus: numberFlag(values.cpus, 'cpus'),
-        ioWeight: intFlag(values['io-weight'], 'io-weight'),
-        diskMb: intFlag(values['disk-mb'], 'disk-mb'),
-        envs: envFlags(values.env),
-      });
+      // Only shown when the image is made on first use (a build or a link from the cache).
+      const progress = new Progress(values.json === true);
+      const sb = await ls
+        .create({
+          onProgress: (line) => progress.update(line),
+          image: values.image,
+          memoryMb: intFlag(values.memory, 'memory'),
+          pids: intFlag(values.pids, 'pids'),
+          cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
+          cpus: numberFlag(values.cpus, 'cpus'),
+          ioWeight: intFlag(values['io-weight'], 'io-weight'),
+          diskMb: intFlag(values['disk-mb'], 'disk-mb'),
+          envs: envFlags(values.env),
+        })
+        .finally(() => progress.done());
       if (values.json) printJson({ id: sb.id });
       else process.stdout.write(`${sb.id}\n`);
       return EXIT.ok;

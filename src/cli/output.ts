@@ -79,6 +79,7 @@ export const EXIT_CODE = {
   HOME_LOCKED: EXIT.conflict,
   CHECKPOINT_DAMAGED: EXIT.conflict,
   CHECKPOINT_CORRUPT: EXIT.conflict,
+  IMAGE_BUILDING: EXIT.conflict,
   BUNDLE_CORRUPT: EXIT.conflict,
   EFFECT_OUTCOME_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_UNKNOWN: EXIT.conflict,

@@ -1,7 +1,7 @@
 /** The images a tenant can create sandboxes from, over HTTP. */
 import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
 
-/** An image as the API lists it; ready: false is a shipped recipe the operator has not built yet. */
+/** An image as the API lists it; ready: false is a shipped recipe not made yet (the first create from it makes it). */
 export interface ImageInfo {
   name: string;
   ready: boolean;

@@ -38,6 +38,8 @@ export class ApiContext {
     readonly metrics: ServerMetrics,
     readonly operations: OperationTracker,
     readonly idempotency: IdempotencyStore,
+    /** How long a create waits for an image made on first use before answering 503 IMAGE_BUILDING. */
+    readonly imageWaitMs = 60_000,
   ) {}
 
   get tenants(): Tenants {

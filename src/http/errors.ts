@@ -95,6 +95,8 @@ export const HTTP_STATUS = {
   TRANSFER_ABORTED: 503,
   // The snapshot store (an S3 endpoint, a shared folder) failed or cannot be reached: a retry may succeed.
   STORE_UNAVAILABLE: 503,
+  // A create waited its limit for an image made on first use; the build goes on (Retry-After).
+  IMAGE_BUILDING: 503,
 
   DISK_QUOTA_EXCEEDED: 507,
   DISK_FULL: 507,
@@ -216,6 +218,9 @@ export function describeValidation(
   return { field, message: `Invalid ${where} ${field}: ${message}` };
 }
 
+/** 5xx answers that are about the request, not the server's internals: their message is the caller's to read. */
+const PUBLIC_5XX = new Set<ErrorCode>(['IMAGE_BUILDING']);
+
 /** Maps any thrown value to a status and error body; never leaks internals of unexpected errors. */
 export function toErrorResponse(err: unknown): { status: number; body: ErrorBody; internal: boolean } {
   const fe = err as FastifyError & { validation?: AjvError[]; validationContext?: string };
@@ -225,7 +230,7 @@ export function toErrorResponse(err: unknown): { status: number; body: ErrorBody
   }
   if (err instanceof LockstepError) {
     const status = statusForCode(err.code, err);
-    if (status >= 500)
+    if (status >= 500 && !PUBLIC_5XX.has(err.code))
       return {
         status,
         body: { error: { code: err.code, message: 'Internal error; the server log has the details' } },

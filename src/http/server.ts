@@ -49,6 +49,13 @@ export interface ServerOptions {
   fileBodyLimit?: number | undefined;
   /** How often expired sandboxes and idempotency keys are swept (default 60 s; 0: never). */
   sweepIntervalMs?: number | undefined;
+  /**
+   * How long a create waits for its image when a shipped recipe is made on
+   * first use (default 60 s); past that it answers 503 IMAGE_BUILDING with
+   * Retry-After while the build goes on, rather than leave the client to its
+   * own timeout.
+   */
+  imageWaitMs?: number | undefined;
   /** Clock of the idempotency store (tests). */
   clock?: (() => number) | undefined;
 }
@@ -114,7 +121,13 @@ export function createServer(opts: ServerOptions): LockstepServer {
   const ls = opts.lockstep;
   const metrics = new ServerMetrics(ls);
   const operations = new OperationTracker();
-  const ctx = new ApiContext(ls, metrics, operations, new IdempotencyStore(ls.tenants.replies, opts.clock));
+  const ctx = new ApiContext(
+    ls,
+    metrics,
+    operations,
+    new IdempotencyStore(ls.tenants.replies, opts.clock),
+    opts.imageWaitMs,
+  );
   const fileBodyLimit = opts.fileBodyLimit ?? 16 * MiB;
   const metricsDigest = opts.metricsToken === undefined ? undefined : digest(opts.metricsToken);
 

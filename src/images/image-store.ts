@@ -109,8 +109,16 @@ function unknownImage(name: string, installed: string[] | undefined): NotFoundEr
 
 export type ProgressFn = (message: string) => void;
 
+/** A build or link of a recipe image in progress in this process, and who wants its progress. */
+interface InFlight {
+  done: Promise<ImageRow>;
+  listeners: Set<ProgressFn>;
+}
+
 /** Image catalog + on-disk rootfs management. */
 export class ImageStore {
+  private readonly inFlight = new Map<string, InFlight>();
+
   constructor(
     private readonly paths: StatePaths,
     private readonly catalog: Catalog,
@@ -153,8 +161,82 @@ export class ImageStore {
         name,
         this.list().map((i) => i.name),
       );
-    if (this.has(name) && !opts.force) throw new AlreadyExistsError('image', name);
     const progress = opts.progress ?? (() => undefined);
+    return this.withImageLock(name, progress, () => {
+      if (this.has(name) && !opts.force) throw new AlreadyExistsError('image', name);
+      return this.buildLocked(name, progress);
+    });
+  }
+
+  /**
+   * The image NAME, made on first use when it is missing and a recipe of that
+   * name ships in sandbox-images/: built into the build cache, or found
+   * there, and linked into this state directory. Callers at the same time,
+   * in this process or in others on the same state directory, make it once;
+   * each gets the progress of the one build. IMAGE_NOT_FOUND (naming the
+   * commands that make an image) for any other name.
+   */
+  async ensure(name: string, progress?: ProgressFn): Promise<ImageRow> {
+    validateImageName(name);
+    const ready = this.ready(name, true);
+    if (ready) return ready;
+    if (!listRecipes().includes(name))
+      throw unknownImage(
+        name,
+        this.list().map((i) => i.name),
+      );
+    let job = this.inFlight.get(name);
+    if (progress) job?.listeners.add(progress);
+    if (!job) {
+      // The listener goes in first: the build's first lines are told before its first await.
+      const listeners = new Set<ProgressFn>(progress ? [progress] : []);
+      const tell: ProgressFn = (m) => {
+        for (const l of listeners) l(m);
+      };
+      const done = this.withImageLock(name, tell, () => this.ready(name, true) ?? this.buildLocked(name, tell)).finally(
+        () => this.inFlight.delete(name),
+      );
+      job = { done, listeners };
+      this.inFlight.set(name, job);
+    }
+    try {
+      return await job.done;
+    } finally {
+      if (progress) job.listeners.delete(progress);
+    }
+  }
+
+  /**
+   * The image for a new sandbox, made on first use (ensure) unless it was
+   * removed while sandboxes still use it: an operator's `image rm` is not
+   * undone by a create; IMAGE_NOT_FOUND says how to take it back.
+   */
+  async forCreate(name: string, progress?: ProgressFn): Promise<ImageRow> {
+    validateImageName(name);
+    if (this.catalog.image(name)?.deleted) {
+      const home = this.paths.home === resolveHome() ? '' : ` --home ${this.paths.home}`;
+      throw new NotFoundError(
+        'image',
+        name,
+        `it was removed (\`lockstep image rm ${name}\`) and waits for its last sandboxes to go; ` +
+          `\`${SETUP_COMMAND} --images ${name}${home}\` takes it back`,
+      );
+    }
+    return this.ensure(name, progress);
+  }
+
+  /**
+   * The installed image; with takeBack, also one removed while still in use
+   * (hidden, not yet collected), made visible again.
+   */
+  private ready(name: string, takeBack: boolean): ImageRow | undefined {
+    const row = this.catalog.image(name);
+    if (!row || (row.deleted && !takeBack)) return undefined;
+    if (row.deleted) this.catalog.putImage({ ...row, deleted: 0 });
+    return { ...row, deleted: 0 };
+  }
+
+  private async buildLocked(name: string, progress: ProgressFn): Promise<ImageRow> {
     const hash = recipeHash(name);
     const cached = await buildIntoCache(name, progress, hash);
     return this.install(name, `recipe:${name}@${hash}`, async (rootfs) => {
@@ -163,16 +245,30 @@ export class ImageStore {
     });
   }
 
-  /** Builds if missing; used by setup and the demo. */
-  async ensure(name: string, progress?: ProgressFn): Promise<ImageRow> {
-    if (this.has(name)) return this.get(name);
-    // Removed while still in use (hidden, not yet collected): take it back.
-    const hidden = this.catalog.image(validateImageName(name));
-    if (hidden?.deleted) {
-      this.catalog.putImage({ ...hidden, deleted: 0 });
-      return this.get(name);
+  /**
+   * Runs fn holding <run>/locks/image-NAME (flock), so that two processes on
+   * one state directory never install the same image at once: the second
+   * waits, then finds the first one's image. (The reaper, which runs only
+   * when no other manager has the state directory open, removes the file.)
+   */
+  private async withImageLock<T>(name: string, progress: ProgressFn, fn: () => Promise<T> | T): Promise<T> {
+    fs.mkdirSync(this.paths.locks, { recursive: true, mode: 0o700 });
+    const fd = fs.openSync(
+      path.join(this.paths.locks, `image-${name}`),
+      fs.constants.O_RDWR | fs.constants.O_CREAT,
+      0o600,
+    );
+    try {
+      let announced = false;
+      while (!native().flock(fd, true)) {
+        if (!announced) progress(`waiting for another process making image ${name}`);
+        announced = true;
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      return await fn();
+    } finally {
+      fs.closeSync(fd);
     }
-    return this.build(name, progress ? { progress } : {});
   }
 
   /** Builds a recipe into the build cache only (used by setup); no state directory needed. */

@@ -21,12 +21,21 @@
  * - pending writes: table `langgraph_writes` in the catalog. They arrive
  *   after their checkpoint was taken, and a Lockstep checkpoint's context is
  *   immutable, so they cannot live in it.
+ *
+ * Channel values follow LangGraph's versioning (what its conformance suite
+ * checks): a checkpoint holds the value of a channel named in `newVersions`
+ * as given, and any other channel's value only if its parent holds that
+ * channel at the same version (the value carried over). A checkpoint older
+ * than format v4 gets its parent's pending sends (`TASKS` writes) as the
+ * `TASKS` channel when read, as LangGraph's own savers migrate it.
  */
 import { isDeepStrictEqual } from 'node:util';
 import type BetterSqlite3 from 'better-sqlite3';
 import {
   BaseCheckpointSaver,
+  TASKS,
   WRITES_IDX_MAP,
+  maxChannelVersion,
   type ChannelVersions,
   type Checkpoint,
   type CheckpointListOptions,
@@ -214,17 +223,24 @@ export class LockstepSaver extends BaseCheckpointSaver {
     config: RunnableConfig,
     checkpoint: Checkpoint,
     metadata: CheckpointMetadata,
-    _newVersions: ChannelVersions,
+    newVersions: ChannelVersions,
   ): Promise<RunnableConfig> {
     const threadId = requireThreadId(config, 'put');
     const ns = namespaceOf(config);
     const parentId = checkpointIdOf(config);
     if (typeof checkpoint?.id !== 'string' || checkpoint.id === '')
       throw new InvalidArgumentError('checkpoint.id', 'a non-empty string', checkpoint?.id);
+    if (typeof newVersions !== 'object' || newVersions === null || Array.isArray(newVersions))
+      throw new InvalidArgumentError('newVersions', 'an object of channel name to version', newVersions);
     if (isRunConfig(config)) requireSyncDurability(config);
-    const [cp, md] = await Promise.all([this.toPlain(checkpoint), this.toPlain(metadata)]);
     const returned = { configurable: { thread_id: threadId, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
     const parent = parentId === undefined ? undefined : this.row(threadId, ns, parentId);
+    const parentCheckpoint = parent ? (await this.tuple(parent, { writes: false })).checkpoint : undefined;
+    const stored: Checkpoint = {
+      ...checkpoint,
+      channel_values: channelValuesAt(checkpoint, newVersions, parentCheckpoint),
+    };
+    const [cp, md] = await Promise.all([this.toPlain(stored), this.toPlain(metadata)]);
     const sandbox = parent ? this.sandboxOf(parent.sandbox_id) : await this.sandboxForThread(threadId);
     return this.serial(sandbox.id, async () => {
       // Usually a no-op: a run already followed in getTuple. updateState and
@@ -485,7 +501,7 @@ export class LockstepSaver extends BaseCheckpointSaver {
     return undefined;
   }
 
-  private async tuple(row: IndexRow): Promise<CheckpointTuple> {
+  private async tuple(row: IndexRow, opts: { writes?: boolean } = {}): Promise<CheckpointTuple> {
     const ctx = this.sandboxOf(row.sandbox_id).context(row.lockstep_checkpoint_id);
     if (!ctx || ctx.format !== 'langgraph') {
       throw new InvalidStateError(
@@ -501,8 +517,9 @@ export class LockstepSaver extends BaseCheckpointSaver {
     const [checkpoint, metadata, pendingWrites] = await Promise.all([
       this.fromPlain(ctx.checkpoint) as Promise<Checkpoint>,
       ctx.metadata === undefined ? undefined : (this.fromPlain(ctx.metadata) as Promise<CheckpointMetadata>),
-      this.pendingWrites(row),
+      opts.writes === false ? [] : this.pendingWrites(row),
     ]);
+    if (checkpoint.v < 4 && row.parent_checkpoint_id !== null) await this.migratePendingSends(checkpoint, row);
     const tuple: CheckpointTuple = {
       config: {
         configurable: { thread_id: row.thread_id, checkpoint_ns: row.checkpoint_ns, checkpoint_id: row.checkpoint_id },
@@ -521,6 +538,23 @@ export class LockstepSaver extends BaseCheckpointSaver {
       };
     }
     return tuple;
+  }
+
+  /**
+   * Before format v4 a Send was not a channel value: it was a `TASKS` write
+   * against the parent checkpoint. Such a checkpoint gets its parent's sends
+   * (in writes order) as the `TASKS` channel, at the newest version it has,
+   * which is what LangGraph's own savers do when reading one.
+   */
+  private async migratePendingSends(checkpoint: Checkpoint, row: IndexRow): Promise<void> {
+    const parent = { ...row, checkpoint_id: row.parent_checkpoint_id! };
+    const sends = (await this.pendingWrites(parent)).filter(([, channel]) => channel === TASKS).map(([, , v]) => v);
+    checkpoint.channel_values = { ...checkpoint.channel_values, [TASKS]: sends };
+    const versions = Object.values(checkpoint.channel_versions ?? {});
+    checkpoint.channel_versions = {
+      ...checkpoint.channel_versions,
+      [TASKS]: versions.length > 0 ? maxChannelVersion(...versions) : this.getNextVersion(undefined),
+    };
   }
 
   /**
@@ -632,6 +666,30 @@ export class LockstepSaver extends BaseCheckpointSaver {
       return this.serde.loadsTyped(wrapped.type, wrapped.data);
     return this.serde.loadsTyped('json', JSON.stringify(plain));
   }
+}
+
+/**
+ * The channel values a checkpoint holds under LangGraph's versioning: the
+ * value given for each channel in `newVersions` (the channels this step
+ * wrote), and for every other versioned channel the parent's value, if the
+ * parent holds that channel at the same version. A value with neither is not
+ * stored: the checkpoint does not own it.
+ */
+function channelValuesAt(
+  checkpoint: Checkpoint,
+  newVersions: ChannelVersions,
+  parent: Checkpoint | undefined,
+): Record<string, unknown> {
+  const given = checkpoint.channel_values ?? {};
+  const values: Record<string, unknown> = {};
+  for (const channel of Object.keys(newVersions)) if (Object.hasOwn(given, channel)) values[channel] = given[channel];
+  if (!parent) return values;
+  const inherited = parent.channel_values ?? {};
+  for (const [channel, version] of Object.entries(checkpoint.channel_versions ?? {})) {
+    if (Object.hasOwn(newVersions, channel) || !Object.hasOwn(inherited, channel)) continue;
+    if (parent.channel_versions?.[channel] === version) values[channel] = inherited[channel];
+  }
+  return values;
 }
 
 function validateOptions(o: LockstepSaverOptions): LockstepSaverOptions {

@@ -34,6 +34,12 @@ export interface CreateOptions {
   tenant?: string | null | undefined;
   /** Lifetime: the sandbox is removed this many milliseconds after creation (like E2B's timeoutMs). */
   timeoutMs?: number | undefined;
+  /**
+   * Progress lines while the image is made on first use (a shipped recipe
+   * not yet in this state directory is built, or linked from the build
+   * cache, before the sandbox starts). Not called when the image is there.
+   */
+  onProgress?: ((message: string) => void) | undefined;
 }
 
 export const LIMITS = {
@@ -178,7 +184,11 @@ function defaultCpuWeight(engine: Engine, tenant: string | null | undefined): nu
 /** Creates and starts a sandbox; on any failure everything made so far is removed. */
 export async function createSandbox(engine: Engine, options: CreateOptions): Promise<SandboxRow> {
   const opts = validateCreateOptions(options);
-  const image = engine.images.get(opts.image); // IMAGE_NOT_FOUND before anything is made
+  if (opts.onProgress !== undefined && typeof opts.onProgress !== 'function')
+    throw new InvalidArgumentError('onProgress', 'a function (message) => void', opts.onProgress);
+  // A shipped recipe is made on first use; any other missing name is
+  // IMAGE_NOT_FOUND (naming the fix) before anything is made.
+  const image = await engine.images.forCreate(opts.image, opts.onProgress);
   checkEnforceable(engine, opts);
   const id = newId('sbx');
   const runtimeLayer = engine.runtime.ensureRuntimeLayer();

@@ -8,14 +8,7 @@
 import test from 'ava';
 import net from 'node:net';
 import { createHash, randomBytes } from 'node:crypto';
-import {
-  CommandAbortedError,
-  ConnectionError,
-  Images,
-  LockstepError,
-  NotFoundError,
-  Sandbox,
-} from '../../src/client/index.js';
+import { CommandAbortedError, ConnectionError, Images, LockstepError, Sandbox } from '../../src/client/index.js';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 
@@ -162,31 +155,39 @@ integration(test, () => {
     },
   );
 
-  test.serial('the server lists images; IMAGE_NOT_FOUND names the command that fixes it', async (t) => {
-    const ls = await openTestLockstep(t);
-    const { client } = await startServer(t, ls);
-    const conn = { apiUrl: client.base, apiKey: tenantToken(ls, 'acme') };
-    const images = await Images.list(conn);
-    t.like(
-      images.find((i) => i.name === 'base'),
-      { ready: true },
-    );
-    t.like(
-      images.find((i) => i.name === 'dev'),
-      { ready: false, source: 'recipe', sizeBytes: null },
-    );
-    t.false(JSON.stringify(images).includes(ls.home)); // host paths stay on the server
+  test.serial(
+    'the server lists images; a shipped recipe is made on first use; IMAGE_NOT_FOUND names the command that fixes it',
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const { client } = await startServer(t, ls);
+      const conn = { apiUrl: client.base, apiKey: tenantToken(ls, 'acme') };
+      const images = await Images.list(conn);
+      t.like(
+        images.find((i) => i.name === 'base'),
+        { ready: true },
+      );
+      t.like(
+        images.find((i) => i.name === 'dev'),
+        { ready: false, source: 'recipe', sizeBytes: null },
+      );
+      t.false(JSON.stringify(images).includes(ls.home)); // host paths stay on the server
 
-    const unbuilt = await t.throwsAsync(Sandbox.create({ ...conn, image: 'dev' }));
-    t.true(unbuilt instanceof NotFoundError);
-    t.like(unbuilt, { code: 'IMAGE_NOT_FOUND', field: 'image' });
-    t.regex(unbuilt!.message, /lockstep setup --images dev/);
-    const unknown = await t.throwsAsync(Sandbox.create({ ...conn, image: 'nosuch' }));
-    t.like(unknown, { code: 'IMAGE_NOT_FOUND', field: 'image' });
-    t.regex(unknown!.message, /installed here: base/);
-    t.regex(unknown!.message, /lockstep image build NAME/);
-    t.regex(unknown!.message, /lockstep image import docker:REF --name nosuch/);
-  });
+      // A shipped recipe not built here yet is made on first use (linked from the build cache).
+      const dev = await Sandbox.create({ ...conn, image: 'dev', memoryMb: 128 });
+      t.teardown(() => dev.kill().then(() => undefined));
+      t.is((await dev.info()).image, 'dev');
+      t.is((await dev.commands.run('python3 -c "print(6*7)"')).stdout, '42\n');
+      t.like(
+        (await Images.list(conn)).find((i) => i.name === 'dev'),
+        { ready: true },
+      );
+      const unknown = await t.throwsAsync(Sandbox.create({ ...conn, image: 'nosuch' }));
+      t.like(unknown, { code: 'IMAGE_NOT_FOUND', field: 'image' });
+      t.regex(unknown!.message, /installed here: base/);
+      t.regex(unknown!.message, /lockstep image build NAME/);
+      t.regex(unknown!.message, /lockstep image import docker:REF --name nosuch/);
+    },
+  );
 
   test.serial('bad settings, a wrong token and an unreachable server are typed errors', async (t) => {
     const ls = await openTestLockstep(t);

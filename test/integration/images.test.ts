@@ -55,7 +55,6 @@ integration(test, () => {
   test.serial('image build copies base from the build cache; ls lists it; a second build is refused', async (t) => {
     const ls = await openTestLockstep(t, { images: [] });
     t.deepEqual(ls.images.list(), []);
-    await t.throwsAsync(ls.create(), { code: 'IMAGE_NOT_FOUND' });
 
     const cached = path.join(buildCacheDir(), 'images', `base-${recipeHash('base')}`);
     t.true(fs.existsSync(path.join(cached, '.complete')), 'the build cache holds this recipe (setup built it)');

@@ -17,7 +17,13 @@ import {
   interrupt,
   type LangGraphRunnableConfig,
 } from '@langchain/langgraph';
-import { emptyCheckpoint, uuid6, type Checkpoint, type CheckpointMetadata } from '@langchain/langgraph-checkpoint';
+import {
+  TASKS,
+  emptyCheckpoint,
+  uuid6,
+  type Checkpoint,
+  type CheckpointMetadata,
+} from '@langchain/langgraph-checkpoint';
 import { ContextStore } from '../../src/context/context-store.js';
 import type { AgentContext } from '../../src/context/formats.js';
 import { NotFoundError } from '../../src/errors.js';
@@ -112,8 +118,10 @@ function world() {
 
 const SYNC = { durability: 'sync' } as const;
 
+/** A checkpoint whose every channel is at version 1: put it with `channel_versions` as newVersions to store them all. */
 function ckpt(channelValues: Record<string, unknown> = {}): Checkpoint {
-  return { ...emptyCheckpoint(), id: uuid6(-1), channel_values: channelValues };
+  const versions = Object.fromEntries(Object.keys(channelValues).map((k) => [k, 1]));
+  return { ...emptyCheckpoint(), id: uuid6(-1), channel_values: channelValues, channel_versions: versions };
 }
 const md = (step: number, extra: Record<string, unknown> = {}): CheckpointMetadata => ({
   source: 'loop',
@@ -134,7 +142,7 @@ test('put stores the checkpoint as a langgraph context and getTuple revives clas
     seen: new Set(['a', 'b']),
     nothing: undefined,
   });
-  const returned = await saver.put({ ...cfg('t1'), ...SYNC }, cp, md(0, { writer: 'me' }), {});
+  const returned = await saver.put({ ...cfg('t1'), ...SYNC }, cp, md(0, { writer: 'me' }), cp.channel_versions);
   t.deepEqual(returned, { configurable: { thread_id: 't1', checkpoint_ns: '', checkpoint_id: cp.id } });
 
   const [lockstepCkpt] = sb.checkpoints();
@@ -551,4 +559,49 @@ test('a real graph with a subgraph and an interrupt resumes without the sandbox 
     .prepare("SELECT COUNT(*) AS n FROM langgraph_checkpoints WHERE checkpoint_ns != ''")
     .get() as { n: number };
   t.true(subgraphCheckpoints.n > 0, 'the subgraph checkpointed in its own namespace');
+});
+
+test('channel values: a put keeps those named in newVersions, carries the rest from a parent at the same version', async (t) => {
+  const w = world();
+  const saver = new LockstepSaver({ sandbox: w.make('sb1').saverView, db: w.db });
+  const first = { ...ckpt({ messages: ['hi'], step: 1, stray: 'x' }), channel_versions: { messages: 1, step: 1 } };
+  // `stray` has no version and is not new: the checkpoint does not own it.
+  const c1 = await saver.put({ ...cfg('t1'), ...SYNC }, first, md(0), { messages: 1, step: 1 });
+  t.deepEqual((await saver.getTuple(c1))?.checkpoint.channel_values, { messages: ['hi'], step: 1 });
+  // The next step writes only `step`; `messages` (still version 1) comes from the parent.
+  const second = { ...ckpt({ step: 2 }), channel_versions: { messages: 1, step: 2 } };
+  const c2 = await saver.put({ ...cfg('t1', first.id), ...SYNC }, second, md(1), { step: 2 });
+  t.deepEqual((await saver.getTuple(c2))?.checkpoint.channel_values, { messages: ['hi'], step: 2 });
+  // A version the parent never had is not invented.
+  const third = { ...ckpt({ step: 3 }), channel_versions: { messages: 7, step: 3 } };
+  const c3 = await saver.put({ ...cfg('t1', second.id), ...SYNC }, third, md(2), { step: 3 });
+  t.deepEqual((await saver.getTuple(c3))?.checkpoint.channel_values, { step: 3 });
+  await t.throwsAsync(saver.put({ ...cfg('t1'), ...SYNC }, ckpt(), md(0), null as never), {
+    code: 'INVALID_ARGUMENT',
+  });
+});
+
+test("a checkpoint older than format v4 gets its parent's pending sends as the TASKS channel", async (t) => {
+  const w = world();
+  const saver = new LockstepSaver({ sandbox: w.make('sb1').saverView, db: w.db });
+  const old = (): Checkpoint => ({ ...ckpt(), v: 1, channel_versions: { other: 3 } });
+  const p = old();
+  const pc = await saver.put(cfg('t1'), p, md(0), {});
+  await saver.putWrites(
+    pc,
+    [
+      [TASKS, 'send-1'],
+      ['other', 'not a send'],
+      [TASKS, 'send-2'],
+    ],
+    'task-1',
+  );
+  await saver.putWrites(pc, [[TASKS, 'send-3']], 'task-2');
+  const child = old();
+  const cc = await saver.put(cfg('t1', p.id), child, md(1), {});
+  const tuple = await saver.getTuple(cc);
+  t.deepEqual(tuple?.checkpoint.channel_values, { [TASKS]: ['send-1', 'send-2', 'send-3'] });
+  t.is(tuple?.checkpoint.channel_versions[TASKS], 3);
+  // The parent itself has no parent to take sends from; a v4 checkpoint is never migrated.
+  t.deepEqual((await saver.getTuple(pc))?.checkpoint.channel_values, {});
 });

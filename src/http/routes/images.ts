@@ -1,7 +1,8 @@
 /**
  * Route: the images a sandbox can be created from. Installed images are
  * ready; shipped recipes not built into this state directory are listed too
- * (ready: false), since creating from one fails until the operator builds it.
+ * (ready: false): the first create from one makes it (a build, or a link
+ * from the build cache), so it may take longer.
  * Host paths (the rootfs) stay on the server.
  */
 import type { FastifyInstance } from 'fastify';
@@ -27,7 +28,7 @@ export function imageRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['images'],
-        summary: 'Images to create sandboxes from (ready: false for shipped recipes the operator has not built yet)',
+        summary: 'Images to create sandboxes from (ready: false: a shipped recipe the first create will build or link)',
         response: { 200: S.arrayOf(imageSchema, 'Images by name'), ...S.errors() },
       },
     },

@@ -1,7 +1,8 @@
 /** Routes: create, list, get and delete sandboxes; the caller's tenant. */
 import type { FastifyInstance } from 'fastify';
 import { LIMITS } from '../../sandboxes/create.js';
-import { LockstepError } from '../../errors.js';
+import { InvalidStateError, LockstepError } from '../../errors.js';
+import type { Lockstep } from '../../lockstep.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
 
@@ -16,6 +17,49 @@ interface CreateBody {
   envs?: Record<string, string>;
   timeoutMs?: number;
   metadata?: Record<string, string>;
+}
+
+/** Seconds a client is told to wait before retrying a create whose image is still being made. */
+const IMAGE_RETRY_AFTER_S = 30;
+
+/**
+ * Waits up to waitMs for an image made on first use (a shipped recipe not
+ * yet in the state directory: built, or linked from the build cache). A
+ * build that takes longer goes on in the background, and the request
+ * answers 503 IMAGE_BUILDING with Retry-After, rather than hold the client
+ * past its own timeout. Errors of the build (IMAGE_NOT_FOUND for a name
+ * that is no recipe, IMAGE_BUILD_FAILED) are the request's.
+ */
+async function imageMadeInTime(
+  ls: Lockstep,
+  name: string,
+  waitMs: number,
+  retryAfter: (seconds: number) => void,
+): Promise<void> {
+  if (typeof name !== 'string' || ls.images.has(name)) return;
+  let last = '';
+  const made = ls.images.forCreate(name, (line) => (last = line));
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), waitMs)));
+  try {
+    if ((await Promise.race([made, late])) !== 'late') return;
+  } finally {
+    clearTimeout(timer);
+  }
+  made.catch(() => undefined); // a later create reports a failed build
+  retryAfter(IMAGE_RETRY_AFTER_S);
+  throw new InvalidStateError(
+    'IMAGE_BUILDING',
+    `Image ${name} is being made on first use (${last || 'starting'}); retry the create in ${IMAGE_RETRY_AFTER_S} s`,
+    { field: 'image', image: name, retryAfterSeconds: IMAGE_RETRY_AFTER_S, progress: last },
+  );
+}
+
+/** IMAGE_NOT_FOUND is about the image named in the body: say which input it was. */
+function namingImage(e: unknown): never {
+  if (e instanceof LockstepError && e.code === 'IMAGE_NOT_FOUND')
+    (e.details as Record<string, unknown>).field = 'image';
+  throw e;
 }
 
 export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
@@ -33,18 +77,17 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
     async (req, reply) => {
       const tenant = ctx.tenant(req);
+      // Outside the tenant's quota gate: a first-use build must not hold up its other creates.
+      await imageMadeInTime(ctx.lockstep, req.body.image ?? 'base', ctx.imageWaitMs, (s) =>
+        reply.header('retry-after', String(s)),
+      ).catch(namingImage);
       const sb = await ctx.gate.run(tenant.id, async () => {
         ctx.tenants.checkQuota(tenant, {
           count: 1,
           memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default,
           cpuWeight: req.body.cpuWeight,
         });
-        return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch((e: unknown) => {
-          // The image named in the body: say which input it was.
-          if (e instanceof LockstepError && e.code === 'IMAGE_NOT_FOUND')
-            (e.details as Record<string, unknown>).field = 'image';
-          throw e;
-        });
+        return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch(namingImage);
       });
       req.log = reply.log = req.log.child({ sandboxId: sb.id });
       req.log.info('sandbox created');
