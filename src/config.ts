@@ -49,6 +49,8 @@ export interface LockstepConfig {
   readonly userNamespaces: boolean;
   /** Store only the pages that changed since the head checkpoint (incremental process images; opt-in). */
   readonly pageDelta: boolean;
+  /** Origins (scheme://host:port) the HTTP API may pull snapshots from; empty: pulls over HTTP are refused. */
+  readonly pullSources: readonly string[];
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -73,6 +75,7 @@ export const ENVIRONMENT = {
   DOCKER_SOCKET: { reader: 'manager', key: 'dockerSocket' },
   LOCKSTEP_USERNS: { reader: 'manager', key: 'userNamespaces' },
   LOCKSTEP_PAGE_DELTA: { reader: 'manager', key: 'pageDelta' },
+  LOCKSTEP_PULL_SOURCES: { reader: 'manager', key: 'pullSources' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -141,5 +144,26 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     dockerSocket: options.dockerSocket ?? e('DOCKER_SOCKET') ?? DEFAULTS.dockerSocket,
     userNamespaces: options.userNamespaces ?? e('LOCKSTEP_USERNS') !== 'off',
     pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
+    pullSources: options.pullSources ?? pullSources(e('LOCKSTEP_PULL_SOURCES')),
   };
+}
+
+/** "http://a:7300, http://b:7300" as origins; a value that is not an http(s) origin is CONFIG_INVALID. */
+function pullSources(raw: string | undefined): string[] {
+  if (!raw) return [];
+  return raw
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean)
+    .map((s) => {
+      let url: URL;
+      try {
+        url = new URL(s);
+      } catch {
+        throw invalid('pullSources', 'LOCKSTEP_PULL_SOURCES', 'comma-separated http(s) origins', s);
+      }
+      if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.pathname !== '/' || url.search)
+        throw invalid('pullSources', 'LOCKSTEP_PULL_SOURCES', 'comma-separated http(s) origins', s);
+      return url.origin;
+    });
 }

@@ -37,6 +37,7 @@ export const ERROR_CODES = [
   'FILE_NOT_FOUND',
   'ROUTE_NOT_FOUND',
   'DOCKER_IMAGE_NOT_FOUND',
+  'SNAPSHOT_NOT_FOUND',
   // Conflicts with the current state
   'IMAGE_EXISTS',
   'TENANT_EXISTS',
@@ -58,6 +59,12 @@ export const ERROR_CODES = [
   'LANGGRAPH_SANDBOX_DIVERGED',
   'LANGGRAPH_CONTEXT_MISSING',
   'CGROUP_TIMEOUT',
+  'SNAPSHOT_EXISTS',
+  'SNAPSHOT_BUSY',
+  // Snapshot bundles that cannot be imported here
+  'SNAPSHOT_INCOMPATIBLE',
+  'BUNDLE_CORRUPT',
+  'PULL_SOURCE_NOT_ALLOWED',
   // Commands and forks that did not finish
   'COMMAND_TIMEOUT',
   'COMMAND_ABORTED',
@@ -116,9 +123,9 @@ export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /** Kinds of things NotFoundError names; each has a `<KIND>_NOT_FOUND` code. */
 export type NotFoundKind =
-  'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant';
+  'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant' | 'snapshot';
 /** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
-export type ExistingKind = 'image' | 'tenant';
+export type ExistingKind = 'image' | 'tenant' | 'snapshot';
 
 /** Base class of every error Lockstep throws. */
 export class LockstepError extends Error {

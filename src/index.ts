@@ -51,3 +51,8 @@ export {
 export type { Observation, ObservationKind } from './provenance/observations.js';
 export type { Verdict, StaleVerdict } from './provenance/verdicts.js';
 export * from './errors.js';
+export { Snapshots, type PullResult } from './snapshots/snapshots-api.js';
+export type { SnapshotInfo } from './snapshots/snapshot-rows.js';
+export type { SnapshotOptions } from './snapshots/snapshots.js';
+export type { ImportOptions } from './snapshots/import.js';
+export type { PullOptions, PullReport } from './snapshots/pull.js';

@@ -19,6 +19,8 @@ export {
   type RemoteReadStream,
 } from './sandbox.js';
 export { Images, type ImageInfo } from './images.js';
+export { Snapshots, type RemotePullResult } from './snapshots.js';
+export type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
 export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from './errors.js';
 export { DEFAULT_API_URL, type ConnectionOptions, type CallOptions } from './transport.js';
 export {

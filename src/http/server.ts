@@ -33,6 +33,7 @@ import { fileRoutes } from './routes/files.js';
 import { imageRoutes } from './routes/images.js';
 import { mcpRoutes } from './routes/mcp.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { snapshotRoutes } from './routes/snapshots.js';
 import { RequestLogController } from './request-log.js';
 import { VERSION } from '../version.js';
 
@@ -203,6 +204,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
         'commands',
         'files',
         'checkpoints',
+        'snapshots',
         'effects',
         'observations',
         'verdicts',
@@ -250,6 +252,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
       checkpointRoutes(v1, ctx, { contextBodyLimit: fileBodyLimit });
       agentRoutes(v1, ctx);
       imageRoutes(v1, ctx);
+      snapshotRoutes(v1, ctx);
       await v1.register(async (files) => {
         // Raw file bytes stay a stream: the route writes them to the file as they arrive.
         files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));

@@ -34,6 +34,8 @@ export interface CreateOptions {
   tenant?: string | null | undefined;
   /** Lifetime: the sandbox is removed this many milliseconds after creation (like E2B's timeoutMs). */
   timeoutMs?: number | undefined;
+  /** Start from a snapshot (id or name) instead of an image: see Lockstep.create. */
+  fromSnapshot?: string | undefined;
 }
 
 export const LIMITS = {

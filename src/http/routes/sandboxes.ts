@@ -17,6 +17,7 @@ interface CreateBody {
   envs?: Record<string, string>;
   timeoutMs?: number;
   metadata?: Record<string, string>;
+  fromSnapshot?: string;
 }
 
 export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
@@ -35,11 +36,12 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     async (req, reply) => {
       const tenant = ctx.tenant(req);
       const sb = await ctx.gate.run(tenant.id, async () => {
-        checkQuota(ctx.db, tenant, {
-          count: 1,
-          memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default,
-          cpuWeight: req.body.cpuWeight,
-        });
+        // A sandbox started from a snapshot has the snapshot's limits.
+        const memoryMb =
+          req.body.fromSnapshot !== undefined
+            ? (ctx.lockstep.snapshots.get(req.body.fromSnapshot, { tenant: tenant.id }).memoryMb ?? 0)
+            : (req.body.memoryMb ?? LIMITS.memoryMb.default);
+        checkQuota(ctx.db, tenant, { count: 1, memoryMb, cpuWeight: req.body.cpuWeight });
         return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch((e: unknown) => {
           // The image named in the body: say which input it was.
           if (e instanceof LockstepError && e.code === 'IMAGE_NOT_FOUND')
