@@ -18,8 +18,6 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import { pipeline } from 'node:stream/promises';
-import { Readable, Writable } from 'node:stream';
 import type { Engine } from '../engine.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import { ConnectionError, errorFromResponse } from '../client/errors.js';
@@ -118,25 +116,20 @@ async function downloadOnce(
   }
   const tag = res.headers.get('etag');
   if (tag) fs.writeFileSync(etagFile, tag, { mode: 0o600 });
-  const out = fs.createWriteStream(file, { flags: resumed ? 'a' : 'w', mode: 0o600 });
+  const out = await fs.promises.open(file, resumed ? 'a' : 'w', 0o600);
   let received = 0;
-  const counter = new Writable({
-    write(chunk: Buffer, _enc, cb) {
-      received += chunk.length;
-      out.write(chunk, cb);
-    },
-    final(cb) {
-      out.end(cb);
-    },
-  });
   try {
-    await pipeline(Readable.fromWeb(res.body! as import('node:stream/web').ReadableStream<Uint8Array>), counter);
+    // One chunk at a time straight to the file: memory does not grow with the bundle.
+    for await (const chunk of res.body! as unknown as AsyncIterable<Uint8Array>) {
+      await out.write(chunk);
+      received += chunk.length;
+    }
     return { complete: true, received, resumed };
   } catch (e) {
-    out.destroy();
-    await new Promise<void>((r) => out.once('close', () => r()));
     if (signal?.aborted) throw e;
     return { complete: false, received, resumed };
+  } finally {
+    await out.close();
   }
 }
 

@@ -5,7 +5,7 @@
  * like a missing one (404 SNAPSHOT_NOT_FOUND).
  */
 import type { FastifyInstance } from 'fastify';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { checkQuota } from '../../tenants/quotas.js';
 import type { ApiContext } from '../context.js';
 import { HttpError, statusForCode } from '../errors.js';
@@ -204,7 +204,7 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
         return reply
           .code(206)
           .header('content-range', `bytes ${start}-${total! - 1}/${total}`)
-          .send(skip(stream, start));
+          .send(Readable.from(skip(stream, start), { objectMode: false }));
       return reply.send(stream);
     },
   );
