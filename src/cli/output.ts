@@ -48,6 +48,7 @@ export function exitCodeFor(e: unknown): number {
       'EFFECT_OUTCOME_UNKNOWN',
       'QUOTA_EXCEEDED',
       'TENANT_HAS_SANDBOXES',
+      'SNAPSHOT_BUSY',
     ].includes(e.code)
   )
     return EXIT.conflict;

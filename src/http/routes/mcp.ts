@@ -90,6 +90,12 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
         checkQuota(ctx.db, current(), { count, memoryMb: info.memoryMb ?? 0, cpuWeight: info.cpuWeight ?? undefined });
         return sandbox.fork(checkpointId, { count });
       }),
+    start: (snapshot, count) =>
+      ctx.gate.run(tenantId, async () => {
+        const snap = ctx.lockstep.snapshots.get(snapshot, { tenant: tenantId });
+        checkQuota(ctx.db, current(), { count, memoryMb: snap.memoryMb ?? 0 });
+        return ctx.lockstep.snapshots.start(snap.id, { count, tenant: tenantId });
+      }),
     present: (info) => {
       const t = current();
       return { ...info, tenant: t.name, tenantId: t.id };
