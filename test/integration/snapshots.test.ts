@@ -19,6 +19,8 @@ import { listDir } from '../fixtures/host-state.js';
 import { counterValue, setTag, startCounter, startMemo, tagInMemory, waitCounter } from '../fixtures/stub-workloads.js';
 import { BundleWriter, readBundle } from '../../src/snapshots/bundle-format.js';
 import { addTenant, migrateTenants } from '../../src/tenants/tenants.js';
+import { Sandbox as RemoteSandbox, Snapshots as RemoteSnapshots } from '../../src/client/index.js';
+import { startServer, tenantToken } from '../fixtures/http-client.js';
 
 const MiB = 1024 * 1024;
 
@@ -293,4 +295,65 @@ integration(test, () => {
       clearInterval(timer);
     }
   });
+
+  test.serial(
+    'over HTTP with the TS client: create, list, bundle out and in (streamed, idempotent), start, tenants apart',
+    async (t) => {
+      const { client } = await startServer(t, ls);
+      const acme = { apiUrl: client.base, apiKey: tenantToken(ls, `acme-${Date.now()}`) };
+      const rival = { apiUrl: client.base, apiKey: tenantToken(ls, `rival-${Date.now()}`) };
+      const sbx = await RemoteSandbox.create({ ...acme, memoryMb: 64 });
+      t.teardown(() => sbx.kill().catch(() => false));
+      await sbx.files.write('/workspace/over-http.txt', 'remote bytes\n');
+      const ckpt = await sbx.checkpoint({
+        context: { format: 'openai-chat', messages: [{ role: 'user', content: 'hi' }] },
+      });
+      const snaps = new RemoteSnapshots(acme);
+      const snap = await snaps.create(ckpt.id, { name: 'remote', metadata: { via: 'http' } });
+      t.teardown(() => snaps.delete(snap.id).catch(() => undefined));
+      t.like(snap, { name: 'remote', metadata: { via: 'http' } });
+      t.deepEqual(
+        (await snaps.list()).map((s) => s.id),
+        [snap.id],
+      );
+      t.deepEqual(await snaps.context('remote'), {
+        format: 'openai-chat',
+        messages: [{ role: 'user', content: 'hi' }],
+      });
+
+      // Another tenant: exactly a missing snapshot, on every route.
+      const theirs = new RemoteSnapshots(rival);
+      await t.throwsAsync(theirs.get(snap.id), { code: 'SNAPSHOT_NOT_FOUND' });
+      await t.throwsAsync(theirs.delete('remote'), { code: 'SNAPSHOT_NOT_FOUND' });
+      await t.throwsAsync(theirs.start(snap.id), { code: 'SNAPSHOT_NOT_FOUND' });
+      await t.throwsAsync(pipeline(theirs.export(snap.id), fs.createWriteStream('/dev/null')), {
+        code: 'SNAPSHOT_NOT_FOUND',
+      });
+      await t.throwsAsync(theirs.create(ckpt.id), { code: 'CHECKPOINT_NOT_FOUND' });
+      await t.throwsAsync(RemoteSandbox.create({ ...rival, fromSnapshot: snap.id }), { code: 'SNAPSHOT_NOT_FOUND' });
+
+      const file = bundleFile('http');
+      await pipeline(snaps.export(snap.id), fs.createWriteStream(file));
+      const key = `import-${Date.now()}`;
+      const imported = await snaps.import(fs.createReadStream(file), { name: 'remote-copy', idempotencyKey: key });
+      t.teardown(() => snaps.delete(imported.id).catch(() => undefined));
+      const replay = await snaps.import(fs.createReadStream(file), { name: 'remote-copy', idempotencyKey: key });
+      t.is(replay.id, imported.id, 'a retried import under the same key answers the first import');
+      t.is((await snaps.list()).length, 2);
+      const bad = bundleFile('http-bad');
+      fs.writeFileSync(bad, fs.readFileSync(file).subarray(0, 1000));
+      await t.throwsAsync(snaps.import(fs.createReadStream(bad), { name: 'broken' }), { code: 'BUNDLE_CORRUPT' });
+
+      const started = await RemoteSandbox.create({ ...acme, fromSnapshot: 'remote-copy' });
+      t.teardown(() => started.kill().catch(() => false));
+      t.is((await started.files.read('/workspace/over-http.txt')).content.toString(), 'remote bytes\n');
+      const more = await snaps.start('remote', { count: 2 });
+      t.is(more.filter((r) => r.ok).length, 2);
+      for (const r of more) if (r.ok) await RemoteSandbox.kill(r.id, acme);
+      const pulled = await t.throwsAsync(snaps.pull({ from: 'http://127.0.0.1:9', snapshot: snap.id, token: 'x' }), {
+        code: 'PULL_SOURCE_NOT_ALLOWED',
+      });
+      t.regex(pulled!.message, /LOCKSTEP_PULL_SOURCES/);
+    },
+  );
 });
