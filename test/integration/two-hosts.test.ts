@@ -78,7 +78,7 @@ async function memoryDigest(ls: Lockstep, id: string): Promise<string> {
 
 interface Reply {
   status: number;
-  body?: any; // eslint-disable-line @typescript-eslint/no-explicit-any
+  body?: any;
   error?: string;
 }
 
