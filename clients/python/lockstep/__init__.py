@@ -17,6 +17,7 @@ from .errors import (
     QuotaExceededError,
 )
 from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+from .snapshots import Snapshots
 
 __all__ = [
     "AsyncCommandHandle",
@@ -34,6 +35,7 @@ __all__ = [
     "QuotaExceededError",
     "Sandbox",
     "SandboxInfo",
+    "Snapshots",
     "list_images",
     "list_images_async",
 ]
