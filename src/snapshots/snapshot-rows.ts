@@ -82,6 +82,7 @@ export interface SnapshotInfo {
   name: string | null;
   tenant: string | null;
   metadata: Record<string, string>;
+  /** What it holds: process image, layer (file bytes; shared with the checkpoint, not copied) and context. */
   sizeBytes: number;
   image: string;
   lineageId: string;

@@ -14,6 +14,7 @@
  * is journalled.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import { newId, type SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import {
@@ -96,6 +97,18 @@ export async function withSnapshotLock<T>(engine: Engine, id: string, fn: () => 
   }
 }
 
+/** The sizes of every file under dir (not following links), walked without blocking the event loop. */
+async function apparentBytes(dir: string): Promise<number> {
+  let total = 0;
+  const walk = async (p: string): Promise<void> => {
+    const st = await fs.promises.lstat(p);
+    if (st.isDirectory()) for (const name of await fs.promises.readdir(p)) await walk(path.join(p, name));
+    else total += st.size;
+  };
+  await walk(dir).catch(() => undefined);
+  return total;
+}
+
 /** Refuses a name the tenant already uses, as SNAPSHOT_EXISTS. */
 export function assertNameFree(rows: SnapshotRows, name: string | null, tenant: string | null): void {
   if (name !== null && rows.byName(name, tenant)) throw new AlreadyExistsError('snapshot', name);
@@ -131,14 +144,16 @@ export async function createSnapshot(
       );
     await verifyCheckpoint(engine, ckpt);
     const image = catalog.liveImageOrHidden(ckpt.image);
-    const sizes = JSON.parse(ckpt.sizes) as Record<string, number>;
+    const sizes = JSON.parse(ckpt.sizes) as { processImageBytes?: number; layerBytes?: number; contextBytes?: number };
+    // Without store quotas the checkpoint did not record its layer's bytes: count them (files' sizes).
+    const layerBytes = sizes.layerBytes ?? (await apparentBytes(engine.paths.layer(ckpt.layer_id)));
     const id = newId('snap');
     const row: SnapshotRow = {
       id,
       tenant: sandbox.tenant,
       name,
       metadata: JSON.stringify(metadata),
-      size_bytes: Object.values(sizes).reduce((n, v) => n + (typeof v === 'number' ? v : 0), 0),
+      size_bytes: (sizes.processImageBytes ?? 0) + layerBytes + (sizes.contextBytes ?? 0),
       layer_id: ckpt.layer_id,
       process_image: ckpt.id,
       image: ckpt.image,

@@ -57,6 +57,9 @@ export async function purgeTenant(ls: Lockstep, name: string): Promise<PurgeRepo
       },
     );
   }
+  // Its snapshots too: nobody else could ever see them (their files go once nothing holds them).
+  for (const snap of ls.snapshots.list({ tenant: tenant.id }))
+    await ls.snapshots.delete(snap.id, { tenant: tenant.id });
   removeTenant(db, name);
   return { tenant: tenant.name, tenantId: tenant.id, sandboxes: removed };
 }

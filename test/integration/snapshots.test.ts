@@ -19,6 +19,7 @@ import { listDir } from '../fixtures/host-state.js';
 import { counterValue, setTag, startCounter, startMemo, tagInMemory, waitCounter } from '../fixtures/stub-workloads.js';
 import { BundleWriter, readBundle } from '../../src/snapshots/bundle-format.js';
 import { addTenant, migrateTenants } from '../../src/tenants/tenants.js';
+import { purgeTenant } from '../../src/tenants/purge.js';
 import { Sandbox as RemoteSandbox, Snapshots as RemoteSnapshots } from '../../src/client/index.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 
@@ -98,7 +99,8 @@ integration(test, () => {
       const snap = await ls.snapshots.create(ckpt.id, { name: 'nightly', metadata: { purpose: 'test' } });
       t.regex(snap.id, /^snap_/);
       t.like(snap, { name: 'nightly', metadata: { purpose: 'test' }, sourceCheckpointId: ckpt.id, lineageId: lineage });
-      t.true(snap.sizeBytes > 0);
+      // Its size counts what it holds: the process image and the layer's files (shared, not copied).
+      t.true(snap.sizeBytes >= ckpt.sizes.processImageBytes + 'written before the snapshot\n'.length);
       const row = ls.engine.catalog.db.prepare('SELECT * FROM snapshots WHERE id = ?').get(snap.id) as {
         layer_id: string;
         process_image: string;
@@ -175,6 +177,11 @@ integration(test, () => {
       ls.snapshots.list({ tenant: a.id }).map((s) => s.id),
       [snap.id],
     );
+    // Removing the tenant removes its snapshots, and their files with their last holder.
+    await purgeTenant(ls, a.name);
+    t.throws(() => ls.snapshots.get(snap.id), { code: 'SNAPSHOT_NOT_FOUND' });
+    t.false(fs.existsSync(ls.engine.paths.layer(ckpt.layerId)));
+    t.false(fs.existsSync(ls.engine.paths.processImage(ckpt.id)));
   });
 
   /** Nothing an import makes is left in a state directory: no row, layer, image, scratch or journal entry. */
@@ -269,6 +276,7 @@ integration(test, () => {
     const ckpt = await sb.checkpoint();
     const snap = await ls.snapshots.create(ckpt.id);
     t.teardown(() => ls.snapshots.delete(snap.id).catch(() => undefined));
+    t.true(snap.sizeBytes >= 256 * MiB, `its size counts the workspace (${snap.sizeBytes} bytes)`);
     const file = bundleFile('big');
     const base = process.memoryUsage().rss;
     let peak = base;
