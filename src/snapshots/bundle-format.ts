@@ -108,6 +108,8 @@ export type BundleEvent =
 /** A byte queue that hands out exact lengths without concatenating more than it must. */
 class ByteQueue {
   private chunks: Buffer[] = [];
+  /** Index of the first chunk still queued (no O(n) shift per chunk taken). */
+  private head = 0;
   length = 0;
   push(b: Buffer): void {
     if (b.length) {
@@ -119,12 +121,16 @@ class ByteQueue {
     const out = Buffer.allocUnsafe(n);
     let got = 0;
     while (got < n) {
-      const c = this.chunks[0]!;
+      const c = this.chunks[this.head]!;
       const k = Math.min(c.length, n - got);
       c.copy(out, got, 0, k);
       got += k;
-      if (k === c.length) this.chunks.shift();
-      else this.chunks[0] = c.subarray(k);
+      if (k === c.length) this.head++;
+      else this.chunks[this.head] = c.subarray(k);
+    }
+    if (this.head > 1024) {
+      this.chunks = this.chunks.slice(this.head);
+      this.head = 0;
     }
     this.length -= n;
     return out;
