@@ -106,6 +106,8 @@ export type BundleEvent =
   | { type: 'end'; digest: string };
 
 /** A byte queue that hands out exact lengths without concatenating more than it must. */
+const EMPTY = Buffer.alloc(0);
+
 class ByteQueue {
   private chunks: Buffer[] = [];
   /** Index of the first chunk still queued (no O(n) shift per chunk taken). */
@@ -125,10 +127,11 @@ class ByteQueue {
       const k = Math.min(c.length, n - got);
       c.copy(out, got, 0, k);
       got += k;
-      if (k === c.length) this.head++;
+      if (k === c.length)
+        this.chunks[this.head++] = EMPTY; // let go of it now, not at the next compaction
       else this.chunks[this.head] = c.subarray(k);
     }
-    if (this.head > 1024) {
+    if (this.head > 64) {
       this.chunks = this.chunks.slice(this.head);
       this.head = 0;
     }

@@ -15,7 +15,7 @@ import {
   startFromSnapshot,
   type SnapshotOptions,
 } from './snapshots.js';
-import { exportSnapshot } from './export.js';
+import { bundleIdentity, exportSnapshot, openExport } from './export.js';
 import { importSnapshot, type ImportOptions } from './import.js';
 import { pullSnapshot, type PullOptions, type PullReport } from './pull.js';
 
@@ -75,6 +75,28 @@ export class Snapshots {
   export(ref: string, opts: Tenanted = {}): Readable {
     this.assertOpen();
     return exportSnapshot(this.engine, ref, opts.tenant);
+  }
+
+  /**
+   * The export, verified and holding the snapshot before its first byte: errors
+   * that can be known first (missing, busy, corrupt) are thrown here, so a
+   * server can still answer them with a status. Consume or destroy the stream.
+   */
+  async openExport(ref: string, opts: Tenanted = {}): Promise<{ snapshot: SnapshotInfo; stream: Readable }> {
+    this.assertOpen();
+    const { snapshot, stream } = await openExport(this.engine, ref, opts.tenant);
+    return { snapshot: snapshotInfo(snapshot), stream };
+  }
+
+  /** The bundle's digest and length (exporting it once into nothing if no export has finished yet). */
+  async bundleIdentity(ref: string, opts: Tenanted = {}): Promise<{ digest: string; bytes: number }> {
+    this.assertOpen();
+    return bundleIdentity(this.engine, ref, opts.tenant);
+  }
+
+  /** Whether the HTTP API may pull from this origin (LOCKSTEP_PULL_SOURCES). */
+  pullAllowed(origin: string): boolean {
+    return this.engine.config.pullSources.includes(origin);
   }
 
   /** Imports a bundle stream; nothing is kept unless all of it verifies. */

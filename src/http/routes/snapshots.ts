@@ -10,7 +10,6 @@ import { checkQuota } from '../../tenants/quotas.js';
 import type { ApiContext } from '../context.js';
 import { HttpError, statusForCode } from '../errors.js';
 import { contextToWire } from '../../wire.js';
-import { bundleIdentity, openExport } from '../../snapshots/export.js';
 import * as S from '../schemas.js';
 
 interface SnapParams {
@@ -173,13 +172,12 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     async (req, reply) => {
       const tenant = ctx.tenant(req).id;
       const { id } = ls.snapshots.get(req.params.snap, { tenant });
-      const engine = ls.engine;
       let start = rangeStart(req.headers.range);
       let etag: string | undefined;
       let total: number | undefined;
       if (start !== null) {
         // Content-Range names the total: the digest and length are computed once if not known yet.
-        const known = await bundleIdentity(engine, id, tenant);
+        const known = await ls.snapshots.bundleIdentity(id, { tenant });
         etag = `"${known.digest}"`;
         total = known.bytes;
         const ifRange = req.headers['if-range'];
@@ -196,7 +194,7 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
         const row = ls.snapshots.get(id, { tenant });
         if (row.digest) etag = `"${row.digest}"`;
       }
-      const { stream } = await openExport(engine, id, tenant);
+      const { stream } = await ls.snapshots.openExport(id, { tenant });
       void reply.type('application/octet-stream').header('accept-ranges', 'bytes');
       if (etag) void reply.header('etag', etag);
       req.log.info({ snapshotId: id, from: start ?? 0 }, 'snapshot export');
@@ -261,7 +259,7 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
         origin = '';
       }
       // The server fetches what the request names: only from where its operator allows.
-      if (!ls.engine.config.pullSources.includes(origin))
+      if (!ls.snapshots.pullAllowed(origin))
         throw new HttpError(
           403,
           'PULL_SOURCE_NOT_ALLOWED',
