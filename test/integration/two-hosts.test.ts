@@ -102,6 +102,7 @@ integration(test, () => {
   let sandboxA: string;
   let atSnapshot: { ticks: number; digest: string; context: unknown };
 
+  const serverLog = (which: string) => path.join(TEST_ROOT, `two-hosts-${tag}-${which}.log`);
   const ip = (...args: string[]) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] });
 
   /** One request from inside a namespace. */
@@ -143,7 +144,7 @@ integration(test, () => {
       { env, stdio: ['ignore', 'pipe', 'pipe'] },
     );
     // Each server's log, for the failure message.
-    const log = fs.createWriteStream(path.join(TEST_ROOT, `two-hosts-${tag}-${which}.log`), { flags: 'a' });
+    const log = fs.createWriteStream(serverLog(which), { flags: 'a' });
     child.stdout!.pipe(log);
     child.stderr!.pipe(log);
     servers[which] = child;
@@ -222,6 +223,10 @@ integration(test, () => {
     await startServer('B');
   });
 
+  let passed = 0;
+  test.afterEach.always((t) => {
+    if (t.passed) passed++;
+  });
   test.after.always(async () => {
     await stopServer('A').catch(() => undefined);
     await stopServer('B').catch(() => undefined);
@@ -233,6 +238,8 @@ integration(test, () => {
       }
     await destroyHome(homeA).catch(() => undefined);
     await destroyHome(homeB).catch(() => undefined);
+    // The servers' logs stay only when something failed (they say why).
+    if (passed === 3) for (const which of ['A', 'B']) fs.rmSync(serverLog(which), { force: true });
   });
 
   const pull = (token: string, body: Record<string, unknown>) =>
