@@ -69,6 +69,8 @@ export interface LockstepConfig {
    * checkpoint restores with CRIU, later ones to the same checkpoint swap).
    */
   readonly standbyAfterCheckpoint: boolean;
+  /** Origins (scheme://host:port) the HTTP API may pull snapshots from; empty: pulls over HTTP are refused. */
+  readonly pullSources: readonly string[];
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -96,6 +98,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_DURABLE_LATER: { reader: 'manager', key: 'durableLater' },
   LOCKSTEP_STANDBY_BUDGET_MB: { reader: 'manager', key: 'standbyBudgetBytes' },
   LOCKSTEP_STANDBY_AFTER_CHECKPOINT: { reader: 'manager', key: 'standbyAfterCheckpoint' },
+  LOCKSTEP_PULL_SOURCES: { reader: 'manager', key: 'pullSources' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -184,6 +187,7 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     durableLater: options.durableLater ?? e('LOCKSTEP_DURABLE_LATER') !== 'off',
     standbyBudgetBytes,
     standbyAfterCheckpoint: options.standbyAfterCheckpoint ?? e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT') !== 'off',
+    pullSources: options.pullSources ?? pullSources(e('LOCKSTEP_PULL_SOURCES')),
   };
 }
 
@@ -255,4 +259,24 @@ export function resolveStoreConfig(options: SnapshotStoreOptions = {}, env: Env 
       credentials: accessKeyId && secretAccessKey ? { accessKeyId, secretAccessKey } : undefined,
     },
   };
+}
+
+/** "http://a:7300, http://b:7300" as origins; a value that is not an http(s) origin is CONFIG_INVALID. */
+function pullSources(raw: string | undefined): string[] {
+  if (!raw) return [];
+  return raw
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean)
+    .map((s) => {
+      let url: URL;
+      try {
+        url = new URL(s);
+      } catch {
+        throw invalid('pullSources', 'LOCKSTEP_PULL_SOURCES', 'comma-separated http(s) origins', s);
+      }
+      if ((url.protocol !== 'http:' && url.protocol !== 'https:') || url.pathname !== '/' || url.search)
+        throw invalid('pullSources', 'LOCKSTEP_PULL_SOURCES', 'comma-separated http(s) origins', s);
+      return url.origin;
+    });
 }

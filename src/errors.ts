@@ -38,6 +38,7 @@ export const ERROR_CODES = [
   'ROUTE_NOT_FOUND',
   'DOCKER_IMAGE_NOT_FOUND',
   'BUNDLE_NOT_FOUND',
+  'SNAPSHOT_NOT_FOUND',
   // Conflicts with the current state
   'IMAGE_EXISTS',
   'TENANT_EXISTS',
@@ -61,6 +62,12 @@ export const ERROR_CODES = [
   'CGROUP_TIMEOUT',
   'STDIN_FULL',
   'STDIN_CLOSED',
+  'SNAPSHOT_EXISTS',
+  'SNAPSHOT_BUSY',
+  // Snapshot bundles that cannot be imported here
+  'SNAPSHOT_INCOMPATIBLE',
+  'BUNDLE_CORRUPT',
+  'PULL_SOURCE_NOT_ALLOWED',
   // Commands and forks that did not finish
   'COMMAND_TIMEOUT',
   'COMMAND_ABORTED',
@@ -106,7 +113,6 @@ export const ERROR_CODES = [
   'IMAGE_BUILD_FAILED',
   'FILE_ACCESS_FAILED',
   'CHECKPOINT_CORRUPT',
-  'BUNDLE_CORRUPT',
   'STORE_UNAVAILABLE',
   'TRANSFER_ABORTED',
   'SUPERVISOR_UNREACHABLE',
@@ -123,9 +129,18 @@ export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /** Kinds of things NotFoundError names; each has a `<KIND>_NOT_FOUND` code. */
 export type NotFoundKind =
-  'sandbox' | 'image' | 'checkpoint' | 'effect' | 'observation' | 'context' | 'layer' | 'tenant' | 'bundle';
+  | 'sandbox'
+  | 'image'
+  | 'checkpoint'
+  | 'effect'
+  | 'observation'
+  | 'context'
+  | 'layer'
+  | 'tenant'
+  | 'bundle'
+  | 'snapshot';
 /** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
-export type ExistingKind = 'image' | 'tenant';
+export type ExistingKind = 'image' | 'tenant' | 'snapshot';
 
 /** Base class of every error Lockstep throws. */
 export class LockstepError extends Error {

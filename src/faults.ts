@@ -18,6 +18,9 @@ export const FAULT_POINTS = {
   rollback: ['begin', 'killed', 'layer-reset', 'mounted', 'restored', 'commit', 'committed'],
   fork: ['begin', 'prepared', 'layer-ready', 'restored', 'committed'],
   remove: ['marked'],
+  snapshot: ['begin', 'committed'],
+  deleteSnapshot: ['committed'],
+  importSnapshot: ['received', 'committed'],
   open: ['catalog', 'reaped'],
 } as const;
 

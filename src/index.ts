@@ -77,3 +77,8 @@ export {
   type SnapshotStore,
 } from './snapshots/store.js';
 export { resolveStoreConfig, type SnapshotStoreConfig, type SnapshotStoreOptions } from './config.js';
+export { Snapshots, type PullResult } from './snapshots/snapshots-api.js';
+export type { SnapshotInfo } from './snapshots/snapshot-rows.js';
+export type { SnapshotOptions } from './snapshots/snapshots.js';
+export type { ImportOptions } from './snapshots/import.js';
+export type { PullOptions, PullReport } from './snapshots/pull.js';

@@ -30,6 +30,9 @@ import { removeSandbox } from './sandboxes/remove.js';
 import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
 import { openHomeForUserNamespaces } from './sandboxes/id-ranges.js';
 import { resolveConfig, type ConfigOptions, type LockstepConfig } from './config.js';
+import { Snapshots } from './snapshots/snapshots-api.js';
+import { startFromSnapshot } from './snapshots/snapshots.js';
+import { LockstepError, type ErrorCode } from './errors.js';
 import {
   procfs,
   systemClock,
@@ -93,6 +96,8 @@ export class Lockstep {
   readonly tenants: Tenants;
   /** What the reaper cleaned up when this manager opened. */
   readonly reaped: ReapReport | null;
+  /** Named snapshots: checkpoints promoted to outlive their sandbox, exported, imported, pulled. */
+  readonly snapshots: Snapshots;
   private lockFd: number | null;
   private closed = false;
 
@@ -102,6 +107,7 @@ export class Lockstep {
     this.tenants = new Tenants(engine);
     this.lockFd = lockFd;
     this.reaped = reaped;
+    this.snapshots = new Snapshots(engine, () => this.assertOpen());
   }
 
   /** Opens (and if needed initialises) a state directory; reaps what a crashed manager left. */
@@ -224,9 +230,41 @@ export class Lockstep {
     return this.engine.log;
   }
 
-  /** Creates and starts a sandbox from an image (default "base"). */
+  /**
+   * Creates and starts a sandbox from an image (default "base"), or from a
+   * snapshot (`fromSnapshot`: its processes, files and lineage resume; its
+   * limits are the snapshot's source's).
+   */
   async create(opts: CreateOptions = {}): Promise<Sandbox> {
     this.assertOpen();
+    if (opts.fromSnapshot !== undefined) {
+      const other = (
+        [
+          'image',
+          'memoryMb',
+          'pids',
+          'cpuWeight',
+          'cpus',
+          'ioWeight',
+          'diskMb',
+          'envs',
+          'metadata',
+          'hostname',
+          'timeoutMs',
+        ] as const
+      ).find((k) => opts[k] !== undefined);
+      if (other)
+        throw new InvalidArgumentError(
+          other,
+          "nothing with fromSnapshot (a sandbox started from a snapshot has its source's image and limits)",
+          opts[other],
+        );
+      if (typeof opts.fromSnapshot !== 'string' || !opts.fromSnapshot)
+        throw new InvalidArgumentError('fromSnapshot', 'a snapshot id or name', opts.fromSnapshot);
+      const [r] = await startFromSnapshot(this.engine, opts.fromSnapshot, { tenant: opts.tenant });
+      if (!r!.ok) throw new LockstepError(r!.error.code as ErrorCode, r!.error.message);
+      return new Sandbox(this.engine, r!.id);
+    }
     const row = await createSandbox(this.engine, opts);
     return new Sandbox(this.engine, row.id);
   }

@@ -20,6 +20,7 @@ import { verifyCheckpoint } from './checkpoints/integrity.js';
 import { removeSandbox } from './sandboxes/remove.js';
 import { ensureDurable, makeDurable } from './checkpoints/durability.js';
 import type { CheckpointRow } from './catalog/catalog.js';
+import { SnapshotRows } from './snapshots/snapshot-rows.js';
 
 export interface ReapReport {
   operations: string[];
@@ -53,6 +54,9 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       } catch {
         /* sandbox gone */
       }
+      catalog.endOperation(op.id);
+    } else if (op.kind === 'snapshot-import') {
+      // An import that did not commit: its layer and image are orphans (removed below), its scratch too.
       catalog.endOperation(op.id);
     } else if (op.kind === 'rollback') {
       const row = catalog.sandbox(op.sandbox_id);
@@ -176,9 +180,11 @@ export async function reap(engine: Engine): Promise<ReapReport> {
     }
   }
   // Checkpoint layers and process images without a committed checkpoint.
+  // Snapshots hold layers and images beyond their checkpoints' lives (snapshots/snapshot-rows.ts).
   const checkpoints = catalog.allCheckpoints();
-  const liveLayers = new Set(checkpoints.map((c) => c.layer_id));
-  const liveCkpts = new Set(checkpoints.map((c) => c.id));
+  const snapshots = new SnapshotRows(catalog.db);
+  const liveLayers = new Set([...checkpoints.map((c) => c.layer_id), ...snapshots.heldLayers()]);
+  const liveCkpts = new Set([...checkpoints.map((c) => c.id), ...snapshots.heldImages(paths)]);
   for (const id of layers.listLayers()) {
     if (!liveLayers.has(id)) {
       await layers.deleteLayer(id);
@@ -191,8 +197,13 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       report.orphans.push(`process-image:${id}`);
     }
   }
-  for (const name of safeReaddir(paths.scratch))
+  for (const name of safeReaddir(paths.scratch)) {
+    // An import's scratch may hold a received (read-only) subvolume: delete it as one first.
+    if (name.startsWith('import-'))
+      for (const sub of safeReaddir(path.join(paths.scratch, name)))
+        await engine.native.subvolumeDelete(path.join(paths.scratch, name, sub)).catch(() => false);
     fs.rmSync(path.join(paths.scratch, name), { recursive: true, force: true });
+  }
   const sandboxIds = new Set(catalog.allSandboxes().map((r) => r.id));
   for (const name of safeReaddir(paths.locks))
     if (!sandboxIds.has(name)) fs.rmSync(path.join(paths.locks, name), { force: true });

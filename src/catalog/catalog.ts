@@ -100,7 +100,7 @@ export interface CheckpointRow {
 
 export interface OperationRow {
   id: string;
-  kind: 'checkpoint' | 'rollback' | 'fork' | 'create' | 'remove';
+  kind: 'checkpoint' | 'rollback' | 'fork' | 'create' | 'remove' | 'snapshot-import';
   sandbox_id: string;
   phase: string;
   payload: string;
@@ -239,6 +239,37 @@ CREATE TABLE IF NOT EXISTS operations (
       // Every checkpoint before this step was durable when its row committed.
       db.exec('UPDATE checkpoints SET durable_at = created_at WHERE durable_at IS NULL');
     },
+  },
+  {
+    version: 6,
+    description: 'named snapshots that outlive their sandbox (snapshots)',
+    up: (db) =>
+      db.exec(`
+CREATE TABLE IF NOT EXISTS snapshots (
+  id                TEXT PRIMARY KEY,
+  tenant            TEXT,
+  name              TEXT,
+  metadata          TEXT NOT NULL DEFAULT '{}',
+  size_bytes        INTEGER NOT NULL,
+  layer_id          TEXT NOT NULL,
+  process_image     TEXT NOT NULL,
+  image             TEXT NOT NULL REFERENCES images(name),
+  image_source      TEXT NOT NULL,
+  runtime_layer     TEXT NOT NULL,
+  checksums         TEXT NOT NULL,
+  context_id        TEXT,
+  lineage_id        TEXT NOT NULL,
+  ledger_cursor     INTEGER NOT NULL DEFAULT 0,
+  source_sandbox    TEXT,
+  source_checkpoint TEXT,
+  template          TEXT NOT NULL,
+  digest            TEXT,
+  bundle_bytes      INTEGER,
+  created_at        INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS snapshots_name ON snapshots(coalesce(tenant, ''), name) WHERE name IS NOT NULL;
+CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots(tenant);
+CREATE INDEX IF NOT EXISTS snapshots_layer ON snapshots(layer_id);`),
   },
 ];
 
@@ -384,7 +415,8 @@ export class Catalog {
   imageReferences(name: string): number {
     const a = this.db.prepare('SELECT COUNT(*) AS n FROM sandboxes WHERE image = ?').get(name) as { n: number };
     const b = this.db.prepare('SELECT COUNT(*) AS n FROM checkpoints WHERE image = ?').get(name) as { n: number };
-    return a.n + b.n;
+    const c = this.db.prepare('SELECT COUNT(*) AS n FROM snapshots WHERE image = ?').get(name) as { n: number };
+    return a.n + b.n + c.n;
   }
 
   // ---- sandboxes

@@ -14,6 +14,7 @@ import { hashProcessImage, recordedChecksums } from './integrity.js';
 import type { Logger } from '../log.js';
 import type { SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
+import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js';
 
 /**
@@ -57,7 +58,9 @@ export async function detachImagesFrom(engine: Engine, sandboxId: string, checkp
     // flatten and this update leaves old checksums, so that image is refused as
     // CHECKPOINT_CORRUPT (nothing restores from unverified bytes), not misread.
     const recorded = recordedChecksums(c);
-    if (recorded)
-      engine.catalog.setCheckpointChecksums(c.id, JSON.stringify({ ...recorded, images: await hashProcessImage(dir) }));
+    const images = await hashProcessImage(dir);
+    if (recorded) engine.catalog.setCheckpointChecksums(c.id, JSON.stringify({ ...recorded, images }));
+    // A snapshot of that checkpoint shares the folder: its record follows too.
+    new SnapshotRows(engine.catalog.db).setChecksums(c.id, (old) => JSON.stringify({ ...JSON.parse(old), images }));
   }
 }

@@ -90,6 +90,8 @@ export async function restoreNewInstance(
   like: SandboxRow,
   ckpt: CheckpointRow,
   step: (point: 'prepared' | 'layer-ready') => void = () => undefined,
+  /** Host id range the checkpoint's files are in, when its sandbox's row does not say (a snapshot outlives it). */
+  sourceIdBase?: number | null,
 ): Promise<number> {
   const { runtime, layers, paths } = engine;
   runtime.prepare(key, limitsOf(like), like.id_base);
@@ -97,7 +99,7 @@ export async function restoreNewInstance(
   step('prepared');
   await layers.resetUpperTo(key, ckpt.layer_id);
   // A fork has a user namespace (id range) of its own: see id-shift.ts.
-  const from = engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null;
+  const from = sourceIdBase !== undefined ? sourceIdBase : (engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null);
   const rebase = from !== null && like.id_base !== null && from !== like.id_base;
   if (rebase)
     for (const dir of [layers.upperDir(key).upper, layers.shmDir(key)])

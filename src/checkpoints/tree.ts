@@ -2,12 +2,12 @@
  * The checkpoint tree of a sandbox (parent links, plus the forks started
  * from its checkpoints): deleting a node and drawing the tree for `lockstep log`.
  */
-import fs from 'node:fs';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import { NotFoundError } from '../errors.js';
 import { dropStandby } from './standby.js';
 import { detachImagesFrom } from './page-store.js';
+import { releaseCheckpointFiles } from '../snapshots/holders.js';
 
 /**
  * Deletes a checkpoint of this sandbox. Its children move up to its parent; its
@@ -29,8 +29,8 @@ export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpoi
     engine.agent.onCheckpointDeleted(ckpt);
   });
   // Files go after the commit: a crash in between leaves only orphans, which the reaper removes.
-  await engine.layers.deleteLayer(ckpt.layer_id);
-  fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
+  // ... unless a snapshot still holds them.
+  await releaseCheckpointFiles(engine, ckpt.layer_id, ckpt.id);
   engine.images.collectGarbage();
 }
 

@@ -16,6 +16,7 @@ import { SERVER_HELP, serverCommands } from './server-commands.js';
 import { withLockstep } from './session.js';
 import { SETUP_HELP, setupCommands } from './setup-command.js';
 import { STORE_HELP, storeCommands } from './store-commands.js';
+import { SNAPSHOT_HELP, snapshotCommands } from './snapshot-commands.js';
 import { VERSION } from '../version.js';
 
 /** "mem 512M pids 256 cpu 100 cap 0.5 disk 8M": the limits of a sandbox on one line. */
@@ -32,7 +33,7 @@ const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for 
 usage: lockstep <command> [options]
 
 sandboxes
-  create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]
+  create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]
   exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]
   spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]
   ls [--json]
@@ -45,6 +46,8 @@ checkpoints
   fork ID CHECKPOINT [--count N] [--json]
   checkpoints ID [--json]
   log ID [--json]
+
+${SNAPSHOT_HELP}
 
 effects
   effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable]
@@ -119,7 +122,7 @@ const commands: Record<string, Handler> = {
 
   async create(argv) {
     const usage =
-      'lockstep create [--image NAME] [--memory MIB] [--pids N] [--cpu-weight 1-10000] ' +
+      'lockstep create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] ' +
       '[--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
     const options = {
       image: { type: 'string' },
@@ -130,6 +133,7 @@ const commands: Record<string, Handler> = {
       'io-weight': { type: 'string' },
       'disk-mb': { type: 'string' },
       env: { type: 'string', multiple: true },
+      'from-snapshot': { type: 'string' },
       json: { type: 'boolean' },
     } as const;
     const { values, positionals } = parse(argv, options, usage);
@@ -140,6 +144,7 @@ const commands: Record<string, Handler> = {
       const sb = await ls
         .create({
           onProgress: (line) => progress.update(line),
+          fromSnapshot: values['from-snapshot'],
           image: values.image,
           memoryMb: intFlag(values.memory, 'memory'),
           pids: intFlag(values.pids, 'pids'),
@@ -466,7 +471,12 @@ export async function main(argv: string[]): Promise<number> {
   const handler =
     cmd === '--version' || cmd === '-V'
       ? commands.version
-      : (commands[cmd] ?? agentCommands[cmd] ?? serverCommands[cmd] ?? setupCommands[cmd] ?? storeCommands[cmd]);
+      : (commands[cmd] ??
+        agentCommands[cmd] ??
+        snapshotCommands[cmd] ??
+        serverCommands[cmd] ??
+        setupCommands[cmd] ??
+        storeCommands[cmd]);
   try {
     if (!handler) throw new UsageError(`unknown command ${JSON.stringify(cmd)}; see \`lockstep help\``);
     return await handler(rest);

@@ -65,6 +65,7 @@ export const EXIT_CODE = {
   DOCKER_IMAGE_NOT_FOUND: EXIT.notFound,
   MCP_SESSION_NOT_FOUND: EXIT.notFound,
   BUNDLE_NOT_FOUND: EXIT.notFound,
+  SNAPSHOT_NOT_FOUND: EXIT.notFound,
 
   // 4: conflict with the current state (exists, busy, in use, not running, refused)
   IMAGE_EXISTS: EXIT.conflict,
@@ -81,6 +82,10 @@ export const EXIT_CODE = {
   CHECKPOINT_CORRUPT: EXIT.conflict,
   IMAGE_BUILDING: EXIT.conflict,
   BUNDLE_CORRUPT: EXIT.conflict,
+  SNAPSHOT_EXISTS: EXIT.conflict,
+  SNAPSHOT_BUSY: EXIT.conflict,
+  SNAPSHOT_INCOMPATIBLE: EXIT.conflict,
+  PULL_SOURCE_NOT_ALLOWED: EXIT.conflict,
   EFFECT_OUTCOME_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_COMPENSABLE: EXIT.conflict,

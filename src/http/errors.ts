@@ -55,6 +55,7 @@ export const HTTP_STATUS = {
   DOCKER_IMAGE_NOT_FOUND: 404,
   // No bundle of that name in the snapshot store.
   BUNDLE_NOT_FOUND: 404,
+  SNAPSHOT_NOT_FOUND: 404,
 
   // Conflicts with the object's current state (already settled, not unknown, damaged, ...).
   IMAGE_EXISTS: 409,
@@ -84,6 +85,12 @@ export const HTTP_STATUS = {
   LANGGRAPH_SANDBOX_DIVERGED: 409,
   LANGGRAPH_CONTEXT_MISSING: 409,
   CGROUP_TIMEOUT: 409,
+  SNAPSHOT_EXISTS: 409,
+  SNAPSHOT_BUSY: 409,
+  // A well-formed bundle this host cannot run (kernel, CPU, CRIU or lockstep-init differ).
+  SNAPSHOT_INCOMPATIBLE: 422,
+  // The server may pull snapshots only from the origins its operator listed (LOCKSTEP_PULL_SOURCES).
+  PULL_SOURCE_NOT_ALLOWED: 403,
 
   COMMAND_TIMEOUT: 504,
   // Aborted by the server's shutdown (or for a client that is gone).

@@ -22,6 +22,8 @@ const KEY = /^[\x21-\x7e]{1,255}$/;
 export function requestHash(method: string, url: string, body: unknown): string {
   const h = createHash('sha256').update(method).update('\n').update(url).update('\n');
   if (Buffer.isBuffer(body)) h.update('b').update(body);
+  // A streamed body (a bundle import) is not read here: its key names the request.
+  else if (body && typeof (body as { pipe?: unknown }).pipe === 'function') h.update('s');
   else if (body !== undefined) h.update('j').update(canonical(body));
   return h.digest('hex');
 }

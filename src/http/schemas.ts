@@ -6,6 +6,7 @@
 import { CONTEXT_FORMATS } from '../context/formats.js';
 import { LIMITS } from '../sandboxes/create.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
+import { MAX_SNAPSHOT_STARTS } from '../snapshots/snapshots.js';
 
 type Schema = Record<string, unknown>;
 
@@ -70,6 +71,10 @@ const anyJson: Schema = { description: 'Any JSON value' };
 export const sandboxId = str(64, { pattern: '^sbx_[a-z0-9]+$', description: 'Sandbox id' });
 export const checkpointId = str(64, { pattern: '^ckpt_[a-z0-9]+$', description: 'Checkpoint id' });
 export const effectId = str(64, { pattern: '^eff_[0-9a-f]+$', description: 'Effect id' });
+export const snapshotRef = str(64, {
+  pattern: '^(snap_[a-z0-9]+|[a-z0-9][a-z0-9._-]{0,63})$',
+  description: 'Snapshot id (snap_…) or name',
+});
 
 export const sandboxParams: Schema = {
   type: 'object',
@@ -81,6 +86,12 @@ export const checkpointParams: Schema = {
   type: 'object',
   properties: { id: sandboxId, ckpt: checkpointId },
   required: ['id', 'ckpt'],
+  additionalProperties: false,
+};
+export const snapshotParams: Schema = {
+  type: 'object',
+  properties: { snap: snapshotRef },
+  required: ['snap'],
   additionalProperties: false,
 };
 export const effectParams: Schema = {
@@ -137,6 +148,11 @@ export const createBody = obj({
   ),
   envs,
   timeoutMs: int(1000, 30 * 24 * 3600 * 1000, 'Lifetime: the sandbox is removed this long after creation'),
+  fromSnapshot: {
+    ...snapshotRef,
+    description:
+      'Start from this snapshot (its processes, files and lineage) instead of an image; takes none of the other fields',
+  },
   metadata: {
     type: 'object',
     additionalProperties: { type: 'string', maxLength: 1024 },
@@ -260,6 +276,28 @@ export const rollbackBody = obj(
 );
 
 export const forkBody = obj({ checkpointId, count: int(1, MAX_FORKS) }, ['checkpointId']);
+const snapshotName = str(64, {
+  pattern: '^[a-z0-9][a-z0-9._-]{0,63}$',
+  description: "Unique among the tenant's snapshots",
+});
+const labels: Schema = {
+  type: 'object',
+  additionalProperties: { type: 'string', maxLength: 1024 },
+  maxProperties: 64,
+  description: 'Free-form labels',
+};
+export const snapshotBody = obj({ checkpointId, name: snapshotName, metadata: labels }, ['checkpointId']);
+export const snapshotStartBody = obj({ count: int(1, MAX_SNAPSHOT_STARTS) });
+export const importQuery = obj({ name: snapshotName });
+export const pullBody = obj(
+  {
+    from: str(2048, { description: "Base URL of the source server (one of this server's LOCKSTEP_PULL_SOURCES)" }),
+    snapshot: snapshotRef,
+    token: str(512, { description: 'A token of the tenant on the source server' }),
+    name: snapshotName,
+  },
+  ['from', 'snapshot', 'token'],
+);
 
 const reversibility: Schema = { type: 'string', enum: ['sandbox-local', 'compensable', 'irreversible'] };
 
@@ -372,3 +410,17 @@ export const beginResult = loose(
 );
 export const arrayOf = (items: Schema, description: string): Schema => ({ type: 'array', items, description });
 export const anyObject = (description: string): Schema => loose(description);
+export const snapshotInfo = loose('A snapshot', {
+  id: { type: 'string' },
+  name: { type: ['string', 'null'] },
+  tenant: { type: ['string', 'null'] },
+  metadata: { type: 'object', additionalProperties: { type: 'string' } },
+  sizeBytes: { type: 'integer' },
+  image: { type: 'string' },
+  lineageId: { type: 'string' },
+  sourceSandboxId: { type: ['string', 'null'] },
+  sourceCheckpointId: { type: ['string', 'null'] },
+  digest: { type: ['string', 'null'] },
+  memoryMb: { type: ['number', 'null'] },
+  createdAt: { type: 'string', format: 'date-time' },
+});

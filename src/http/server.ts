@@ -33,6 +33,7 @@ import { fileRoutes } from './routes/files.js';
 import { imageRoutes } from './routes/images.js';
 import { mcpRoutes } from './routes/mcp.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { snapshotRoutes } from './routes/snapshots.js';
 import { RequestLogController } from './request-log.js';
 import { VERSION } from '../version.js';
 
@@ -216,6 +217,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
         'commands',
         'files',
         'checkpoints',
+        'snapshots',
         'effects',
         'observations',
         'verdicts',
@@ -265,6 +267,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
       imageRoutes(v1, ctx);
       // Input bytes (stdin, PTY keys) arrive as one Buffer, bounded like the input queue.
       await v1.register(async (raw) => ptyRoutes(raw, ctx));
+      snapshotRoutes(v1, ctx);
       await v1.register(async (files) => {
         // Raw file bytes stay a stream: the route writes them to the file as they arrive.
         files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));

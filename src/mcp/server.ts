@@ -36,6 +36,8 @@ export interface TenantScope {
   create(opts: Omit<CreateOptions, 'tenant'>): Promise<Sandbox>;
   /** Forks a sandbox of the tenant (quota-checked). */
   fork(sandbox: Sandbox, checkpointId: string, count: number): Promise<ForkResult[]>;
+  /** Starts sandboxes of the tenant from one of its snapshots (quota-checked). */
+  start(snapshot: string, count: number): Promise<ForkResult[]>;
   /** A sandbox as the tenant sees it. */
   present(info: SandboxInfo): unknown;
 }
@@ -362,6 +364,81 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         return { replayed: false, effectId: b.effectId, status: 'committed' };
       }),
   );
+
+  // Snapshots: checkpoints promoted to outlive their sandbox (the tenant's, or on stdio every one).
+  const tenantOf = scope ? { tenant: scope.id } : {};
+  const snapshotRef = z
+    .string()
+    .regex(/^(snap_[a-z0-9]+|[a-z0-9][a-z0-9._-]{0,63})$/)
+    .describe('A snapshot id (snap_…) or name');
+  server.registerTool(
+    'create_snapshot',
+    {
+      description:
+        'Keep a checkpoint as a named snapshot that outlives the sandbox: its files, processes and context. ' +
+        'New sandboxes can start from it later (start_from_snapshot).',
+      inputSchema: {
+        checkpointId: z
+          .string()
+          .regex(/^ckpt_[a-z0-9]+$/)
+          .max(64)
+          .describe('A checkpoint of the sandbox'),
+        name: z
+          .string()
+          .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+          .optional()
+          .describe('Unique among your snapshots'),
+        metadata: z.record(z.string().max(200), z.string().max(1024)).optional().describe('Free-form labels'),
+        ...target,
+      },
+      annotations: hints(false, false, false),
+    },
+    ({ checkpointId, name, metadata, ...a }) =>
+      tool(async () => {
+        sandbox(a).context(checkpointId); // the checkpoint must be this sandbox's
+        return ls.snapshots.create(checkpointId, { name, metadata, ...tenantOf });
+      }),
+  );
+  server.registerTool(
+    'list_snapshots',
+    { description: 'Your snapshots, oldest first.', inputSchema: {}, annotations: hints(true, false, true) },
+    () => tool(() => ls.snapshots.list(tenantOf)),
+  );
+  server.registerTool(
+    'delete_snapshot',
+    {
+      description: 'Delete a snapshot (sandboxes started from it keep running).',
+      inputSchema: { snapshot: snapshotRef },
+      annotations: hints(false, true, true),
+    },
+    ({ snapshot }) =>
+      tool(async () => {
+        const { id } = ls.snapshots.get(snapshot, tenantOf);
+        await ls.snapshots.delete(id, tenantOf);
+        return { id, deleted: true };
+      }),
+  );
+  if (scope)
+    server.registerTool(
+      'start_from_snapshot',
+      {
+        description:
+          'Start sandboxes from a snapshot: its processes resume, with its files, and the lineage is kept (effects recorded before it replay instead of running again).',
+        inputSchema: {
+          snapshot: snapshotRef,
+          count: z.number().int().min(1).max(MAX_FORKS).optional().describe('How many (default 1)'),
+        },
+        annotations: hints(false, false, false),
+      },
+      ({ snapshot, count }) =>
+        tool(async () => {
+          const results = await scope.start(snapshot, count ?? 1);
+          return {
+            ids: results.flatMap((r) => (r.ok ? [r.id] : [])),
+            errors: results.flatMap((r) => (r.ok ? [] : [r.error])),
+          };
+        }),
+    );
 
   server.registerTool(
     'list_checkpoints',

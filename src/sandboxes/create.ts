@@ -40,6 +40,8 @@ export interface CreateOptions {
    * cache, before the sandbox starts). Not called when the image is there.
    */
   onProgress?: ((message: string) => void) | undefined;
+  /** Start from a snapshot (id or name) instead of an image: see Lockstep.create. */
+  fromSnapshot?: string | undefined;
 }
 
 export const LIMITS = {

@@ -7,6 +7,7 @@
  */
 import fs from 'node:fs';
 import type { Engine } from '../engine.js';
+import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 
 export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
@@ -17,9 +18,13 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);
   if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);
+  // A snapshot of one of its checkpoints keeps that checkpoint's layer and image (and the images they link to).
+  const snapshots = new SnapshotRows(catalog.db);
+  const heldLayers = snapshots.heldLayers();
+  const heldImages = snapshots.heldImages(engine.paths);
   for (const ckpt of catalog.checkpointsOf(id)) {
-    await engine.layers.deleteLayer(ckpt.layer_id);
-    fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
+    if (!heldLayers.has(ckpt.layer_id)) await engine.layers.deleteLayer(ckpt.layer_id);
+    if (!heldImages.has(ckpt.id)) fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
   }
   catalog.tx(() => {
     for (const ckpt of catalog.checkpointsOf(id)) {

@@ -10,6 +10,8 @@ import type { Engine } from '../engine.js';
 import type { Lockstep } from '../lockstep.js';
 import { InvalidStateError } from '../errors.js';
 import { removeSandbox } from '../sandboxes/remove.js';
+import { deleteSnapshot } from '../snapshots/snapshots.js';
+import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { removeTenant, revokeTenantToken } from './tenants.js';
 
 /** What a purge removed. */
@@ -65,6 +67,8 @@ export async function purgeTenantOf(engine: Engine, name: string): Promise<Purge
       },
     );
   }
+  // Its snapshots too: nobody else could ever see them (their files go once nothing holds them).
+  for (const snap of new SnapshotRows(db).list(tenant.id)) await deleteSnapshot(engine, snap.id, tenant.id);
   removeTenant(db, name);
   return { tenant: tenant.name, tenantId: tenant.id, sandboxes: removed };
 }

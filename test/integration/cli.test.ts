@@ -267,3 +267,54 @@ integration(test, () => {
     );
   });
 });
+
+integration(test, () => {
+  test.serial('snapshot create, ls, export > file, import < file, start and rm through the CLI', async (t) => {
+    const homes = [freshHome('cli-snap-a'), freshHome('cli-snap-b')];
+    for (const h of homes) t.teardown(() => destroyHome(h));
+    const [a, b] = homes as [string, string];
+    for (const h of homes) t.is((await cli(h, 'image', 'build', 'base')).code, 0);
+    const { id } = await json<{ id: string }>(t, a, 'create', '--json');
+    t.is((await cli(a, 'exec', id, '--', 'sh', '-c', 'echo carried > /workspace/f')).code, 0);
+    const ckpt = await json<{ id: string }>(t, a, 'checkpoint', id, '--json');
+    const snap = await json<{ id: string; name: string }>(
+      t,
+      a,
+      'snapshot',
+      'create',
+      ckpt.id,
+      '--name',
+      'cli-snap',
+      '--meta',
+      'k=v',
+      '--json',
+    );
+    t.is(snap.name, 'cli-snap');
+    t.deepEqual(
+      (await json<{ id: string }[]>(t, a, 'snapshot', 'ls', '--json')).map((s) => s.id),
+      [snap.id],
+    );
+    await fails(t, a, 3, 'SNAPSHOT_NOT_FOUND', 'snapshot', 'inspect', 'snap_nothere');
+    await fails(t, a, 4, 'SNAPSHOT_EXISTS', 'snapshot', 'create', ckpt.id, '--name', 'cli-snap');
+    const file = path.join(path.dirname(a), `cli-bundle-${process.pid}`);
+    t.teardown(() => import('node:fs').then((fs) => fs.rmSync(file, { force: true })));
+    const sh = (home: string, line: string) =>
+      new Promise<number>((resolve) =>
+        execFile('sh', ['-c', line], { env: { ...process.env, LOCKSTEP_HOME: home } }, (err) =>
+          resolve(err ? Number(err.code) : 0),
+        ),
+      );
+    t.is(await sh(a, `"${process.execPath}" "${bin}" snapshot export cli-snap > "${file}"`), 0);
+    t.is(await sh(b, `"${process.execPath}" "${bin}" snapshot import < "${file}" > "${file}.id"`), 0);
+    const fs = await import('node:fs');
+    const imported = fs.readFileSync(`${file}.id`, 'utf8').trim();
+    fs.rmSync(`${file}.id`);
+    t.regex(imported, /^snap_/);
+    const started = await json<{ id: string }>(t, b, 'create', '--from-snapshot', imported, '--json');
+    const r = await cli(b, 'exec', started.id, '--', 'cat', '/workspace/f');
+    t.is(r.stdout, 'carried\n');
+    t.is((await cli(b, 'rm', started.id)).code, 0);
+    t.deepEqual(await json(t, b, 'snapshot', 'rm', imported, '--json'), { id: imported, deleted: true });
+    t.deepEqual(await json(t, b, 'snapshot', 'ls', '--json'), []);
+  });
+});

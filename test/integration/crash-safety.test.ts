@@ -12,6 +12,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { spawn } from 'node:child_process';
+import { pipeline } from 'node:stream/promises';
 import { fileURLToPath } from 'node:url';
 import test, { type ExecutionContext } from 'ava';
 import { Lockstep, type CheckpointInfo, type Sandbox } from '../../src/index.js';
@@ -94,7 +95,7 @@ integration(test, () => {
   async function crashAt(
     t: ExecutionContext,
     fault: string,
-    op: 'checkpoint' | 'rollback' | 'fork',
+    op: 'checkpoint' | 'rollback' | 'fork' | 'snapshot' | 'delete-snapshot' | 'import-snapshot',
     ...args: string[]
   ): Promise<void> {
     await crashOnly(t, fault, op, ...args);
@@ -105,7 +106,7 @@ integration(test, () => {
   async function crashOnly(
     t: ExecutionContext,
     fault: string,
-    op: 'checkpoint' | 'rollback' | 'fork',
+    op: 'checkpoint' | 'rollback' | 'fork' | 'snapshot' | 'delete-snapshot' | 'import-snapshot',
     ...args: string[]
   ): Promise<void> {
     await sb.settled(); // no background work of ours may race the child
@@ -140,9 +141,23 @@ integration(test, () => {
       'mounts',
     );
     for (const k of keys) t.true(mounts.includes(paths.sandboxRoot(k)), `root of ${k} mounted`);
+    // Exactly the layers and images of committed checkpoints and of snapshots.
     const ckpts = catalog.allCheckpoints();
-    t.deepEqual(listDir(paths.layers), ckpts.map((c) => c.layer_id).sort(), 'checkpoint layers');
-    t.deepEqual(listDir(paths.processImages), ckpts.map((c) => c.id).sort(), 'process images');
+    const snaps = catalog.db.prepare('SELECT layer_id, process_image FROM snapshots').all() as {
+      layer_id: string;
+      process_image: string;
+    }[];
+    const uniq = (xs: string[]) => [...new Set(xs)].sort();
+    t.deepEqual(
+      listDir(paths.layers),
+      uniq([...ckpts.map((c) => c.layer_id), ...snaps.map((s) => s.layer_id)]),
+      'layers',
+    );
+    t.deepEqual(
+      listDir(paths.processImages),
+      uniq([...ckpts.map((c) => c.id), ...snaps.map((s) => s.process_image)]),
+      'process images',
+    );
     t.deepEqual(listDir(paths.scratch), []);
     for (const row of catalog.allSandboxes()) {
       t.is(row.state, 'running', `${row.id} runs`);
@@ -358,4 +373,69 @@ integration(test, () => {
       `kill -9 at fork:${point} leaves ${point === 'committed' ? 'one complete running fork' : 'no fork and no orphans'}`,
   });
   for (const point of FAULT_POINTS.fork) test.serial(forkCrash, point);
+
+  // Snapshots: making one writes no file (one transaction); deleting one drops the row before
+  // the files; an import is journalled and commits in one transaction after it verified.
+  const snapshotCrash = test.macro({
+    async exec(t, point: string) {
+      await crashAt(t, `snapshot:${point}`, 'snapshot', sb.id, target.id);
+      assertConsistent(t);
+      const made = ls.snapshots.list();
+      if (point === 'committed') {
+        t.is(made.length, 1, 'the snapshot exists whole');
+        t.like(made[0], { name: 'crash', sourceCheckpointId: target.id });
+        const started = await ls.create({ fromSnapshot: made[0]!.id });
+        t.teardown(() => ls.remove(started.id).catch(() => undefined));
+        t.is(await tagInMemory(ls, started.id), 'T', 'and starts sandboxes');
+        await ls.remove(started.id);
+        await ls.snapshots.delete(made[0]!.id);
+      } else t.deepEqual(made, [], 'no snapshot, nothing of one');
+      await assertRunning(t, sb);
+    },
+    title: (_p, point) =>
+      `kill -9 at snapshot:${point} leaves the snapshot ${point === 'committed' ? 'complete' : 'absent'}`,
+  });
+  for (const point of FAULT_POINTS.snapshot) test.serial(snapshotCrash, point);
+
+  test.serial(
+    'kill -9 at deleteSnapshot:committed: the snapshot is gone, the files its checkpoint holds stay',
+    async (t) => {
+      const snap = await ls.snapshots.create(target.id);
+      await crashAt(t, 'deleteSnapshot:committed', 'delete-snapshot', sb.id, snap.id);
+      t.deepEqual(ls.snapshots.list(), []);
+      assertConsistent(t);
+      t.true(fs.existsSync(ls.engine.paths.layer(target.layerId)), "the checkpoint's layer stays");
+      t.true(fs.existsSync(ls.engine.paths.processImage(target.id)), "the checkpoint's image stays");
+    },
+  );
+
+  const importCrash = test.macro({
+    async exec(t, point: string) {
+      const snap = await ls.snapshots.create(target.id, { name: `export-${point}` });
+      const file = path.join(path.dirname(home), `crash-bundle-${process.pid}-${point}`);
+      t.teardown(() => fs.rmSync(file, { force: true }));
+      await pipeline(ls.snapshots.export(snap.id), fs.createWriteStream(file));
+      await ls.snapshots.delete(snap.id);
+      await crashAt(t, `importSnapshot:${point}`, 'import-snapshot', sb.id, file);
+      if (point === 'committed') t.deepEqual(ls.reaped?.operations, []);
+      else {
+        t.is(ls.reaped?.operations.length, 1);
+        t.regex(ls.reaped!.operations[0]!, /^snapshot-import:receiving:snap_/, 'the journal named the import');
+      }
+      assertConsistent(t);
+      const made = ls.snapshots.list();
+      if (point === 'committed') {
+        t.is(made.length, 1);
+        t.is(made[0]!.name, 'crash-import');
+        const started = await ls.create({ fromSnapshot: made[0]!.id });
+        t.teardown(() => ls.remove(started.id).catch(() => undefined));
+        t.is(await tagInMemory(ls, started.id), 'T');
+        await ls.remove(started.id);
+        await ls.snapshots.delete(made[0]!.id);
+      } else t.deepEqual(made, [], 'nothing half-imported');
+    },
+    title: (_p, point) =>
+      `kill -9 at importSnapshot:${point} leaves ${point === 'committed' ? 'the imported snapshot' : 'nothing of the import'}`,
+  });
+  for (const point of FAULT_POINTS.importSnapshot) test.serial(importCrash, point);
 });

@@ -51,6 +51,7 @@ interface Fixture {
   sandbox: string;
   checkpoint: string;
   effect: string;
+  snapshot: string;
 }
 
 interface World {
@@ -500,6 +501,19 @@ const checkpointRef = (own: Fixture, other: Fixture) =>
     { weight: 1, arbitrary: fc.stringMatching(/^ckpt_[a-z0-9]{1,70}$/).map((s) => part(s)) },
   );
 const effectRef = (own: Fixture, other: Fixture) => idSegment(own.effect, other.effect, 'eff_');
+/** A snapshot by id or by name (the fixtures' are both called "fixture": a name is the tenant's own). */
+const snapshotRef = (own: Fixture, other: Fixture) =>
+  fc.oneof(
+    { weight: 4, arbitrary: idSegment(own.snapshot, other.snapshot, 'snap_') },
+    { weight: 1, arbitrary: fc.constantFrom('fixture', 'nosuch', 'Fixture').map((s) => part(s)) },
+  );
+/** A route under /v1/snapshots/:snap. */
+const underSnapshot =
+  (suffix: string, more: () => fc.Arbitrary<Omit<Shape, 'path' | 'cross'>> = () => fc.constant({})): Generator =>
+  (_w, own, other) =>
+    fc
+      .tuple(snapshotRef(own, other), more())
+      .map(([ref, m]) => ({ ...m, path: `/v1/snapshots/${ref.text}${suffix}`, cross: ref.cross }));
 const contextValue = fc.oneof(
   fc.constant({ format: 'openai-chat', messages: [{ role: 'user', content: 'hi' }] }),
   fc.constant([{ role: 'user', content: 'hi' }]),
@@ -696,6 +710,64 @@ const GENERATORS: Record<string, Generator> = {
   ),
   'GET /v1/sandboxes/:id/checkpoints': underSandbox('/checkpoints', noBody),
   'GET /v1/images': () => fixed('/v1/images'),
+
+  'POST /v1/snapshots': (_w, own, other) =>
+    checkpointRef(own, other).chain((ck) =>
+      envelope(
+        jsonFields(
+          {
+            checkpointId: fc.constant(ck.text),
+            name: fc.constantFrom('fixture', 'fuzzed', 'Bad Name', '../x', 'a'.repeat(65)),
+            metadata: fc.dictionary(fc.string({ maxLength: 8 }), fc.string({ maxLength: 8 }), { maxKeys: 3 }),
+          },
+          ['checkpointId'],
+        ),
+      ).map((body) => ({ path: '/v1/snapshots', body, cross: ck.cross })),
+    ),
+  'GET /v1/snapshots': () => fixed('/v1/snapshots'),
+  'GET /v1/snapshots/:snap': underSnapshot(''),
+  // Only another tenant's snapshot, missing ones and garbage: the fixture's must stay.
+  'DELETE /v1/snapshots/:snap': (_w, _own, other) =>
+    fc
+      .oneof(
+        fc.constant(part(other.snapshot, true)),
+        fc.constant(part(`snap_${'0'.repeat(12)}`)),
+        hostileSegment.map((s) => part(s)),
+      )
+      .map((ref) => ({ path: `/v1/snapshots/${ref.text}`, cross: ref.cross })),
+  'GET /v1/snapshots/:snap/context': underSnapshot('/context'),
+  'GET /v1/snapshots/:snap/bundle': underSnapshot('/bundle'),
+  'POST /v1/snapshots/:snap/sandboxes': underSnapshot('/sandboxes', () =>
+    envelope(jsonFields({ count: fc.constantFrom(1, 2, 64, 65) })).map((body) => ({ body })),
+  ),
+  'POST /v1/snapshots/import': () =>
+    fc
+      .tuple(
+        queryString({ name: fc.constantFrom('imported', 'Bad Name', '') }),
+        fc.oneof(
+          fc
+            .uint8Array({ maxLength: 300 })
+            .map((b) => ({ contentType: 'application/octet-stream', bytes: Buffer.from(b) })),
+          fc.constant({
+            contentType: 'application/octet-stream',
+            bytes: Buffer.from('LSBUNDL1H\u0000\u0000\u0000\u0002{}'),
+          }),
+          envelope(hostileJson),
+        ),
+      )
+      .map(([query, body]) => ({ path: '/v1/snapshots/import', query, body })),
+  'POST /v1/snapshots/pull': (_w, own, other) =>
+    envelope(
+      jsonFields(
+        {
+          from: fc.constantFrom('http://127.0.0.1:9', 'http://169.254.169.254', 'file:///etc/passwd', 'not a url'),
+          snapshot: fc.constantFrom(own.snapshot, other.snapshot, 'fixture', '../x'),
+          token: fc.constantFrom(own.token, 'x', ''),
+          name: fc.constantFrom('pulled', 'Bad Name'),
+        },
+        ['from', 'snapshot', 'token'],
+      ),
+    ).map((body) => ({ path: '/v1/snapshots/pull', body })),
   'GET /v1/sandboxes/:id/commands': underSandbox('/commands', noBody),
   'GET /v1/sandboxes/:id/commands/:pid/output': (_w, own, other) =>
     sandboxPath(own, other, (id) =>
@@ -1056,8 +1128,10 @@ integration(test, () => {
             reversibility: 'irreversible',
           })
         ).body.effectId as string;
-        t.truthy(sandbox && checkpoint && effect, `fixture of ${name}`);
-        return { token, sandbox, checkpoint, effect };
+        const snapshot = (await api.post('/v1/snapshots', { checkpointId: checkpoint, name: 'fixture' })).body
+          .id as string;
+        t.truthy(sandbox && checkpoint && effect && snapshot, `fixture of ${name}`);
+        return { token, sandbox, checkpoint, effect, snapshot };
       };
       const w: World = { a: await fixture('acme'), b: await fixture('globex') };
       const fixtures = new Set([w.a.sandbox, w.b.sandbox]);
@@ -1149,8 +1223,10 @@ integration(test, () => {
             }
           } else {
             counts.ok++;
-            // Sandboxes a create or fork made: removed, so the quota has room again.
+            // Sandboxes a create or fork made: removed, so the quota has room again; snapshots too.
             for (const s of ls.list()) if (!fixtures.has(s.id)) await ls.remove(s.id);
+            for (const s of ls.snapshots.list())
+              if (s.id !== w.a.snapshot && s.id !== w.b.snapshot) await ls.snapshots.delete(s.id);
           }
           const health = await send(port, {
             method: 'GET',

@@ -58,15 +58,19 @@ integration(test, () => {
       t.deepEqual(names, [
         'checkpoint',
         'create_sandbox',
+        'create_snapshot',
+        'delete_snapshot',
         'fork',
         'kill_sandbox',
         'list_checkpoints',
         'list_files',
         'list_sandboxes',
+        'list_snapshots',
         'read_file',
         'record_effect',
         'rollback',
         'run_command',
+        'start_from_snapshot',
         'write_file',
       ]);
       for (const tool of tools) {
@@ -93,6 +97,17 @@ integration(test, () => {
 
       const context = { format: 'openai-chat', messages: [{ role: 'user', content: 'Fix the notes.' }] };
       const ck = await call(client, 'checkpoint', { sandboxId: a.id, label: 'before', context });
+      const snap = await call(client, 'create_snapshot', { sandboxId: a.id, checkpointId: ck.id, name: 'mcp-snap' });
+      t.regex(snap.id, /^snap_/);
+      t.deepEqual(
+        (await call(client, 'list_snapshots')).map((s: { id: string }) => s.id),
+        [snap.id],
+      );
+      const fromSnap = await call(client, 'start_from_snapshot', { snapshot: 'mcp-snap' });
+      t.is(fromSnap.ids.length, 1, JSON.stringify(fromSnap));
+      t.is((await call(client, 'read_file', { sandboxId: fromSnap.ids[0], path: 'notes.txt' })).content, 'in a\n');
+      await call(client, 'kill_sandbox', { sandboxId: fromSnap.ids[0] });
+      t.deepEqual(await call(client, 'delete_snapshot', { snapshot: snap.id }), { id: snap.id, deleted: true });
       await call(client, 'write_file', { sandboxId: a.id, path: 'notes.txt', content: 'broken\n' });
       const eff = await call(client, 'record_effect', {
         sandboxId: a.id,

@@ -65,9 +65,12 @@ integration(test, () => {
       const names = tools.map((x) => x.name).sort();
       t.deepEqual(names, [
         'checkpoint',
+        'create_snapshot',
+        'delete_snapshot',
         'fork',
         'list_checkpoints',
         'list_files',
+        'list_snapshots',
         'read_file',
         'record_effect',
         'rollback',

@@ -18,6 +18,7 @@ from .errors import (
 )
 from .pty import PtyExit, PtyHandle, PtyOutput
 from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+from .snapshots import Snapshots
 
 __all__ = [
     "AsyncCommandHandle",
@@ -39,6 +40,7 @@ __all__ = [
     "QuotaExceededError",
     "Sandbox",
     "SandboxInfo",
+    "Snapshots",
     "list_images",
     "list_images_async",
 ]

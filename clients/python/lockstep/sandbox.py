@@ -380,10 +380,14 @@ class Sandbox:
         envs: Optional[Dict[str, str]] = None,
         metadata: Optional[Dict[str, str]] = None,
         timeout_ms: Optional[int] = None,
+        from_snapshot: Optional[str] = None,
         **transport_options: Any,
     ) -> "Sandbox":
+        """Creates and starts a sandbox from an image, or from a snapshot (``from_snapshot``: its processes resume)."""
         t = Transport(api_url, api_key, **transport_options)
-        body = _drop_none({"image": image, "memoryMb": memory_mb, "envs": envs, "metadata": metadata, "timeoutMs": timeout_ms})
+        body = _drop_none(
+            {"image": image, "memoryMb": memory_mb, "envs": envs, "metadata": metadata, "timeoutMs": timeout_ms, "fromSnapshot": from_snapshot}
+        )
         info = t.json("POST", "/sandboxes", json_body=body)
         return cls(info["id"], t)
 

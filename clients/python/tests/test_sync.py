@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from lockstep import (
+    Snapshots,
     CommandHandle,
     InvalidArgumentError,
     LockstepConnectionError,
@@ -184,3 +185,33 @@ def test_typed_errors(conn):
     assert e.value.code == "IMAGE_NOT_FOUND" and e.value.field == "image"
     assert "lockstep image" in e.value.message
     assert any(i["name"] == "base" and i["ready"] for i in list_images(**conn))
+
+
+def test_snapshot_outlives_its_sandbox_and_its_bundle_round_trips(conn, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    snaps = Snapshots(**conn)
+    with Sandbox.create(memory_mb=64, **conn) as sbx:
+        sbx.files.write("/workspace/kept.txt", "kept\n")
+        ck = sbx.checkpoint(context={"format": "openai-chat", "messages": [{"role": "user", "content": "py"}]})
+        snap = snaps.create(ck["id"], name=f"py-{tag}", metadata={"lang": "python"})
+    # The sandbox is gone; the snapshot is not.
+    assert snaps.get(f"py-{tag}")["id"] == snap["id"]
+    assert snap["metadata"] == {"lang": "python"}
+    assert snaps.context(snap["id"]) == {"format": "openai-chat", "messages": [{"role": "user", "content": "py"}]}
+    bundle = tmp_path / "snap.bundle"
+    with open(bundle, "wb") as f:
+        for chunk in snaps.export(snap["id"]):
+            f.write(chunk)
+    with open(bundle, "rb") as f:
+        copy = snaps.import_(f, name=f"py-{tag}-copy")
+    assert copy["lineageId"] == snap["lineageId"]
+    with Sandbox.create(from_snapshot=copy["id"], **conn) as again:
+        assert again.files.read_text("/workspace/kept.txt") == "kept\n"
+    [started] = snaps.start(snap["id"])
+    Sandbox.connect(started, **conn).kill()
+    with pytest.raises(NotFoundError) as e:
+        snaps.get("snap_nothere")
+    assert e.value.code == "SNAPSHOT_NOT_FOUND"
+    snaps.delete(copy["id"])
+    snaps.delete(snap["id"])
+    assert all(s["id"] not in (snap["id"], copy["id"]) for s in snaps.list())

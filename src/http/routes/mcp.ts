@@ -93,6 +93,12 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
         });
         return sandbox.fork(checkpointId, { count });
       }),
+    start: (snapshot, count) =>
+      ctx.gate.run(tenantId, async () => {
+        const snap = ctx.lockstep.snapshots.get(snapshot, { tenant: tenantId });
+        ctx.tenants.checkQuota(current(), { count, memoryMb: snap.memoryMb ?? 0 });
+        return ctx.lockstep.snapshots.start(snap.id, { count, tenant: tenantId });
+      }),
     present: (info) => {
       const t = current();
       return { ...info, tenant: t.name, tenantId: t.id };

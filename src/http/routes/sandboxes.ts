@@ -17,6 +17,7 @@ interface CreateBody {
   envs?: Record<string, string>;
   timeoutMs?: number;
   metadata?: Record<string, string>;
+  fromSnapshot?: string;
 }
 
 /** Seconds a client is told to wait before retrying a create whose image is still being made. */
@@ -78,15 +79,18 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     async (req, reply) => {
       const tenant = ctx.tenant(req);
       // Outside the tenant's quota gate: a first-use build must not hold up its other creates.
-      await imageMadeInTime(ctx.lockstep, req.body.image ?? 'base', ctx.imageWaitMs, (s) =>
-        reply.header('retry-after', String(s)),
-      ).catch(namingImage);
+      // A sandbox started from a snapshot takes its image from the snapshot (already here).
+      if (req.body.fromSnapshot === undefined)
+        await imageMadeInTime(ctx.lockstep, req.body.image ?? 'base', ctx.imageWaitMs, (s) =>
+          reply.header('retry-after', String(s)),
+        ).catch(namingImage);
       const sb = await ctx.gate.run(tenant.id, async () => {
-        ctx.tenants.checkQuota(tenant, {
-          count: 1,
-          memoryMb: req.body.memoryMb ?? LIMITS.memoryMb.default,
-          cpuWeight: req.body.cpuWeight,
-        });
+        // A sandbox started from a snapshot has the snapshot's limits.
+        const memoryMb =
+          req.body.fromSnapshot !== undefined
+            ? (ctx.lockstep.snapshots.get(req.body.fromSnapshot, { tenant: tenant.id }).memoryMb ?? 0)
+            : (req.body.memoryMb ?? LIMITS.memoryMb.default);
+        ctx.tenants.checkQuota(tenant, { count: 1, memoryMb, cpuWeight: req.body.cpuWeight });
         return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch(namingImage);
       });
       req.log = reply.log = req.log.child({ sandboxId: sb.id });

@@ -1,0 +1,154 @@
+/**
+ * `lockstep snapshot …`: named snapshots from the command line, a thin
+ * layer over `ls.snapshots` (the operator's view: every tenant's). Bundles
+ * go to stdout and come from stdin, so they pipe: `lockstep snapshot export
+ * ID > file`, `ssh other lockstep snapshot import < file`.
+ */
+import { pipeline } from 'node:stream/promises';
+import type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
+import { EXIT, UsageError, printJson, table } from './output.js';
+import { intFlag, need, parse } from './args.js';
+import { withLockstep } from './session.js';
+
+type Handler = (argv: string[]) => Promise<number>;
+
+export const SNAPSHOT_HELP = `snapshots
+  snapshot create CHECKPOINT [--name N] [--meta K=V]... [--json]
+  snapshot ls [--json]
+  snapshot inspect ID|NAME [--json]
+  snapshot rm ID|NAME [--json]
+  snapshot start ID|NAME [--count N] [--json]   start sandboxes from it
+  snapshot export ID|NAME > FILE                 the bundle on stdout
+  snapshot import [--name N] [--json] < FILE     a bundle from stdin
+  snapshot pull --from URL --token T ID|NAME [--name N] [--json]
+  create --from-snapshot ID|NAME [--json]`;
+
+function metaFlags(values: string[] | undefined): Record<string, string> | undefined {
+  if (!values?.length) return undefined;
+  const out: Record<string, string> = {};
+  for (const kv of values) {
+    const i = kv.indexOf('=');
+    if (i <= 0) throw new UsageError(`--meta takes KEY=VALUE, got ${JSON.stringify(kv)}`);
+    out[kv.slice(0, i)] = kv.slice(i + 1);
+  }
+  return out;
+}
+
+function show(s: SnapshotInfo, json: boolean | undefined): void {
+  if (json) printJson(s);
+  else process.stdout.write(`${s.id}\n`);
+}
+
+export const snapshotCommands: Record<string, Handler> = {
+  async snapshot(argv) {
+    const [sub, ...rest] = argv;
+    const usage = SNAPSHOT_HELP.split('\n').slice(1, -1).join('\n');
+    switch (sub) {
+      case 'create': {
+        const u = 'lockstep snapshot create CHECKPOINT [--name N] [--meta K=V]... [--json]';
+        const { values, positionals } = parse(
+          rest,
+          { name: { type: 'string' }, meta: { type: 'string', multiple: true }, json: { type: 'boolean' } },
+          u,
+        );
+        const [ckpt] = need(positionals, 1, u);
+        return withLockstep(async (ls) => {
+          show(await ls.snapshots.create(ckpt!, { name: values.name, metadata: metaFlags(values.meta) }), values.json);
+          return EXIT.ok;
+        });
+      }
+      case 'ls': {
+        const { values } = parse(rest, { json: { type: 'boolean' } }, 'lockstep snapshot ls [--json]');
+        return withLockstep(async (ls) => {
+          const all = ls.snapshots.list();
+          if (values.json) printJson(all);
+          else
+            process.stdout.write(
+              table(
+                ['ID', 'NAME', 'IMAGE', 'SIZE', 'CREATED'],
+                all.map((s) => [s.id, s.name ?? '', s.image, `${(s.sizeBytes / 1e6).toFixed(1)} MB`, s.createdAt]),
+              ) + '\n',
+            );
+          return EXIT.ok;
+        });
+      }
+      case 'inspect':
+      case 'rm': {
+        const u = `lockstep snapshot ${sub} ID|NAME [--json]`;
+        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, u);
+        const [ref] = need(positionals, 1, u);
+        return withLockstep(async (ls) => {
+          const s = ls.snapshots.get(ref!);
+          if (sub === 'inspect') {
+            printJson(s);
+            return EXIT.ok;
+          }
+          await ls.snapshots.delete(s.id);
+          if (values.json) printJson({ id: s.id, deleted: true });
+          return EXIT.ok;
+        });
+      }
+      case 'start': {
+        const u = 'lockstep snapshot start ID|NAME [--count N] [--json]';
+        const { values, positionals } = parse(rest, { count: { type: 'string' }, json: { type: 'boolean' } }, u);
+        const [ref] = need(positionals, 1, u);
+        return withLockstep(async (ls) => {
+          const results = await ls.snapshots.start(ref!, { count: intFlag(values.count, 'count') });
+          if (values.json) printJson(results);
+          else
+            for (const r of results)
+              process.stdout.write(r.ok ? `${r.id}\n` : `failed: ${r.error.code}: ${r.error.message}\n`);
+          return results.every((r) => r.ok) ? EXIT.ok : EXIT.failure;
+        });
+      }
+      case 'export': {
+        const u = 'lockstep snapshot export ID|NAME > FILE';
+        const { positionals } = parse(rest, {}, u);
+        const [ref] = need(positionals, 1, u);
+        if (process.stdout.isTTY) throw new UsageError(`the bundle is binary: redirect stdout to a file\nusage: ${u}`);
+        return withLockstep(async (ls) => {
+          await pipeline(ls.snapshots.export(ref!), process.stdout);
+          return EXIT.ok;
+        });
+      }
+      case 'import': {
+        const u = 'lockstep snapshot import [--name N] [--json] < FILE';
+        const { values, positionals } = parse(rest, { name: { type: 'string' }, json: { type: 'boolean' } }, u);
+        need(positionals, 0, u);
+        if (process.stdin.isTTY) throw new UsageError(`give the bundle on stdin\nusage: ${u}`);
+        return withLockstep(async (ls) => {
+          show(await ls.snapshots.import(process.stdin, { name: values.name }), values.json);
+          return EXIT.ok;
+        });
+      }
+      case 'pull': {
+        const u = 'lockstep snapshot pull --from URL --token T ID|NAME [--name N] [--json]';
+        const { values, positionals } = parse(
+          rest,
+          {
+            from: { type: 'string' },
+            token: { type: 'string' },
+            name: { type: 'string' },
+            json: { type: 'boolean' },
+          },
+          u,
+        );
+        const [ref] = need(positionals, 1, u);
+        if (!values.from || !values.token) throw new UsageError(`--from and --token are needed\nusage: ${u}`);
+        return withLockstep(async (ls) => {
+          const r = await ls.snapshots.pull({
+            from: values.from!,
+            token: values.token!,
+            snapshot: ref!,
+            name: values.name,
+          });
+          if (values.json) printJson(r);
+          else process.stdout.write(`${r.snapshot.id}\n`);
+          return EXIT.ok;
+        });
+      }
+      default:
+        throw new UsageError(`unknown snapshot command ${JSON.stringify(sub ?? '')}\nusage:\n${usage}`);
+    }
+  },
+};

@@ -1,0 +1,118 @@
+/** Named snapshots of the calling tenant, over HTTP: the SDK's `ls.snapshots` shape. */
+import { Readable } from 'node:stream';
+import type { ReadableStream as WebReadableStream } from 'node:stream/web';
+import type { ForkResult } from '../checkpoints/fork.js';
+import type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
+import type { PullReport } from '../snapshots/pull.js';
+import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
+
+const enc = encodeURIComponent;
+
+/** What a pull did, as the API reports it. */
+export type RemotePullResult = Omit<PullReport, 'snapshot'> & { snapshot: SnapshotInfo };
+
+/** The tenant's snapshots on one server. */
+export class Snapshots {
+  /** @internal */
+  readonly transport: Transport;
+
+  constructor(opts: ConnectionOptions = {}) {
+    this.transport = new Transport(opts);
+  }
+
+  /** Promotes a checkpoint of one of the tenant's sandboxes to a snapshot. */
+  async create(
+    checkpointId: string,
+    opts: { name?: string | undefined; metadata?: Record<string, string> | undefined } & CallOptions = {},
+  ): Promise<SnapshotInfo> {
+    const { signal, idempotencyKey, ...body } = opts;
+    return this.transport.json({
+      method: 'POST',
+      path: '/snapshots',
+      body: { json: { checkpointId, ...body } },
+      signal,
+      idempotencyKey,
+    });
+  }
+
+  async list(opts: CallOptions = {}): Promise<SnapshotInfo[]> {
+    return this.transport.json({ method: 'GET', path: '/snapshots', signal: opts.signal });
+  }
+
+  async get(ref: string, opts: CallOptions = {}): Promise<SnapshotInfo> {
+    return this.transport.json({ method: 'GET', path: `/snapshots/${enc(ref)}`, signal: opts.signal });
+  }
+
+  async delete(ref: string, opts: CallOptions = {}): Promise<void> {
+    await this.transport.send({ method: 'DELETE', path: `/snapshots/${enc(ref)}`, signal: opts.signal });
+  }
+
+  /** The context stored with the snapshot (JSON; "bytes" contexts as base64 text). */
+  async context(ref: string, opts: CallOptions = {}): Promise<unknown> {
+    const r = await this.transport.json<{ context: unknown }>({
+      method: 'GET',
+      path: `/snapshots/${enc(ref)}/context`,
+      signal: opts.signal,
+    });
+    return r.context;
+  }
+
+  /** Starts sandboxes from it; one result each (connect with Sandbox.connect(id)). */
+  async start(ref: string, opts: { count?: number | undefined } & CallOptions = {}): Promise<ForkResult[]> {
+    const r = await this.transport.json<{ ids: string[]; errors: { code: string; message: string }[] }>({
+      method: 'POST',
+      path: `/snapshots/${enc(ref)}/sandboxes`,
+      body: { json: opts.count !== undefined ? { count: opts.count } : {} },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+    return [
+      ...r.ids.map((id) => ({ ok: true as const, id, pid: 0, ms: 0 })),
+      ...r.errors.map((error) => ({ ok: false as const, error })),
+    ];
+  }
+
+  /** The snapshot's bundle as a stream; a failed request is the stream's error. */
+  export(ref: string, opts: CallOptions = {}): Readable {
+    const t = this.transport;
+    async function* body(): AsyncGenerator<Buffer> {
+      const res = await t.send({
+        method: 'GET',
+        path: `/snapshots/${enc(ref)}/bundle`,
+        accept: 'application/octet-stream',
+        signal: opts.signal,
+      });
+      for await (const c of Readable.fromWeb(res.body! as WebReadableStream<Uint8Array>)) yield c as Buffer;
+    }
+    return Readable.from(body(), { objectMode: false });
+  }
+
+  /** Uploads a bundle stream; the server keeps nothing unless all of it verifies. */
+  async import(
+    stream: AsyncIterable<Uint8Array | string>,
+    opts: { name?: string | undefined } & CallOptions = {},
+  ): Promise<SnapshotInfo> {
+    return this.transport.json({
+      method: 'POST',
+      path: '/snapshots/import',
+      query: { name: opts.name },
+      body: { stream },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+  }
+
+  /** Makes the server pull a snapshot from another server (`from`, with a token of the tenant there). */
+  async pull(
+    opts: { from: string; snapshot: string; token: string; name?: string | undefined } & CallOptions,
+  ): Promise<RemotePullResult> {
+    const { signal, idempotencyKey, ...body } = opts;
+    return this.transport.json({
+      method: 'POST',
+      path: '/snapshots/pull',
+      body: { json: body },
+      signal,
+      idempotencyKey,
+    });
+  }
+}
