@@ -7,6 +7,7 @@
  */
 import path from 'node:path';
 import { HostError } from './errors.js';
+import { parseCidr, ipv4ToInt } from './network/policy.js';
 
 /** The defaults, for code that runs without a manager (setup, doctor) and for resolveConfig. */
 export const DEFAULTS = {
@@ -17,6 +18,7 @@ export const DEFAULTS = {
   criuBinary: '/opt/lockstep/bin/criu',
   criuLogLevel: 2,
   dockerSocket: '/var/run/docker.sock',
+  networkRange: '10.213.0.0/16',
 } as const;
 
 export const DEFAULT_HOME = DEFAULTS.home;
@@ -49,6 +51,12 @@ export interface LockstepConfig {
   readonly userNamespaces: boolean;
   /** Store only the pages that changed since the head checkpoint (incremental process images; opt-in). */
   readonly pageDelta: boolean;
+  /** Private IPv4 range cut into one /31 per egress sandbox (src/network/addresses.ts). */
+  readonly networkRange: string;
+  /** CIDRs no egress sandbox may reach, on top of the built-in deny list (src/network/nftables.ts). */
+  readonly networkDeny: readonly string[];
+  /** Upstream DNS server (IPv4 address, optional :port) that egress sandboxes' resolver forwards allowed names to; undefined: the first IPv4 nameserver of /etc/resolv.conf. */
+  readonly dnsUpstream: string | undefined;
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -73,6 +81,9 @@ export const ENVIRONMENT = {
   DOCKER_SOCKET: { reader: 'manager', key: 'dockerSocket' },
   LOCKSTEP_USERNS: { reader: 'manager', key: 'userNamespaces' },
   LOCKSTEP_PAGE_DELTA: { reader: 'manager', key: 'pageDelta' },
+  LOCKSTEP_NETWORK_RANGE: { reader: 'manager', key: 'networkRange' },
+  LOCKSTEP_NETWORK_DENY: { reader: 'manager', key: 'networkDeny' },
+  LOCKSTEP_DNS_UPSTREAM: { reader: 'manager', key: 'dnsUpstream' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -127,7 +138,33 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   const storeGib = options.storeGib ?? Number(e('LOCKSTEP_STORE_GIB') ?? DEFAULTS.storeGib);
   if (!Number.isFinite(storeGib) || storeGib <= 0)
     throw invalid('storeGib', 'LOCKSTEP_STORE_GIB', 'a positive number of GiB', storeGib);
+  const networkRange = options.networkRange ?? e('LOCKSTEP_NETWORK_RANGE') ?? DEFAULTS.networkRange;
+  const range = parseCidr(networkRange);
+  if (!range || range.text !== networkRange || range.bits < 8 || range.bits > 29 || !isPrivate(range.base))
+    throw invalid(
+      'networkRange',
+      'LOCKSTEP_NETWORK_RANGE',
+      'a private IPv4 CIDR (10/8, 172.16/12, 192.168/16 or 100.64/10) from /8 to /29, host bits zero',
+      networkRange,
+    );
+  const denyRaw =
+    options.networkDeny ??
+    (e('LOCKSTEP_NETWORK_DENY') ?? '')
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean);
+  const networkDeny = denyRaw.map((c) => {
+    const p = parseCidr(c);
+    if (!p) throw invalid('networkDeny', 'LOCKSTEP_NETWORK_DENY', 'IPv4 CIDRs separated by commas', c);
+    return p.text;
+  });
+  const dnsUpstream = options.dnsUpstream ?? e('LOCKSTEP_DNS_UPSTREAM');
+  if (dnsUpstream !== undefined && !validUpstream(dnsUpstream))
+    throw invalid('dnsUpstream', 'LOCKSTEP_DNS_UPSTREAM', 'an IPv4 address with an optional :port', dnsUpstream);
   return {
+    networkRange,
+    networkDeny,
+    dnsUpstream,
     home: path.resolve(options.home ?? e('LOCKSTEP_HOME') ?? DEFAULTS.home),
     standby: options.standby ?? e('LOCKSTEP_STANDBY') !== 'off',
     logLevel: options.logLevel ?? e('LOCKSTEP_LOG_LEVEL') ?? DEFAULTS.logLevel,
@@ -142,4 +179,20 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     userNamespaces: options.userNamespaces ?? e('LOCKSTEP_USERNS') !== 'off',
     pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
   };
+}
+
+/** RFC 1918 and the shared address space (RFC 6598): ranges no public host uses. */
+function isPrivate(base: number): boolean {
+  const inRange = (cidr: string) => {
+    const c = parseCidr(cidr)!;
+    const mask = (0xffffffff << (32 - c.bits)) >>> 0;
+    return (base & mask) >>> 0 === c.base;
+  };
+  return ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].some(inRange);
+}
+
+function validUpstream(s: string): boolean {
+  const [host, port, ...rest] = s.split(':');
+  if (rest.length || host === undefined || ipv4ToInt(host) === undefined) return false;
+  return port === undefined || (/^\d{1,5}$/.test(port) && Number(port) >= 1 && Number(port) <= 65535);
 }

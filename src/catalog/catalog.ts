@@ -65,6 +65,10 @@ export interface SandboxRow {
    * no two sandboxes share a range; deleting the row frees it.
    */
   id_base: number | null;
+  /** JSON of the egress policy (src/network/policy.ts), or null: loopback only ("none"). */
+  network?: string | null;
+  /** The sandbox's /31 in the network range (src/network/addresses.ts); unique; null without a network. */
+  net_slot?: number | null;
 }
 
 export interface CheckpointRow {
@@ -83,6 +87,8 @@ export interface CheckpointRow {
   created_at: number;
   /** JSON of CheckpointChecksums (src/checkpoints/integrity.ts); null for checkpoints taken before checksums were recorded. */
   checksums?: string | null;
+  /** JSON list of the TCP connections to the outside the tree held (egress sandboxes). */
+  connections?: string | null;
 }
 
 export interface OperationRow {
@@ -213,6 +219,17 @@ CREATE TABLE IF NOT EXISTS operations (
     version: 4,
     description: 'checksums recorded at checkpoint time (checkpoints.checksums)',
     up: (db) => addColumn(db, 'checkpoints', 'checksums', 'TEXT'),
+  },
+  {
+    version: 5,
+    description:
+      'network modes (sandboxes.network, sandboxes.net_slot) and the outside connections a checkpoint held (checkpoints.connections)',
+    up: (db) => {
+      addColumn(db, 'sandboxes', 'network', 'TEXT');
+      addColumn(db, 'sandboxes', 'net_slot', 'INTEGER');
+      db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_net_slot ON sandboxes(net_slot)');
+      addColumn(db, 'checkpoints', 'connections', 'TEXT');
+    },
   },
 ];
 
@@ -388,12 +405,12 @@ export class Catalog {
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes, pids_max, hostname,
           lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at, expires_at, instance,
-          cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base)
+          cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base, network, net_slot)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes, @pids_max, @hostname,
           @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata, @created_at, @expires_at, @instance,
-          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base)`,
+          @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base, @network, @net_slot)`,
       )
-      .run(row);
+      .run({ network: null, net_slot: null, ...row });
   }
   updateSandbox(id: string, fields: Partial<SandboxRow>): void {
     const keys = Object.keys(fields);
@@ -403,6 +420,14 @@ export class Catalog {
       .run({ ...fields, id });
   }
   /** Host id bases in use, ascending. */
+  /** Network slots in use, ascending (src/network/addresses.ts). */
+  netSlots(): number[] {
+    return (
+      this.db.prepare('SELECT net_slot FROM sandboxes WHERE net_slot IS NOT NULL ORDER BY net_slot').all() as {
+        net_slot: number;
+      }[]
+    ).map((r) => r.net_slot);
+  }
   idBases(): number[] {
     return (
       this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as {
@@ -442,10 +467,10 @@ export class Catalog {
   insertCheckpoint(row: CheckpointRow): void {
     this.db
       .prepare(
-        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label, ledger_cursor, context_id, sizes, timings, created_at, checksums)
-         VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor, @context_id, @sizes, @timings, @created_at, @checksums)`,
+        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label, ledger_cursor, context_id, sizes, timings, created_at, checksums, connections)
+         VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor, @context_id, @sizes, @timings, @created_at, @checksums, @connections)`,
       )
-      .run({ checksums: null, ...row });
+      .run({ checksums: null, connections: null, ...row });
   }
   setCheckpointChecksums(id: string, checksums: string): void {
     this.db.prepare('UPDATE checkpoints SET checksums = ? WHERE id = ?').run(checksums, id);

@@ -7,6 +7,7 @@
  */
 import fs from 'node:fs';
 import type { Engine } from '../engine.js';
+import { forgetNetwork } from '../network/sandbox-network.js';
 
 export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
@@ -17,6 +18,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);
   if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);
+  if (row) await forgetNetwork(engine, row);
   for (const ckpt of catalog.checkpointsOf(id)) {
     await engine.layers.deleteLayer(ckpt.layer_id);
     fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });

@@ -288,6 +288,8 @@ export class FakeHost {
       criu: notFaked('criu'),
       pidfdOpen: notFaked('pidfdOpen'),
       pidfdSendSignal: notFaked('pidfdSendSignal'),
+      attachVeth: notFaked('attachVeth'),
+      setLinkUp: notFaked('setLinkUp'),
       idmappedMount: notFaked('idmappedMount'),
       // A layer's identity and last change: its content token stands for the transaction.
       subvolumeInfo: (p: string) => ({

@@ -5,6 +5,7 @@ import { checkQuota, tenantUsage } from '../../tenants/quotas.js';
 import { LockstepError } from '../../errors.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
+import type { NetworkMode } from '../../network/policy.js';
 
 interface CreateBody {
   image?: string;
@@ -17,6 +18,9 @@ interface CreateBody {
   envs?: Record<string, string>;
   timeoutMs?: number;
   metadata?: Record<string, string>;
+  network?: NetworkMode;
+  allowOut?: string[];
+  bandwidthMbit?: number;
 }
 
 export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
