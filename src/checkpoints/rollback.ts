@@ -16,6 +16,7 @@ import { InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { hostOf } from '../engine.js';
 import { restoreOptions } from './process-image.js';
+import { prepareRestoredNetwork, swapLinks } from '../network/sandbox-network.js';
 import {
   validateRollbackOptions,
   type AgentRollbackReport,
@@ -95,8 +96,10 @@ export async function restoreSandboxTo(
   engine.fault('rollback:mounted');
 
   m = performance.now();
+  // The old tree's namespace (and with it its eth0) is going away: a fresh pair for the restored one.
+  const veth = await prepareRestoredNetwork(engine, row.instance, row, { standby: false });
   const pid = await engine.criu.restore(
-    restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base),
+    restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base, veth),
   );
   t.restoreMs = performance.now() - m;
   engine.fault('rollback:restored');
@@ -127,6 +130,8 @@ export async function swapInStandby(
   let parts: ReturnType<typeof commitRollback>;
   try {
     await cgroups.freeze(runtime.cgroupName(row.instance));
+    // Egress: the standby's eth0 takes the sandbox's address over (two ioctls).
+    swapLinks(engine, row, row.instance, key);
     t.killMs = performance.now() - m;
     engine.fault('rollback:killed');
     m = performance.now();
@@ -138,6 +143,11 @@ export async function swapInStandby(
       standby_start: null,
     });
   } catch (e) {
+    try {
+      swapLinks(engine, row, key, row.instance);
+    } catch (err) {
+      engine.log.error({ err, sandboxId: row.id }, 'cannot give the address back to the old instance');
+    }
     await abandonSwap(engine, row, opId);
     throw e;
   }
