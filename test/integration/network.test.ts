@@ -11,6 +11,7 @@ import test from 'ava';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { hostNetworkLeftovers, makeTestInternet, type TestInternet } from '../helpers/test-internet.js';
 import type { Lockstep, Sandbox } from '../../src/index.js';
+import { addTenant } from '../../src/tenants/tenants.js';
 
 // Addresses of this file's own choosing: the sandbox range and two test hosts.
 const RANGE = '10.231.0.0/24';
@@ -109,6 +110,21 @@ integration(test, () => {
     t.is((await fetchIn(sb, 'http://172.30.41.2:8080/')).stdout, 'hello from 172.30.41.2\n');
     // Not resolved, not allowed.
     t.not((await fetchIn(sb, 'http://172.30.42.2:8080/')).exitCode, 0);
+  });
+
+  test.serial("a tenant's default mode applies, and its limit refuses egress before anything is made", async (t) => {
+    const open = addTenant(ls.engine.catalog.db, `net-open-${process.pid}`, { network: 'egress' }).tenant;
+    const closed = addTenant(ls.engine.catalog.db, `net-closed-${process.pid}`, { maxNetwork: 'none' }).tenant;
+    const sb = await ls.create({ tenant: open.id });
+    t.teardown(() => sb.kill().catch(() => undefined));
+    t.is(sb.info().network.mode, 'egress');
+    const before = ls.list().length;
+    await t.throwsAsync(ls.create({ tenant: closed.id, network: 'egress' }), { code: 'NETWORK_NOT_ALLOWED' });
+    t.is(ls.list().length, before);
+    t.is((await ls.create({ tenant: closed.id })).info().network.mode, 'none');
+    t.throws(() => addTenant(ls.engine.catalog.db, `net-bad-${process.pid}`, { network: 'wide' as never }), {
+      code: 'INVALID_ARGUMENT',
+    });
   });
 
   test.serial('nothing is left on the host after the sandboxes are removed', async (t) => {
