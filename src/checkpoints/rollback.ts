@@ -17,6 +17,7 @@ import type { Engine } from '../engine.js';
 import { hostOf } from '../engine.js';
 import { restoreOptions } from './process-image.js';
 import { prepareRestoredNetwork, swapLinks } from '../network/sandbox-network.js';
+import { outsideConnections, type ConnectionInfo } from '../network/connections.js';
 import {
   validateRollbackOptions,
   type AgentRollbackReport,
@@ -44,6 +45,12 @@ export interface RollbackCore {
   pid: number;
   /** "standby": a warm standby of the checkpoint was swapped in; "restore": CRIU restored the tree. */
   path: 'standby' | 'restore';
+  /**
+   * Egress sandboxes: the TCP connections to the outside the replaced tree
+   * held, which the rollback reset (the restored tree's own come back
+   * closed). Always [] for a sandbox without a network.
+   */
+  connectionsReset: ConnectionInfo[];
   timings: RollbackTimings;
 }
 
@@ -238,6 +245,8 @@ export async function rollbackSandbox(
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
   const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
+  // Read before the tree is replaced (a file read; egress sandboxes only).
+  const connectionsReset = row.network ? outsideConnections(row.init_pid) : [];
   // The restore path reads the checkpoint's files: verify them while the
   // sandbox is untouched. A standby was restored from verified files when it
   // was made, and a swap reads none.
@@ -268,6 +277,7 @@ export async function rollbackSandbox(
       previousBranchId: row.branch_id,
       pid,
       path: 'standby',
+      connectionsReset,
       timings: t as RollbackTimings,
       ...report,
     };
@@ -323,6 +333,7 @@ export async function rollbackSandbox(
     previousBranchId: row.branch_id,
     pid,
     path: 'restore',
+    connectionsReset,
     timings: t as RollbackTimings,
     ...report,
   };

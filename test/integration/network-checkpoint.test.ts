@@ -1,11 +1,9 @@
 /**
  * Checkpoint, rollback and fork of egress sandboxes (docs/ARCHITECTURE.md,
  * "Network"): listening sockets come back, connections to the outside are
- * not carried across a checkpoint (an egress sandbox with one checkpoints; it is restored closed), a restored
+ * left open by a checkpoint and reset by a rollback (which reports them; the outside peer sees the end), a restored
  * sandbox keeps its address and policy, a fork gets an address and policy
- * of its own, and the warm standby still serves the rollback. (What the
- * outside peer of a connection the rollback abandoned sees is not checked
- * yet: see docs/ARCHITECTURE.md, "Network".)
+ * of its own, and the warm standby still serves the rollback.
  */
 import net from 'node:net';
 import test from 'ava';
@@ -65,9 +63,12 @@ integration(test, () => {
       await sb.commands.run(['sh', '-c', 'while true; do echo greeting | nc -l -p 9000; done'], { background: true });
       await eventually(async () => (await greet(address!, 9000)) === 'greeting\n', 5000, 100);
       // A connection to the outside, held open.
-      await sb.commands.run(['sh', '-c', `printf 'GET /hold HTTP/1.0\\r\\n\\r\\n' | nc 172.30.51.2 8080 > /tmp/held`], {
-        background: true,
-      });
+      await sb.commands.run(
+        ['sh', '-c', `(printf 'GET /hold HTTP/1.0\\r\\n\\r\\n'; sleep 600) | nc 172.30.51.2 8080 > /tmp/held`],
+        {
+          background: true,
+        },
+      );
       await eventually(() => internet!.hosts[0]!.output.length >= 1, 5000, 50);
       const ckpt = await sb.checkpoint();
       await sb.settled(); // the warm standby of the checkpoint
