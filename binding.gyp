@@ -24,12 +24,13 @@
         "native/addon/criu.cc",
         "native/addon/pidwatch.cc",
         "native/addon/pidfd.cc",
-        "native/addon/quota.cc"
+        "native/addon/quota.cc",
+        "native/addon/netns.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
       "include_dirs": ["<(libcriu_dir)/include"],
       "cflags_cc": ["-std=c++17", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden", "-fstack-protector-strong"],
-      "libraries": ["-L<(libcriu_dir)", "-lcriu", "-Wl,-rpath,<(libcriu_dir)"],
+      "libraries": ["-L<(libcriu_dir)", "-lcriu", "-Wl,-rpath,<(libcriu_dir)", "-lmnl"],
       "defines": ["NAPI_VERSION=8"]
     },
     {

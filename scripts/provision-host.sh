@@ -14,7 +14,8 @@
 #    protobuf-c headers/compiler, iproute2, iptables, docker.io (pulls in
 #    containerd, runc, tini), e2fsprogs, xz-utils, zstd, ca-certificates,
 #    libseccomp-dev and libcap-dev (the helper's syscall filter and
-#    capability sets), and the toolchain the native build needs (g++, make,
+#    capability sets), nftables (egress sandboxes' policy) and libmnl-dev
+#    (the addon moves a restored sandbox's veth over netlink), and the toolchain the native build needs (g++, make,
 #    python3 for node-gyp, libc6-dev for the static init), and clang-format
 #    (`npm run lint` checks the C and C++ sources with it).
 #  - CRIU 4.2 from Debian forky (testing) into a private prefix, /opt/lockstep/criu,
@@ -66,6 +67,8 @@ PKGS=(
 	libc6-dev:/usr/lib/x86_64-linux-gnu/libc.a
 	libseccomp-dev:/usr/include/seccomp.h
 	libcap-dev:/usr/include/sys/capability.h
+	nftables:/usr/sbin/nft
+	libmnl-dev:/usr/include/libmnl/libmnl.h
 	clang-format:/usr/bin/clang-format
 )
 PROVIDED=(

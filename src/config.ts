@@ -8,6 +8,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { HostError } from './errors.js';
+import { parseCidr, ipv4ToInt } from './network/policy.js';
 
 /** The defaults, for code that runs without a manager (setup, doctor) and for resolveConfig. */
 export const DEFAULTS = {
@@ -18,6 +19,7 @@ export const DEFAULTS = {
   criuBinary: '/opt/lockstep/bin/criu',
   criuLogLevel: 2,
   dockerSocket: '/var/run/docker.sock',
+  networkRange: '10.213.0.0/16',
 } as const;
 
 export const DEFAULT_HOME = DEFAULTS.home;
@@ -71,6 +73,12 @@ export interface LockstepConfig {
   readonly standbyAfterCheckpoint: boolean;
   /** Origins (scheme://host:port) the HTTP API may pull snapshots from; empty: pulls over HTTP are refused. */
   readonly pullSources: readonly string[];
+  /** Private IPv4 range cut into one /31 per egress sandbox (src/network/addresses.ts). */
+  readonly networkRange: string;
+  /** CIDRs no egress sandbox may reach, on top of the built-in deny list (src/network/nftables.ts). */
+  readonly networkDeny: readonly string[];
+  /** Upstream DNS server (IPv4 address, optional :port) that egress sandboxes' resolver forwards allowed names to; undefined: the first IPv4 nameserver of /etc/resolv.conf. */
+  readonly dnsUpstream: string | undefined;
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -99,6 +107,9 @@ export const ENVIRONMENT = {
   LOCKSTEP_STANDBY_BUDGET_MB: { reader: 'manager', key: 'standbyBudgetBytes' },
   LOCKSTEP_STANDBY_AFTER_CHECKPOINT: { reader: 'manager', key: 'standbyAfterCheckpoint' },
   LOCKSTEP_PULL_SOURCES: { reader: 'manager', key: 'pullSources' },
+  LOCKSTEP_NETWORK_RANGE: { reader: 'manager', key: 'networkRange' },
+  LOCKSTEP_NETWORK_DENY: { reader: 'manager', key: 'networkDeny' },
+  LOCKSTEP_DNS_UPSTREAM: { reader: 'manager', key: 'dnsUpstream' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -170,7 +181,33 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
       'a number of MiB, 0 or more',
       options.standbyBudgetBytes ?? budgetMb,
     );
+  const networkRange = options.networkRange ?? e('LOCKSTEP_NETWORK_RANGE') ?? DEFAULTS.networkRange;
+  const range = parseCidr(networkRange);
+  if (!range || range.text !== networkRange || range.bits < 8 || range.bits > 29 || !isPrivate(range.base))
+    throw invalid(
+      'networkRange',
+      'LOCKSTEP_NETWORK_RANGE',
+      'a private IPv4 CIDR (10/8, 172.16/12, 192.168/16 or 100.64/10) from /8 to /29, host bits zero',
+      networkRange,
+    );
+  const denyRaw =
+    options.networkDeny ??
+    (e('LOCKSTEP_NETWORK_DENY') ?? '')
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean);
+  const networkDeny = denyRaw.map((c) => {
+    const p = parseCidr(c);
+    if (!p) throw invalid('networkDeny', 'LOCKSTEP_NETWORK_DENY', 'IPv4 CIDRs separated by commas', c);
+    return p.text;
+  });
+  const dnsUpstream = options.dnsUpstream ?? e('LOCKSTEP_DNS_UPSTREAM');
+  if (dnsUpstream !== undefined && !validUpstream(dnsUpstream))
+    throw invalid('dnsUpstream', 'LOCKSTEP_DNS_UPSTREAM', 'an IPv4 address with an optional :port', dnsUpstream);
   return {
+    networkRange,
+    networkDeny,
+    dnsUpstream,
     home: path.resolve(options.home ?? e('LOCKSTEP_HOME') ?? DEFAULTS.home),
     standby: options.standby ?? e('LOCKSTEP_STANDBY') !== 'off',
     logLevel: options.logLevel ?? e('LOCKSTEP_LOG_LEVEL') ?? DEFAULTS.logLevel,
@@ -279,4 +316,20 @@ function pullSources(raw: string | undefined): string[] {
         throw invalid('pullSources', 'LOCKSTEP_PULL_SOURCES', 'comma-separated http(s) origins', s);
       return url.origin;
     });
+}
+
+/** RFC 1918 and the shared address space (RFC 6598): ranges no public host uses. */
+function isPrivate(base: number): boolean {
+  const inRange = (cidr: string) => {
+    const c = parseCidr(cidr)!;
+    const mask = (0xffffffff << (32 - c.bits)) >>> 0;
+    return (base & mask) >>> 0 === c.base;
+  };
+  return ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].some(inRange);
+}
+
+function validUpstream(s: string): boolean {
+  const [host, port, ...rest] = s.split(':');
+  if (rest.length || host === undefined || ipv4ToInt(host) === undefined) return false;
+  return port === undefined || (/^\d{1,5}$/.test(port) && Number(port) >= 1 && Number(port) <= 65535);
 }

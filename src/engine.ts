@@ -17,6 +17,8 @@ import type { AgentState } from './agent-state/agent-state.js';
 import type { LockstepConfig } from './config.js';
 import type { Clock, CriuClient, HelperClient, LayerPort, NativeBinding, ProcessTable } from './ports.js';
 import { InvalidStateError } from './errors.js';
+import type { HostNetwork } from './network/host-network.js';
+import type { SandboxResolver } from './network/dns.js';
 
 export interface Engine {
   config: LockstepConfig;
@@ -37,6 +39,10 @@ export interface Engine {
   agent: AgentState;
   /** Watches every running sandbox's init; marks the sandbox stopped when it exits. */
   inits: InitWatcher;
+  /** Egress sandboxes' veths, nftables table and bandwidth caps (src/network/). */
+  network: HostNetwork;
+  /** Egress sandboxes' resolvers, one socket per sandbox on its gateway. */
+  dns: SandboxResolver;
   /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS, on by default). */
   userNamespaces: boolean;
   /** Serialises operations on one sandbox, within this process and across processes. */

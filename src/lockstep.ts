@@ -33,6 +33,8 @@ import { resolveConfig, type ConfigOptions, type LockstepConfig } from './config
 import { Snapshots } from './snapshots/snapshots-api.js';
 import { startFromSnapshot } from './snapshots/snapshots.js';
 import { LockstepError, type ErrorCode } from './errors.js';
+import { HostNetwork } from './network/host-network.js';
+import { SandboxResolver, systemUpstream } from './network/dns.js';
 import {
   procfs,
   systemClock,
@@ -175,7 +177,15 @@ export class Lockstep {
     await supervisor.ensureRunning();
     const cgroups = opts.cgroups ?? detectCgroups();
     const homeTag = createHash('sha256').update(paths.home).digest('hex').slice(0, 10);
-    const runtime = new SandboxRuntime(paths, cgroups, layers, supervisor, homeTag, native, proc);
+    const network = new HostNetwork(
+      { range: config.networkRange, deny: config.networkDeny },
+      homeTag,
+      log,
+      `${paths.run}/network-used`,
+    );
+    const runtime = new SandboxRuntime(paths, cgroups, layers, supervisor, homeTag, native, proc, network);
+    const upstream = config.dnsUpstream;
+    const dns = new SandboxResolver(network, () => upstream ?? systemUpstream(), log);
     let docker: DockerPort | undefined = opts.docker;
     const images = new ImageStore(
       paths,
@@ -202,6 +212,8 @@ export class Lockstep {
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       inits: new InitWatcher(catalog, runtime, withSandboxLock, log, (onExit) => new native.PidWatcher(onExit)),
       userNamespaces,
+      network,
+      dns,
       withSandboxLock,
       drainLocks: () => locks.drain(),
     };
@@ -215,7 +227,10 @@ export class Lockstep {
     }
     // Every init found running is watched from now on (the reaper has
     // already stopped the ones that died while no manager was open).
-    for (const row of catalog.allSandboxes()) engine.inits.track(row);
+    for (const row of catalog.allSandboxes()) {
+      engine.inits.track(row);
+      if (row.state === 'running') dns.open(row);
+    }
     const ls = new Lockstep(engine, lockFd, reaped);
     if (exclusive) await ls.sweepExpired();
     return ls;
@@ -279,7 +294,7 @@ export class Lockstep {
 
   list(tenant?: string | null): SandboxInfo[] {
     this.assertOpen();
-    return this.engine.catalog.sandboxes(tenant).map(sandboxInfo);
+    return this.engine.catalog.sandboxes(tenant).map((r) => sandboxInfo(r, this.engine.config.networkRange));
   }
 
   /** Removes a sandbox with its processes, layers and checkpoints. Idempotent for missing ids only via the error. */
@@ -308,6 +323,7 @@ export class Lockstep {
     this.closed = true;
     await this.engine.inits.close();
     await this.engine.drainLocks(); // background standby work needs the catalog
+    this.engine.dns.closeAll();
     this.engine.catalog.close();
     if (this.lockFd !== null) {
       fs.closeSync(this.lockFd);
@@ -333,9 +349,13 @@ export class Lockstep {
     for (const m of this.engine.proc.mountsUnder(this.engine.paths.run)) this.engine.native.unmount(m, true);
     // An injected layer store is its owner's to unmount.
     if (this.engine.layers instanceof LayerStore) LayerStore.unmount(this.engine.paths);
-    // A process of a sandbox killed a moment ago may still be writing its last bytes below home:
-    // rm retries ENOTEMPTY/EBUSY (seen once in a test's teardown) instead of failing at once.
-    if (opts.deleteFiles) fs.rmSync(this.home, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 });
+    if (opts.deleteFiles) {
+      // The state directory's own nftables table goes with it (only if egress was ever used: no nft run otherwise).
+      if (fs.existsSync(this.engine.network.markerFile)) await this.engine.network.removeTable();
+      // A process of a sandbox killed a moment ago may still be writing its last bytes below home:
+      // rm retries ENOTEMPTY/EBUSY (seen once in a test's teardown) instead of failing at once.
+      fs.rmSync(this.home, { recursive: true, force: true, maxRetries: 5, retryDelay: 100 });
+    }
   }
 
   private assertOpen(): void {

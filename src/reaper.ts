@@ -163,6 +163,20 @@ export async function reap(engine: Engine): Promise<ReapReport> {
       report.orphans.push(`run:${id}`);
     }
   }
+  // Veth pairs and allow-set elements a dead manager left (only where egress was ever used).
+  if (fs.existsSync(engine.network.markerFile)) {
+    const addresses = new Set(
+      catalog
+        .allSandboxes()
+        .filter((r) => r.net_slot != null)
+        .map((r) => engine.network.addresses(r.net_slot!).address),
+    );
+    try {
+      for (const o of await engine.network.reap(known, addresses)) report.orphans.push(o);
+    } catch (err) {
+      engine.log.warn({ err }, 'could not clean up network leftovers');
+    }
+  }
   // Cgroups of this state directory.
   for (const id of cgroups.children(runtime.cgroupGroup)) {
     if (!known.has(id)) {

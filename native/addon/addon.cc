@@ -14,6 +14,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitPidWatch(env, exports);
   InitPidfd(env, exports);
   InitQuota(env, exports);
+  InitNetns(env, exports);
   return exports;
 }
 

@@ -10,4 +10,5 @@ void InitCriu(Napi::Env env, Napi::Object exports);
 void InitPidWatch(Napi::Env env, Napi::Object exports);
 void InitPidfd(Napi::Env env, Napi::Object exports);
 void InitQuota(Napi::Env env, Napi::Object exports);
+void InitNetns(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

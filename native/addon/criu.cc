@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "addon.h"
+#include "netns.h"
 #include "system_error.h"
 
 namespace lockstep {
@@ -58,6 +59,9 @@ struct CriuRequest {
   std::vector<std::string> enableFs;
   std::vector<std::string> cgroupProcs;  // restore: cgroup.procs files the new root task joins
   bool emptyNetns = false;               // the network namespace holds only loopback: not dumped, made anew
+  bool tcpClose = false;                 // established TCP sockets are dumped as they are and restored closed
+  bool hasVeth = false;                  // restore: an egress sandbox's eth0 is moved in at setup-namespaces
+  VethConfig veth;
 };
 
 struct CriuResult {
@@ -115,6 +119,7 @@ std::vector<std::string> GetStrings(const Napi::Object& o, const char* key) {
 // thread, so the request it belongs to is kept in a thread_local.
 thread_local const CriuRequest* tl_request = nullptr;
 thread_local int tl_notify_errno = 0;
+thread_local SystemFailure tl_notify_failure;
 
 // At "setup-namespaces" the restored root task exists but has not forked the
 // rest of the tree yet: moving it into the sandbox's cgroups here puts every
@@ -142,7 +147,14 @@ int OnNotify(char* action, criu_notify_arg_t na) {
   // restoring it (which runs ip and iptables-save several times), restore
   // makes an empty namespace and we bring loopback up before sockets are
   // restored into it.
-  if (tl_request->emptyNetns && LoopbackUp(pid) != 0) {
+  // An egress sandbox gets its eth0 (and loopback) here, before sockets
+  // bound to its address are restored (netns.cc).
+  if (tl_request->hasVeth) {
+    if (AttachVeth(pid, tl_request->veth, &tl_notify_failure) != 0) {
+      tl_notify_errno = tl_notify_failure.err ? tl_notify_failure.err : EIO;
+      return -1;
+    }
+  } else if (tl_request->emptyNetns && LoopbackUp(pid) != 0) {
     tl_notify_errno = errno;
     return -1;
   }
@@ -200,6 +212,7 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
   criu_local_set_log_file(opts, req.logFile.c_str());
   criu_local_set_log_level(opts, req.logLevel);
   criu_local_set_tcp_established(opts, req.tcpEstablished);
+  if (req.tcpClose) criu_local_set_tcp_close(opts, true);
   criu_local_set_ext_unix_sk(opts, req.extUnixSk);
   criu_local_set_file_locks(opts, req.fileLocks);
   criu_local_set_link_remap(opts, req.linkRemap);
@@ -230,13 +243,19 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
   } else if (req.op == "restore") {
     tl_request = &req;
     tl_notify_errno = 0;
+    tl_notify_failure = SystemFailure{};
     if (req.emptyNetns) criu_local_set_empty_ns(opts, CLONE_NEWNET);
-    if (!req.cgroupProcs.empty() || req.emptyNetns) criu_local_set_notify_cb(opts, OnNotify);
+    if (!req.cgroupProcs.empty() || req.emptyNetns || req.hasVeth) criu_local_set_notify_cb(opts, OnNotify);
     res->ret = criu_local_restore(opts);
     tl_request = nullptr;
     if (res->ret < 0 && tl_notify_errno) {
-      res->failure = {tl_notify_errno, "setup-namespaces", req.imagesDir,
-                      "while placing restored tasks in the sandbox"};
+      if (tl_notify_failure.failed()) {
+        res->failure = tl_notify_failure;
+        res->failure.detail = "at setup-namespaces: " + tl_notify_failure.detail;
+      } else {
+        res->failure = {tl_notify_errno, "setup-namespaces", req.imagesDir,
+                        "while placing restored tasks in the sandbox"};
+      }
       return;
     }
     if (res->ret < 0) res->failure = {-res->ret, "criu restore", req.imagesDir, req.logFile};
@@ -282,6 +301,16 @@ static Napi::Value Criu(const Napi::CallbackInfo& info) {
   r.enableFs = GetStrings(o, "enableFs");
   r.cgroupProcs = GetStrings(o, "cgroupProcs");
   r.emptyNetns = GetBool(o, "emptyNetns", false);
+  r.tcpClose = GetBool(o, "tcpClose", false);
+  Napi::Value veth = o.Get("veth");
+  if (veth.IsObject()) {
+    Napi::Object v = veth.As<Napi::Object>();
+    r.hasVeth = true;
+    r.veth.peer = GetString(v, "peer");
+    r.veth.address = GetString(v, "address");
+    r.veth.gateway = GetString(v, "gateway");
+    r.veth.prefixLength = GetInt(v, "prefixLength", 31);
+  }
   Napi::Promise promise = call->deferred.Promise();
 
   auto tsfn = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),

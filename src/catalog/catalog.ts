@@ -67,6 +67,10 @@ export interface SandboxRow {
    * no two sandboxes share a range; deleting the row frees it.
    */
   id_base: number | null;
+  /** JSON of the egress policy (src/network/policy.ts), or null: loopback only ("none"). */
+  network?: string | null;
+  /** The sandbox's /31 in the network range (src/network/addresses.ts); unique; null without a network. */
+  net_slot?: number | null;
 }
 
 export interface CheckpointRow {
@@ -96,6 +100,8 @@ export interface CheckpointRow {
   durable_at?: number | null;
   /** The kernel boot in which the checkpoint was taken: unsynced files outlive a manager crash, not a host restart. */
   boot_id?: string | null;
+  /** JSON list of the TCP connections to the outside the tree held (egress sandboxes). */
+  connections?: string | null;
 }
 
 export interface OperationRow {
@@ -270,6 +276,17 @@ CREATE TABLE IF NOT EXISTS snapshots (
 CREATE UNIQUE INDEX IF NOT EXISTS snapshots_name ON snapshots(coalesce(tenant, ''), name) WHERE name IS NOT NULL;
 CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots(tenant);
 CREATE INDEX IF NOT EXISTS snapshots_layer ON snapshots(layer_id);`),
+  },
+  {
+    version: 7,
+    description:
+      'network modes (sandboxes.network, sandboxes.net_slot) and the outside connections a checkpoint held (checkpoints.connections)',
+    up: (db) => {
+      addColumn(db, 'sandboxes', 'network', 'TEXT');
+      addColumn(db, 'sandboxes', 'net_slot', 'INTEGER');
+      db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_net_slot ON sandboxes(net_slot)');
+      addColumn(db, 'checkpoints', 'connections', 'TEXT');
+    },
   },
 ];
 
@@ -448,12 +465,12 @@ export class Catalog {
       .prepare(
         `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes,
           pids_max, hostname, lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at,
-          expires_at, instance, cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base)
+          expires_at, instance, cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base, network, net_slot)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes,
           @pids_max, @hostname, @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata,
-          @created_at, @expires_at, @instance, @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base)`,
+          @created_at, @expires_at, @instance, @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base, @network, @net_slot)`,
       )
-      .run(row);
+      .run({ network: null, net_slot: null, ...row });
   }
   updateSandbox(id: string, fields: Partial<SandboxRow>): void {
     const keys = Object.keys(fields);
@@ -463,6 +480,14 @@ export class Catalog {
       .run({ ...fields, id });
   }
   /** Host id bases in use, ascending. */
+  /** Network slots in use, ascending (src/network/addresses.ts). */
+  netSlots(): number[] {
+    return (
+      this.db.prepare('SELECT net_slot FROM sandboxes WHERE net_slot IS NOT NULL ORDER BY net_slot').all() as {
+        net_slot: number;
+      }[]
+    ).map((r) => r.net_slot);
+  }
   idBases(): number[] {
     return (
       this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as {
@@ -503,13 +528,14 @@ export class Catalog {
     this.db
       .prepare(
         `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label,
-         ledger_cursor, context_id, sizes, timings, created_at, checksums, durable_at, boot_id)
+         ledger_cursor, context_id, sizes, timings, created_at, checksums, durable_at, boot_id, connections)
          VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor,
-           @context_id, @sizes, @timings, @created_at, @checksums, @durable_at, @boot_id)`,
+           @context_id, @sizes, @timings, @created_at, @checksums, @durable_at, @boot_id, @connections)`,
       )
       .run({
         checksums: null,
         boot_id: null,
+        connections: null,
         ...row,
         durable_at: row.durable_at === undefined ? row.created_at : row.durable_at,
       });

@@ -12,6 +12,8 @@ import { restoreNewInstance } from './process-image.js';
 import { freeIdBase } from '../sandboxes/id-ranges.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';
+import { freeSlot } from '../network/addresses.js';
+import { addForkPolicy, forgetNetwork } from '../network/sandbox-network.js';
 
 export const MAX_FORKS = 64;
 
@@ -55,10 +57,13 @@ async function forkOne(
     standby_pid: null,
     standby_start: null,
     id_base: null,
+    net_slot: null,
   };
   catalog.tx(() => {
     // A fork of a sandbox with a user namespace gets a range of its own.
     if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
+    // An egress fork gets an address of its own and a copy of the policy under it.
+    if (parent.net_slot != null) child.net_slot = freeSlot(catalog, engine.config.networkRange);
     catalog.insertSandbox(child);
     catalog.beginOperation({
       id: opId,
@@ -72,6 +77,7 @@ async function forkOne(
   try {
     const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));
     engine.fault('fork:restored');
+    await addForkPolicy(engine, child);
     catalog.tx(() => {
       catalog.insertLayer(`upper_${id}`, 'upper', id);
       catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: engine.proc.startTime(pid) ?? null });
@@ -85,6 +91,7 @@ async function forkOne(
   } catch (e) {
     engine.log.warn({ err: e, sandboxId: id }, 'fork failed; removing it');
     await runtime.destroy(id).catch(() => undefined);
+    await forgetNetwork(engine, child).catch(() => undefined);
     catalog.tx(() => {
       catalog.deleteSandboxRow(id);
       catalog.endOperation(opId);

@@ -13,7 +13,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { CriuRequest } from '../native/binding.js';
+import type { CriuRequest, VethConfig } from '../native/binding.js';
+import { prepareRestoredNetwork } from '../network/sandbox-network.js';
 import type { Engine } from '../engine.js';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
 import { limitsOf } from '../sandboxes/create.js';
@@ -36,6 +37,9 @@ export function dumpOptions(
       ['/dev/shm', 'shm'],
     ],
     emptyNetns: true,
+    // An egress sandbox may hold connections to the outside: they are dumped
+    // as they are (no TCP repair, no network lock) and restored closed.
+    ...(row.network ? { tcpClose: true } : {}),
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
@@ -48,6 +52,7 @@ export function restoreOptions(
   instance: string,
   imagesDir: string,
   idBase: number | null,
+  veth?: VethConfig,
 ): Omit<CriuRequest, 'op'> & { imagesDir: string; workDirOwner?: number } {
   const b = engine.native;
   return {
@@ -63,6 +68,8 @@ export function restoreOptions(
     fileLocks: true,
     logLevel: engine.config.criuLogLevel,
     ...(idBase === null ? {} : { workDirOwner: idBase }),
+    // Egress: eth0 moved in at setup-namespaces; connections come back closed.
+    ...(veth ? { veth, tcpClose: true } : {}),
   };
 }
 
@@ -92,6 +99,7 @@ export async function restoreNewInstance(
   step: (point: 'prepared' | 'layer-ready') => void = () => undefined,
   /** Host id range the checkpoint's files are in, when its sandbox's row does not say (a snapshot outlives it). */
   sourceIdBase?: number | null,
+  opts: { standby?: boolean } = {},
 ): Promise<number> {
   const { runtime, layers, paths } = engine;
   runtime.prepare(key, limitsOf(like), like.id_base);
@@ -113,12 +121,13 @@ export async function restoreNewInstance(
     idBase: like.id_base,
   });
   step('layer-ready');
-  if (!rebase) return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base));
+  const veth = await prepareRestoredNetwork(engine, key, like, { standby: opts.standby ?? false });
+  if (!rebase) return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base, veth));
   const images = path.join(paths.scratch, `images-${key}`);
   fs.rmSync(images, { recursive: true, force: true });
   try {
     await processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
-    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base));
+    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base, veth));
   } finally {
     fs.rmSync(images, { recursive: true, force: true });
   }

@@ -16,6 +16,8 @@ import { InvalidStateError, NotFoundError } from '../errors.js';
 import type { Engine } from '../engine.js';
 import { hostOf } from '../engine.js';
 import { restoreOptions } from './process-image.js';
+import { prepareRestoredNetwork, swapLinks } from '../network/sandbox-network.js';
+import { outsideConnections, type ConnectionInfo } from '../network/connections.js';
 import {
   validateRollbackOptions,
   type AgentRollbackReport,
@@ -44,6 +46,12 @@ export interface RollbackCore {
   pid: number;
   /** "standby": a warm standby of the checkpoint was swapped in; "restore": CRIU restored the tree. */
   path: 'standby' | 'restore';
+  /**
+   * Egress sandboxes: the TCP connections to the outside the replaced tree
+   * held, which the rollback reset (the restored tree's own come back
+   * closed). Always [] for a sandbox without a network.
+   */
+  connectionsReset: ConnectionInfo[];
   timings: RollbackTimings;
 }
 
@@ -97,8 +105,10 @@ export async function restoreSandboxTo(
   engine.fault('rollback:mounted');
 
   m = performance.now();
+  // The old tree's namespace (and with it its eth0) is going away: a fresh pair for the restored one.
+  const veth = await prepareRestoredNetwork(engine, row.instance, row, { standby: false });
   const pid = await engine.criu.restore(
-    restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base),
+    restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base, veth),
   );
   t.restoreMs = performance.now() - m;
   engine.fault('rollback:restored');
@@ -129,6 +139,8 @@ export async function swapInStandby(
   let parts: ReturnType<typeof commitRollback>;
   try {
     await cgroups.freeze(runtime.cgroupName(row.instance));
+    // Egress: the standby's eth0 takes the sandbox's address over (two ioctls).
+    swapLinks(engine, row, row.instance, key);
     t.killMs = performance.now() - m;
     engine.fault('rollback:killed');
     m = performance.now();
@@ -140,6 +152,11 @@ export async function swapInStandby(
       standby_start: null,
     });
   } catch (e) {
+    try {
+      swapLinks(engine, row, key, row.instance);
+    } catch (err) {
+      engine.log.error({ err, sandboxId: row.id }, 'cannot give the address back to the old instance');
+    }
     await abandonSwap(engine, row, opId);
     throw e;
   }
@@ -230,6 +247,8 @@ export async function rollbackSandbox(
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
   const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
+  // Read before the tree is replaced (a file read; egress sandboxes only).
+  const connectionsReset = row.network ? outsideConnections(row.init_pid) : [];
   // The restore path reads the checkpoint's files: verify them while the
   // sandbox is untouched. A standby was restored from verified files when it
   // was made, and a swap reads none.
@@ -262,6 +281,7 @@ export async function rollbackSandbox(
       previousBranchId: row.branch_id,
       pid,
       path: 'standby',
+      connectionsReset,
       timings: t as RollbackTimings,
       ...report,
     };
@@ -317,6 +337,7 @@ export async function rollbackSandbox(
     previousBranchId: row.branch_id,
     pid,
     path: 'restore',
+    connectionsReset,
     timings: t as RollbackTimings,
     ...report,
   };

@@ -90,7 +90,7 @@ export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: Ch
     // A standby is restored from the checkpoint's files: they are verified
     // here, once, so that the swap later need not read them.
     await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
-    const pid = await restoreNewInstance(engine, key, row, ckpt);
+    const pid = await restoreNewInstance(engine, key, row, ckpt, undefined, undefined, { standby: true });
     await cgroups.freeze(runtime.cgroupName(key));
     // The sandbox may have been rolled back or removed meanwhile; only then is the standby useless.
     const fresh = engine.catalog.sandbox(sandboxId);

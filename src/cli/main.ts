@@ -4,6 +4,7 @@
  * arguments, calls one Lockstep method, and prints the result (stable JSON
  * with --json). See `lockstep help`.
  */
+import type { NetworkMode } from '../network/policy.js';
 import fs from 'node:fs';
 import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } from './output.js';
 import { envFlags, intFlag, need, numberFlag, parse, splitCommand } from './args.js';
@@ -33,7 +34,7 @@ const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for 
 usage: lockstep <command> [options]
 
 sandboxes
-  create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]
+  create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--network none|egress] [--allow ENTRY]... [--bandwidth-mbit N] [--env K=V]... [--json]
   exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]
   spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]
   ls [--json]
@@ -123,7 +124,8 @@ const commands: Record<string, Handler> = {
   async create(argv) {
     const usage =
       'lockstep create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] ' +
-      '[--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--env K=V]... [--json]';
+      '[--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--network none|egress] [--allow ENTRY]... ' +
+      '[--bandwidth-mbit N] [--env K=V]... [--json]';
     const options = {
       image: { type: 'string' },
       memory: { type: 'string' },
@@ -132,6 +134,9 @@ const commands: Record<string, Handler> = {
       cpus: { type: 'string' },
       'io-weight': { type: 'string' },
       'disk-mb': { type: 'string' },
+      network: { type: 'string' },
+      allow: { type: 'string', multiple: true },
+      'bandwidth-mbit': { type: 'string' },
       env: { type: 'string', multiple: true },
       'from-snapshot': { type: 'string' },
       json: { type: 'boolean' },
@@ -152,6 +157,9 @@ const commands: Record<string, Handler> = {
           cpus: numberFlag(values.cpus, 'cpus'),
           ioWeight: intFlag(values['io-weight'], 'io-weight'),
           diskMb: intFlag(values['disk-mb'], 'disk-mb'),
+          network: values.network as NetworkMode | undefined,
+          allowOut: values.allow,
+          bandwidthMbit: intFlag(values['bandwidth-mbit'], 'bandwidth-mbit'),
           envs: envFlags(values.env),
         })
         .finally(() => progress.done());

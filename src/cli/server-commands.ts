@@ -3,6 +3,7 @@
  * API), `mcp` (the MCP server on stdio) and `tenant` (tokens and quotas).
  * Like the rest of the CLI they only parse arguments and call the library.
  */
+import type { NetworkMode } from '../network/policy.js';
 import { Lockstep } from '../lockstep.js';
 import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
@@ -24,7 +25,7 @@ export const SERVER_HELP = `server
                                   settings: flag > LOCKSTEP_* environment > config file (${DEFAULT_CONFIG_FILE})
   mcp [--sandbox ID] [--image NAME] [--memory MIB]
                                   MCP server on stdio for one sandbox (created and removed if not given)
-  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]
+  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--network none|egress] [--max-network none|egress] [--json]
                                   prints the tenant's bearer token (shown once)
   tenant ls [--json]
   tenant rm NAME [--force] [--json]
@@ -123,18 +124,22 @@ export const serverCommands: Record<string, Handler> = {
     const [sub, ...rest] = argv;
     const usage =
       'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight ' +
-      'W] [--max-checkpoint-mb MIB] [--json] | ls [--json] | rm NAME [--force] [--json]';
+      'W] [--max-checkpoint-mb MIB] [--network none|egress] [--max-network none|egress] [--json] | ls [--json] | ' +
+      'rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
         const u =
           'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] ' +
-          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--json]';
+          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--network none|egress] ' +
+          '[--max-network none|egress] [--json]';
         const opts = {
           'max-sandboxes': { type: 'string' },
           'max-memory': { type: 'string' },
           'cpu-weight': { type: 'string' },
           'max-cpu-weight': { type: 'string' },
           'max-checkpoint-mb': { type: 'string' },
+          network: { type: 'string' },
+          'max-network': { type: 'string' },
           json: { type: 'boolean' },
         } as const;
         const { values, positionals } = parse(rest, opts, u);
@@ -146,6 +151,8 @@ export const serverCommands: Record<string, Handler> = {
             cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
             maxCpuWeight: intFlag(values['max-cpu-weight'], 'max-cpu-weight'),
             maxCheckpointMb: intFlag(values['max-checkpoint-mb'], 'max-checkpoint-mb'),
+            network: values.network as NetworkMode | undefined,
+            maxNetwork: values['max-network'] as NetworkMode | undefined,
           });
           if (values.json) printJson({ ...tenant, token });
           else {

@@ -66,6 +66,7 @@ export const HTTP_STATUS = {
   SANDBOX_NOT_RUNNING: 409,
   IMAGE_IN_USE: 409,
   TENANT_HAS_SANDBOXES: 409,
+  NETWORK_NOT_ALLOWED: 403,
   FILE_BUSY: 409,
   CHECKPOINT_DAMAGED: 409,
   // The checkpoint's files are not what was recorded when it was taken: this
@@ -120,6 +121,8 @@ export const HTTP_STATUS = {
   HOME_NOT_SEARCHABLE: 503,
   // Every host id range for user namespaces is taken: capacity, not the request.
   ID_RANGES_EXHAUSTED: 503,
+  NETWORK_ADDRESSES_EXHAUSTED: 503,
+  NETWORK_SETUP_FAILED: 500,
   // The per-host supervisor (the sandboxes' parent) did not take the request: a retry may succeed.
   SUPERVISOR_UNREACHABLE: 503,
   MCP_SESSION_NOT_FOUND: 404,

@@ -147,6 +147,20 @@ export const createBody = obj({
     'Disk quota of the writable layer in MiB (writes past it fail with EDQUOT); default none',
   ),
   envs,
+  network: {
+    type: 'string',
+    enum: ['none', 'egress'],
+    description:
+      '"none": loopback only (default, or the tenant\'s default); "egress": a routed address, outbound under allowOut',
+  },
+  allowOut: {
+    type: 'array',
+    maxItems: 256,
+    items: str(300),
+    description:
+      'Allow list of an egress sandbox: IPv4 addresses or CIDRs and domain names (with their subdomains), each optionally with :PORT or :LOW-HIGH; empty: anywhere outside the deny list',
+  },
+  bandwidthMbit: int(1, 100_000, 'Bandwidth cap of an egress sandbox, Mbit/s each way'),
   timeoutMs: int(1000, 30 * 24 * 3600 * 1000, 'Lifetime: the sandbox is removed this long after creation'),
   fromSnapshot: {
     ...snapshotRef,
@@ -361,6 +375,13 @@ export const sandboxInfo = loose('A sandbox', {
   metadata: { type: 'object', additionalProperties: { type: 'string' } },
   createdAt: { type: 'string', format: 'date-time' },
   expiresAt: { type: ['string', 'null'], format: 'date-time' },
+  network: loose('Network mode, addresses and allow list', {
+    mode: { type: 'string', enum: ['none', 'egress'] },
+    address: { type: ['string', 'null'] },
+    gateway: { type: ['string', 'null'] },
+    allowOut: { type: 'array', items: { type: 'string' } },
+    bandwidthMbit: { type: ['integer', 'null'] },
+  }),
 });
 export const runResult = loose('The finished command (or {pid} for background)', {
   exitCode: { type: 'integer' },

@@ -140,12 +140,25 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
             .refine((m) => Object.keys(m).length <= 63, 'at most 63 labels')
             .optional()
             .describe('Free-form labels, e.g. {"task": "fix-bug-12"}'),
+          network: z
+            .enum(['none', 'egress'])
+            .optional()
+            .describe('"none": loopback only (default); "egress": outbound connections under allowOut'),
+          allowOut: z
+            .array(z.string().max(300))
+            .max(256)
+            .optional()
+            .describe('Egress allow list: addresses, CIDRs or domain names, each optionally with :PORT'),
         },
         annotations: hints(false, false, false),
       },
-      ({ image, memoryMb, metadata }) =>
+      ({ image, memoryMb, metadata, network, allowOut }) =>
         tool(async () =>
-          scope.present((await scope.create({ image, memoryMb, metadata: { ...metadata, createdBy: 'mcp' } })).info()),
+          scope.present(
+            (
+              await scope.create({ image, memoryMb, network, allowOut, metadata: { ...metadata, createdBy: 'mcp' } })
+            ).info(),
+          ),
         ),
     );
     server.registerTool(

@@ -34,6 +34,18 @@ export interface CriuRequest {
   skipMounts?: string[];
   cgroupProcs?: string[];
   emptyNetns?: boolean;
+  /** Established TCP sockets are dumped without repair and restored closed (their peers see the old ones die). */
+  tcpClose?: boolean;
+  /** Restore of an egress sandbox: the veth side moved in and configured at setup-namespaces (netns.cc). */
+  veth?: VethConfig;
+}
+
+/** The sandbox side of an egress sandbox's veth, as named in the root namespace, and its /31 inside. */
+export interface VethConfig {
+  peer: string;
+  address: string;
+  gateway: string;
+  prefixLength: number;
 }
 
 /**
@@ -128,6 +140,10 @@ export interface NativeBinding {
   pidfdOpen(pid: number): number;
   /** Signals the pidfd's process (`group`: the process group it leads, Linux >= 6.9); false once it has exited. */
   pidfdSendSignal(fd: number, signal: number, group?: boolean): boolean;
+  /** Moves the veth side into pid's network namespace as eth0 with its address, route and loopback (a thread of its own). */
+  attachVeth(pid: number, config: VethConfig): Promise<void>;
+  /** Brings a root-namespace interface up or down (one ioctl). */
+  setLinkUp(name: string, up: boolean): void;
 }
 
 /** Magic numbers from statfs(2) that the layer store cares about. */

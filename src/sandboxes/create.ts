@@ -1,13 +1,17 @@
 /** Verb: create a sandbox (cgroup, writable layer, overlay root, namespaces, init). */
 import { newId, type SandboxRow } from '../catalog/catalog.js';
-import { InvalidArgumentError, LimitUnsupportedError } from '../errors.js';
+import { InvalidArgumentError, InvalidStateError, LimitUnsupportedError } from '../errors.js';
 import { CPU_PERIOD_US, type CgroupLimits } from '../host/cgroups.js';
 import type { Engine } from '../engine.js';
 import { validateImageName } from '../images/image-store.js';
 import { hostOf } from '../engine.js';
 import { freeIdBase } from './id-ranges.js';
+import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../network/policy.js';
+import { freeSlot } from '../network/addresses.js';
+import { attachNewSandbox, forgetNetwork } from '../network/sandbox-network.js';
+import { tenantOf } from '../tenants/quotas.js';
 
-export interface CreateOptions {
+export interface CreateOptions extends NetworkOptions {
   image?: string | undefined;
   /** Memory limit in MiB (default 512). */
   memoryMb?: number | undefined;
@@ -183,6 +187,22 @@ function defaultCpuWeight(engine: Engine, tenant: string | null | undefined): nu
   return row?.w ?? LIMITS.cpuWeight.default;
 }
 
+/**
+ * The network policy of a new sandbox: the tenant's default mode when the
+ * request names none, refused (NETWORK_NOT_ALLOWED) past the tenant's limit.
+ */
+export function networkPolicyFor(engine: Engine, opts: NetworkOptions, tenantId: string | null | undefined) {
+  const tenant = tenantId ? tenantOf(engine.catalog.db, tenantId) : undefined;
+  const policy = validateNetworkOptions(opts, tenant?.network ?? 'none');
+  if (policy && tenant?.maxNetwork === 'none')
+    throw new InvalidStateError(
+      'NETWORK_NOT_ALLOWED',
+      `Tenant ${tenant.name} may create sandboxes with network "none" only`,
+      { tenant: tenant.name, network: 'egress' satisfies NetworkMode, maxNetwork: tenant.maxNetwork },
+    );
+  return policy;
+}
+
 /** Creates and starts a sandbox; on any failure everything made so far is removed. */
 export async function createSandbox(engine: Engine, options: CreateOptions): Promise<SandboxRow> {
   const opts = validateCreateOptions(options);
@@ -190,6 +210,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     throw new InvalidArgumentError('onProgress', 'a function (message) => void', opts.onProgress);
   // A shipped recipe is made on first use; any other missing name is
   // IMAGE_NOT_FOUND (naming the fix) before anything is made.
+  const policy = networkPolicyFor(engine, opts, opts.tenant);
   const image = await engine.images.forCreate(opts.image, opts.onProgress);
   checkEnforceable(engine, opts);
   const id = newId('sbx');
@@ -223,11 +244,14 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     standby_pid: null,
     standby_start: null,
     id_base: null,
+    network: policy ? JSON.stringify(policy) : null,
+    net_slot: null,
   };
   // The row goes in first, marked "creating": after a crash the reaper finds
   // it and removes whatever part of the sandbox exists.
   engine.catalog.tx(() => {
     if (engine.userNamespaces) row.id_base = freeIdBase(engine.catalog);
+    if (policy) row.net_slot = freeSlot(engine.catalog, engine.config.networkRange);
     engine.catalog.insertSandbox(row);
   });
   const log = engine.log.child({ sandboxId: id });
@@ -236,6 +260,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     await engine.layers.createUpper(id, row.id_base);
     await engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));
+    await attachNewSandbox(engine, row, pid);
     engine.catalog.tx(() => {
       engine.catalog.insertLayer(`upper_${id}`, 'upper', id);
       engine.catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: start });
@@ -247,6 +272,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   } catch (e) {
     log.warn({ err: e }, 'sandbox creation failed; cleaning up');
     await engine.runtime.destroy(id).catch((err) => log.error({ err }, 'cleanup after failed create'));
+    await forgetNetwork(engine, row).catch((err) => log.error({ err }, 'network cleanup after failed create'));
     engine.catalog.deleteSandboxRow(id);
     throw e;
   }

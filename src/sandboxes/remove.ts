@@ -8,6 +8,7 @@
 import fs from 'node:fs';
 import type { Engine } from '../engine.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
+import { forgetNetwork } from '../network/sandbox-network.js';
 
 export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
@@ -22,6 +23,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const snapshots = new SnapshotRows(catalog.db);
   const heldLayers = snapshots.heldLayers();
   const heldImages = snapshots.heldImages(engine.paths);
+  if (row) await forgetNetwork(engine, row);
   for (const ckpt of catalog.checkpointsOf(id)) {
     if (!heldLayers.has(ckpt.layer_id)) await engine.layers.deleteLayer(ckpt.layer_id);
     if (!heldImages.has(ckpt.id)) fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });

@@ -14,6 +14,7 @@ import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgr
 import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
 import { ID_RANGE_SIZE } from './id-ranges.js';
+import type { HostNetwork } from '../network/host-network.js';
 
 /** Directories every sandbox root has, whatever the image: they sit in the runtime layer. */
 const RUNTIME_DIRS: [string, number][] = [
@@ -49,6 +50,8 @@ export class SandboxRuntime {
     readonly homeTag: string,
     readonly native: NativeBinding,
     readonly proc: ProcessTable,
+    /** Egress instances' veth pairs go in destroy(); absent in unit tests' runtimes. */
+    readonly network?: HostNetwork,
   ) {}
 
   /** cgroup name of a sandbox: lockstep/<homeTag>/<id>. */
@@ -208,6 +211,10 @@ export class SandboxRuntime {
   /** Everything a sandbox has on the host, removed in reverse order; safe to repeat. */
   async destroy(id: string): Promise<void> {
     await this.killProcesses(id).catch(() => undefined);
+    // A pair whose sandbox side was never moved (a restore that failed before
+    // setup-namespaces) would outlive the processes; a moved one dies with
+    // its namespace, and deleting it now only does that sooner.
+    await this.network?.removeLinks(id);
     for (const m of this.proc.mountsUnder(this.paths.sandboxRun(id))) this.native.unmount(m, true);
     await this.layers.deleteUpper(id);
     fs.rmSync(this.paths.sandboxRun(id), { recursive: true, force: true });

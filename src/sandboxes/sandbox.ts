@@ -3,6 +3,8 @@
  * use: sub-APIs as members (`sandbox.commands`, `sandbox.files`) and the
  * Lockstep verbs (checkpoint, rollback, fork) as methods.
  */
+import { networkInfo, type NetworkInfo } from '../network/policy.js';
+import { slotAddresses } from '../network/addresses.js';
 import type { SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import { CPU_PERIOD_US } from '../host/cgroups.js';
@@ -66,6 +68,8 @@ export interface SandboxInfo {
   metadata: Record<string, string>;
   createdAt: string;
   expiresAt: string | null;
+  /** Its network mode, addresses and allow list (docs/ARCHITECTURE.md, "Network"). */
+  network: NetworkInfo;
 }
 
 /** Resources a sandbox uses (null where the host cannot tell). */
@@ -75,7 +79,7 @@ export interface SandboxUsage {
   diskUsedMb: number | null;
 }
 
-export function sandboxInfo(row: SandboxRow): SandboxInfo {
+export function sandboxInfo(row: SandboxRow, range?: string): SandboxInfo {
   return {
     id: row.id,
     image: row.image,
@@ -95,6 +99,7 @@ export function sandboxInfo(row: SandboxRow): SandboxInfo {
     metadata: JSON.parse(row.metadata),
     createdAt: new Date(row.created_at).toISOString(),
     expiresAt: row.expires_at === null ? null : new Date(row.expires_at).toISOString(),
+    network: networkInfo(row.network, row.net_slot != null && range ? slotAddresses(range, row.net_slot) : null),
   };
 }
 
@@ -129,7 +134,7 @@ export class Sandbox {
   }
 
   info(): SandboxInfo {
-    return sandboxInfo(this.core.row());
+    return sandboxInfo(this.core.row(), this.core.engine.config.networkRange);
   }
 
   /** What the sandbox uses now: CPU time since it (or its current instance) started, and its writable layer's bytes. */

@@ -15,6 +15,7 @@
 import type Database from 'better-sqlite3';
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { AlreadyExistsError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
+import { NETWORK_MODES, type NetworkMode } from '../network/policy.js';
 
 /** A tenant as callers see it (never the token or its hash). */
 export interface Tenant {
@@ -32,6 +33,10 @@ export interface Tenant {
   maxCpuWeight: number | null;
   /** Most MiB its checkpoints may keep in the store (null: no limit). */
   maxCheckpointMb: number | null;
+  /** Network mode of its sandboxes that name none (null: "none"). */
+  network: NetworkMode | null;
+  /** The widest network mode its sandboxes may have: "none" refuses egress (null: no limit). */
+  maxNetwork: NetworkMode | null;
 }
 
 /** Quotas given when a tenant is added. */
@@ -41,6 +46,8 @@ export interface TenantQuotas {
   cpuWeight?: number | null | undefined;
   maxCpuWeight?: number | null | undefined;
   maxCheckpointMb?: number | null | undefined;
+  network?: NetworkMode | null | undefined;
+  maxNetwork?: NetworkMode | null | undefined;
 }
 
 interface TenantRow {
@@ -53,6 +60,8 @@ interface TenantRow {
   default_cpu_weight: number | null;
   max_cpu_weight: number | null;
   max_checkpoint_mb: number | null;
+  default_network?: string | null;
+  max_network?: string | null;
 }
 
 /** Prefix of every token, so that secret scanners and people can recognise one. */
@@ -91,6 +100,10 @@ CREATE TABLE IF NOT EXISTS tenants (
     const cols = db.prepare('PRAGMA table_info(tenants)').all() as { name: string }[];
     for (const col of ['default_cpu_weight', 'max_cpu_weight', 'max_checkpoint_mb']) {
       if (!cols.some((c) => c.name === col)) db.exec(`ALTER TABLE tenants ADD COLUMN ${col} INTEGER`);
+    }
+    // Network modes (issue 13) came later still.
+    for (const col of ['default_network', 'max_network']) {
+      if (!cols.some((c) => c.name === col)) db.exec(`ALTER TABLE tenants ADD COLUMN ${col} TEXT`);
     }
     if (!cols.some((c) => c.name === 'id')) db.exec('ALTER TABLE tenants ADD COLUMN id TEXT');
     db.exec('CREATE UNIQUE INDEX IF NOT EXISTS tenants_id ON tenants(id)');
@@ -142,7 +155,16 @@ function toTenant(r: TenantRow): Tenant {
     cpuWeight: r.default_cpu_weight ?? null,
     maxCpuWeight: r.max_cpu_weight ?? null,
     maxCheckpointMb: r.max_checkpoint_mb ?? null,
+    network: (r.default_network as NetworkMode | null | undefined) ?? null,
+    maxNetwork: (r.max_network as NetworkMode | null | undefined) ?? null,
   };
+}
+
+function networkMode(v: unknown, field: string): NetworkMode | null {
+  if (v === undefined || v === null) return null;
+  if (typeof v !== 'string' || !NETWORK_MODES.includes(v as NetworkMode))
+    throw new InvalidArgumentError(field, `one of ${NETWORK_MODES.map((m) => `"${m}"`).join(', ')}, or null`, v);
+  return v as NetworkMode;
 }
 
 /** Adds a tenant; returns it with its bearer token, which is not stored and cannot be shown again. */
@@ -158,6 +180,10 @@ export function addTenant(
   const cpuWeight = quota(quotas.cpuWeight, 'cpuWeight', 10_000, 1);
   const maxCpuWeight = quota(quotas.maxCpuWeight, 'maxCpuWeight', 1 << 30);
   const maxCheckpointMb = quota(quotas.maxCheckpointMb, 'maxCheckpointMb', 1 << 30);
+  const network = networkMode(quotas.network, 'network');
+  const maxNetwork = networkMode(quotas.maxNetwork, 'maxNetwork');
+  if (network === 'egress' && maxNetwork === 'none')
+    throw new InvalidArgumentError('network', 'a default within maxNetwork ("none")', network);
   const token = TOKEN_PREFIX + randomBytes(32).toString('base64url');
   const row: TenantRow = {
     id: newTenantId(),
@@ -169,13 +195,15 @@ export function addTenant(
     default_cpu_weight: cpuWeight,
     max_cpu_weight: maxCpuWeight,
     max_checkpoint_mb: maxCheckpointMb,
+    default_network: network,
+    max_network: maxNetwork,
   };
   try {
     db.prepare(
       `INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb, default_cpu_weight,
-       max_cpu_weight, max_checkpoint_mb)
+       max_cpu_weight, max_checkpoint_mb, default_network, max_network)
        VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb, @default_cpu_weight,
-         @max_cpu_weight, @max_checkpoint_mb)`,
+         @max_cpu_weight, @max_checkpoint_mb, @default_network, @max_network)`,
     ).run(row);
   } catch (e) {
     if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new AlreadyExistsError('tenant', name);

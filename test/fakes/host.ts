@@ -296,6 +296,8 @@ export class FakeHost {
       pidfdOpen: notFaked('pidfdOpen'),
       pidfdSendSignal: notFaked('pidfdSendSignal'),
       idmappedMounts: notFaked('idmappedMounts'),
+      attachVeth: notFaked('attachVeth'),
+      setLinkUp: notFaked('setLinkUp'),
       // A layer's identity and last change: its content token stands for the transaction.
       subvolumeInfo: (p: string) => ({
         uuid: `fake:${path.basename(p)}`,

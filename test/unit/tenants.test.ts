@@ -63,6 +63,8 @@ test('a token is shown once: only its sha256 is stored, and it authenticates its
     cpuWeight: null,
     maxCpuWeight: null,
     maxCheckpointMb: null,
+    network: null,
+    maxNetwork: null,
   });
   t.regex(a.tenant.id, /^tn_[a-z2-7]{20}$/);
   t.not(a.tenant.id, b.tenant.id);

@@ -5,6 +5,7 @@ import { InvalidStateError, LockstepError } from '../../errors.js';
 import type { Lockstep } from '../../lockstep.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
+import type { NetworkMode } from '../../network/policy.js';
 
 interface CreateBody {
   image?: string;
@@ -18,6 +19,9 @@ interface CreateBody {
   timeoutMs?: number;
   metadata?: Record<string, string>;
   fromSnapshot?: string;
+  network?: NetworkMode;
+  allowOut?: string[];
+  bandwidthMbit?: number;
 }
 
 /** Seconds a client is told to wait before retrying a create whose image is still being made. */
