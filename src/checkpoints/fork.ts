@@ -34,7 +34,7 @@ async function forkOne(
   onCreated?: (child: SandboxRow) => void,
 ): Promise<ForkResult> {
   const started = performance.now();
-  const { catalog, runtime } = engine;
+  const { catalog } = engine;
   const id = newId('sbx');
   const opId = newId('op');
   const child: SandboxRow = {
@@ -90,18 +90,27 @@ async function forkOne(
     return { ok: true, id, pid, ms: performance.now() - started };
   } catch (e) {
     engine.log.warn({ err: e, sandboxId: id }, 'fork failed; removing it');
-    await runtime.destroy(id).catch(() => undefined);
-    await forgetNetwork(engine, child).catch(() => undefined);
-    catalog.tx(() => {
-      catalog.deleteSandboxRow(id);
-      catalog.endOperation(opId);
-    });
-    const err =
-      e instanceof LockstepError
-        ? { code: e.code, message: e.message }
-        : { code: 'FORK_FAILED', message: (e as Error).message };
-    return { ok: false, error: err };
+    return abandonChild(engine, child, opId, e);
   }
+}
+
+/**
+ * A child sandbox whose restore failed (a fork, or a start from a snapshot):
+ * everything made for it goes (processes, mounts, layer, network policy, row)
+ * and its journal entry closes; the failure becomes its result.
+ */
+export async function abandonChild(engine: Engine, child: SandboxRow, opId: string, e: unknown): Promise<ForkResult> {
+  await engine.runtime.destroy(child.id).catch(() => undefined);
+  await forgetNetwork(engine, child).catch(() => undefined);
+  engine.catalog.tx(() => {
+    engine.catalog.deleteSandboxRow(child.id);
+    engine.catalog.endOperation(opId);
+  });
+  const error =
+    e instanceof LockstepError
+      ? { code: e.code, message: e.message }
+      : { code: 'FORK_FAILED', message: (e as Error).message };
+  return { ok: false, error };
 }
 
 /** Starts `count` sandboxes from a checkpoint, a few at a time. */

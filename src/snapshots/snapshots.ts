@@ -27,7 +27,7 @@ import {
 import { recordedChecksums, verifyCheckpoint } from '../checkpoints/integrity.js';
 import { restoreNewInstance } from '../checkpoints/process-image.js';
 import { freeIdBase } from '../sandboxes/id-ranges.js';
-import type { ForkResult } from '../checkpoints/fork.js';
+import { abandonChild, type ForkResult } from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
 import { releaseFiles } from './holders.js';
 import {
@@ -234,7 +234,7 @@ async function startOne(
   tenant: string | null,
 ): Promise<ForkResult> {
   const started = performance.now();
-  const { catalog, runtime } = engine;
+  const { catalog } = engine;
   const id = newId('sbx');
   const opId = newId('op');
   const ckpt = asCheckpoint(snap);
@@ -296,16 +296,7 @@ async function startOne(
     return { ok: true, id, pid, ms: performance.now() - started };
   } catch (e) {
     engine.log.warn({ err: e, sandboxId: id, snapshotId: snap.id }, 'start from a snapshot failed; removing it');
-    await runtime.destroy(id).catch(() => undefined);
-    catalog.tx(() => {
-      catalog.deleteSandboxRow(id);
-      catalog.endOperation(opId);
-    });
-    const err =
-      e instanceof LockstepError
-        ? { code: e.code, message: e.message }
-        : { code: 'FORK_FAILED', message: (e as Error).message };
-    return { ok: false, error: err };
+    return abandonChild(engine, child, opId, e);
   }
 }
 
