@@ -206,6 +206,132 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       tool(() => sandbox(a).commands.run(cmd, { cwd, envs, timeoutMs, toolCallId: tc })),
   );
 
+  const pidArg = z.number().int().positive().describe('The process, from start_process or list_processes');
+
+  server.registerTool(
+    'start_process',
+    {
+      description:
+        'Start a long-running or interactive process in the background (a dev server, a REPL, a filter reading ' +
+        'stdin). It is part of the sandbox: checkpoints capture it and rollbacks rewind it. With stdin: true, ' +
+        'send_input feeds it. Returns its pid; read_output, wait_process and kill_process take it.',
+      inputSchema: {
+        cmd: z.union([z.string().min(1), z.array(z.string()).min(1)]).describe('Shell command line, or argv'),
+        stdin: z.boolean().optional().describe('Keep its stdin open for send_input (default false: /dev/null)'),
+        cwd: z.string().startsWith('/').optional().describe('Working directory (default /workspace)'),
+        envs: z.record(z.string(), z.string()).optional().describe('Extra environment variables'),
+        ...target,
+      },
+      annotations: hints(false, false, false),
+    },
+    ({ cmd, stdin, cwd, envs, ...a }) =>
+      tool(async () => {
+        const h = await sandbox(a).commands.run(cmd, { background: true, stdin, cwd, envs });
+        return { pid: h.pid, stdin: stdin === true };
+      }),
+  );
+
+  server.registerTool(
+    'send_input',
+    {
+      description:
+        "Write bytes to a background process's stdin (started with stdin: true); close: true then ends its input " +
+        '(EOF). STDIN_FULL when 1 MiB is already waiting unread.',
+      inputSchema: {
+        pid: pidArg,
+        data: z
+          .string()
+          .max(1024 * 1024)
+          .optional()
+          .describe('What to write'),
+        encoding: z.enum(['utf8', 'base64']).optional().describe('Encoding of data (default utf8)'),
+        close: z.boolean().optional().describe('Close its stdin after writing'),
+        ...target,
+      },
+      annotations: hints(false, false, false),
+    },
+    ({ pid, data, encoding, close, ...a }) =>
+      tool(async () => {
+        const h = await sandbox(a).commands.connect(pid);
+        const bytes = Buffer.from(data ?? '', encoding ?? 'utf8');
+        if (bytes.length > 0) await h.sendStdin(bytes);
+        if (close) await h.closeStdin();
+        return { pid, sent: bytes.length, closed: close === true };
+      }),
+  );
+
+  server.registerTool(
+    'read_output',
+    {
+      description:
+        'What a background process wrote since the offsets given (start at 0, 0; pass back the offsets it ' +
+        'returns). rewound: true when a rollback rewound its output.',
+      inputSchema: {
+        pid: pidArg,
+        stdoutOffset: z.number().int().min(0).optional(),
+        stderrOffset: z.number().int().min(0).optional(),
+        ...target,
+      },
+      annotations: hints(true, false, true),
+    },
+    ({ pid, stdoutOffset, stderrOffset, ...a }) =>
+      tool(async () => {
+        const h = await sandbox(a).commands.connect(pid);
+        return { pid, ...(await h.output({ stdout: stdoutOffset ?? 0, stderr: stderrOffset ?? 0 })) };
+      }),
+  );
+
+  server.registerTool(
+    'wait_process',
+    {
+      description: 'Wait for a background process to exit (up to timeoutMs, default 30 s); returns its exit code.',
+      inputSchema: {
+        pid: pidArg,
+        timeoutMs: z
+          .number()
+          .int()
+          .positive()
+          .max(10 * 60 * 1000)
+          .optional(),
+        ...target,
+      },
+      annotations: hints(true, false, true),
+    },
+    ({ pid, timeoutMs, ...a }) =>
+      tool(async () => {
+        const h = await sandbox(a).commands.connect(pid);
+        return { pid, ...(await h.wait({ timeoutMs: timeoutMs ?? 30_000 })) };
+      }),
+  );
+
+  server.registerTool(
+    'list_processes',
+    {
+      description: 'The background processes started with start_process, with whether each still runs.',
+      inputSchema: { ...target },
+      annotations: hints(true, false, true),
+    },
+    (a) => tool(async () => ({ processes: await sandbox(a).commands.list() })),
+  );
+
+  server.registerTool(
+    'kill_process',
+    {
+      description: 'Kill a background process (SIGKILL, or the signal given).',
+      inputSchema: {
+        pid: pidArg,
+        signal: z.enum(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP']).optional(),
+        ...target,
+      },
+      annotations: hints(false, true, true),
+    },
+    ({ pid, signal, ...a }) =>
+      tool(async () => {
+        const h = await sandbox(a).commands.connect(pid);
+        return { pid, killed: await h.kill(signal ?? 'SIGKILL') };
+      }),
+  );
+
   server.registerTool(
     'read_file',
     {

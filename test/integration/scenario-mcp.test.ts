@@ -3,10 +3,12 @@
  * SDK's own client and a tenant's token, with the steps and checks of
  * test/helpers/scenario.ts: create, a process, files; checkpoint with a
  * context, an irreversible effect; rollback and its report, the effect
- * retried without a second run; fork. MCP has no background-command tool:
- * the process that lives across the checkpoint is started by a shell
- * command that leaves it running (setsid, its stdio inside the sandbox).
+ * retried without a second run; fork; and an interactive process fed
+ * through start_process/send_input. The counter that lives across the
+ * checkpoint is started by a shell command that leaves it running (setsid,
+ * its stdio inside the sandbox).
  */
+import { createHash, randomBytes } from 'node:crypto';
 import test from 'ava';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -56,6 +58,40 @@ integration(test, () => {
       });
       t.is(started.exitCode, 0);
       await eventually(async () => (await counter()) > 2, 10_000);
+
+      // An interactive process: bytes to its stdin in two writes, EOF, its answer read back by offsets.
+      const data = randomBytes(50_000);
+      const sum = await call(client, 'start_process', { ...on, cmd: 'sha256sum', stdin: true });
+      t.true(sum.stdin);
+      await call(client, 'send_input', {
+        ...on,
+        pid: sum.pid,
+        data: data.subarray(0, 7).toString('base64'),
+        encoding: 'base64',
+      });
+      t.like(
+        await call(client, 'send_input', {
+          ...on,
+          pid: sum.pid,
+          data: data.subarray(7).toString('base64'),
+          encoding: 'base64',
+          close: true,
+        }),
+        { sent: data.length - 7, closed: true },
+      );
+      t.like(await call(client, 'wait_process', { ...on, pid: sum.pid }), { exitCode: 0 });
+      const out = await call(client, 'read_output', { ...on, pid: sum.pid });
+      t.is(out.stdout, `${createHash('sha256').update(data).digest('hex')}  -\n`);
+      t.deepEqual(await call(client, 'read_output', { ...on, pid: sum.pid, stdoutOffset: out.offsets.stdout }), {
+        pid: sum.pid,
+        stdout: '',
+        stderr: '',
+        offsets: out.offsets,
+        rewound: false,
+        running: false,
+      });
+      const late = await call(client, 'send_input', { ...on, pid: sum.pid, data: 'late' }, { error: true });
+      t.is(late.error.code, 'STDIN_CLOSED');
 
       const bin = Buffer.from([0, 1, 2, 200, 255, 10]);
       t.is(
