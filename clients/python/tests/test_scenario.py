@@ -2,7 +2,10 @@
 test/helpers/scenario.ts (which runs it through the in-process SDK and
 lockstep/client): create, a process, files; checkpoint with a context, an
 irreversible effect; rollback and its report, the effect retried without a
-second run; fork."""
+second run; fork; and an interactive process fed through its stdin."""
+
+import hashlib
+import os
 
 from lockstep import Sandbox
 
@@ -18,6 +21,17 @@ def test_scenario_create_process_files_checkpoint_effect_rollback_fork(conn):
         # A process that lives across the checkpoint: its counter carries on after the rollback.
         sbx.commands.run("n=0; while true; do n=$((n+1)); echo $n > /tmp/counter; sleep 0.05; done", background=True)
         eventually(lambda: counter(sbx) > 2)
+
+        # An interactive process: bytes to its stdin in two writes, EOF, its answer read back.
+        data = os.urandom(50_000)
+        summer = sbx.commands.run("sha256sum", background=True, stdin=True)
+        summer.send_stdin(data[:7])
+        summer.send_stdin(data[7:])
+        summer.close_stdin()
+        assert summer.wait(timeout_ms=30_000) == 0
+        out = summer.output()
+        assert out.stdout == hashlib.sha256(data).hexdigest() + "  -\n"
+        assert not out.running
 
         blob = bytes([0, 1, 2, 200, 255, 10])
         assert sbx.files.write("/workspace/data/blob.bin", blob)["bytes"] == len(blob)
