@@ -208,9 +208,9 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   const opts = validateCreateOptions(options);
   if (opts.onProgress !== undefined && typeof opts.onProgress !== 'function')
     throw new InvalidArgumentError('onProgress', 'a function (message) => void', opts.onProgress);
+  const policy = networkPolicyFor(engine, opts, opts.tenant);
   // A shipped recipe is made on first use; any other missing name is
   // IMAGE_NOT_FOUND (naming the fix) before anything is made.
-  const policy = networkPolicyFor(engine, opts, opts.tenant);
   const image = await engine.images.forCreate(opts.image, opts.onProgress);
   checkEnforceable(engine, opts);
   const id = newId('sbx');
