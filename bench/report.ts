@@ -332,7 +332,7 @@ export function resultsTable(r: BenchResults): string {
   };
   const verdict = (t: TargetResult | undefined) => (t ? (t.pass === null ? 'n/a' : t.pass ? 'PASS' : 'MISS') : '');
   const rows: string[][] = [];
-  for (const wl of ['a', 'b', 'c', 'd', 'e']) {
+  for (const wl of ['a', 'n', 'b', 'c', 'd', 'e']) {
     for (const m of r.measurements.filter((x) => x.key.startsWith(`${wl}.`))) {
       const t = targetOf.get(m.key);
       const ref = m.system === 'Lockstep' ? undefined : lockstepOf(m);

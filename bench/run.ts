@@ -56,7 +56,7 @@ import { CHANGED_BYTES, measureMemorySweep, SWEEP_SIZES_MIB } from './memory-swe
 const USAGE = `usage: node dist/bench/run.js [--iterations N] [--quick] [--only a,b,c,d] [--no-docker]
   --iterations N  measured iterations per operation (default 30)
   --quick         5 iterations (a smoke run)
-  --only LIST     run only these workloads (a: idle shell, b: 64 MiB python, c: workspace size, d: fork fan-out,
+  --only LIST     run only these workloads (a: idle shell, n: idle shell with an egress network, b: 64 MiB python, c: workspace size, d: fork fan-out,
                   e: memory sweep, python3 holding 16-1024 MiB with 1 MiB changed per checkpoint)
   --no-docker     skip the docker checkpoint peer`;
 
@@ -91,14 +91,14 @@ function parseOptions(argv: string[]): Options {
       throw new Error(`--iterations: expected an integer from 1 to 10000, got ${JSON.stringify(values.iterations)}`);
   }
   const only = new Set(
-    (values.only ?? 'a,b,c,d,e')
+    (values.only ?? 'a,n,b,c,d,e')
       .split(',')
       .map((s) => s.trim())
       .filter(Boolean),
   );
   for (const w of only)
-    if (!['a', 'b', 'c', 'd', 'e'].includes(w))
-      throw new Error(`--only: expected letters from a, b, c, d, e, got ${JSON.stringify(w)}`);
+    if (!['a', 'n', 'b', 'c', 'd', 'e'].includes(w))
+      throw new Error(`--only: expected letters from a, n, b, c, d, e, got ${JSON.stringify(w)}`);
   return { iterations, warmup: values.quick ? 1 : 2, quick: values.quick, only, docker: !values['no-docker'] };
 }
 
@@ -311,6 +311,17 @@ async function runBench(
     await dockerRows('a', wl.label);
   }
 
+  /* (n) the idle shell with an egress network ----------------------- */
+  if (opts.only.has('n')) {
+    // Issue 13: an egress sandbox (veth, nftables policy, resolver) next to (a)'s loopback-only one.
+    progress.note('(n) idle shell sandbox with network: egress');
+    const sb = await startIdleShell(ls, { network: 'egress' });
+    const r = await measureCheckpointRollback(ctx, sb, { key: 'n', label: 'n: idle shell, egress' });
+    measurements.push(r.checkpoint, r.rollback, r.rollbackCold);
+    notes.push(`(n) rollback paths taken: ${JSON.stringify(r.paths)} (on/off = warm standby setting).`);
+    await ls.remove(sb.id);
+  }
+
   /* (d) fork fan-out (the idle shell is the parent) ---------------- */
   if (opts.only.has('d') && idle) {
     forks = await measureForks(ctx, idle);
@@ -426,6 +437,16 @@ function evaluate(r: BenchResults, extra: { forks: ForkFanOut | undefined }): vo
   for (const op of ['checkpoint', 'rollback'] as const) {
     const v = p50(`a.lockstep.${op}`);
     if (v !== undefined) t(`a.lockstep.${op}`, '≤ 20 ms p50', `${fmtMs(v)} ms`, v <= 20);
+  }
+  // Issue 13: an egress sandbox's checkpoint within 3 ms, its standby rollback within 1 ms, of (a)'s.
+  for (const [op, slack] of [
+    ['checkpoint', 3],
+    ['rollback', 1],
+  ] as const) {
+    const n = p50(`n.lockstep.${op}`);
+    const a = p50(`a.lockstep.${op}`);
+    if (n !== undefined && a !== undefined)
+      t(`n.lockstep.${op}`, `within ${slack} ms of (a)`, `${fmtMs(n - a)} ms more`, n - a <= slack);
   }
   const bL = p50('b.lockstep.checkpoint');
   const bC = p50('b.criu-cli.checkpoint:dump');

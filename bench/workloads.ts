@@ -119,8 +119,15 @@ export async function waitFor<T>(what: string, fn: () => T | undefined | false, 
 }
 
 /** Workload (a): a base sandbox with a shell sleep loop in the background. */
-export async function startIdleShell(ls: Lockstep, opts: { memoryMb?: number } = {}): Promise<Sandbox> {
-  const sb = await ls.create({ image: 'base', ...(opts.memoryMb ? { memoryMb: opts.memoryMb } : {}) });
+export async function startIdleShell(
+  ls: Lockstep,
+  opts: { memoryMb?: number; network?: 'none' | 'egress' } = {},
+): Promise<Sandbox> {
+  const sb = await ls.create({
+    image: 'base',
+    ...(opts.memoryMb ? { memoryMb: opts.memoryMb } : {}),
+    ...(opts.network ? { network: opts.network } : {}),
+  });
   await sb.commands.spawn(IDLE_LOOP);
   await waitFor('the sleep loop to start', () => hostPidOf(ls, sb.id, 'while :'));
   return sb;
