@@ -242,5 +242,7 @@ function storeFullOr(engine: Engine, e: unknown): unknown {
 /** Removes a checkpoint's layer and process image (idempotent). */
 export async function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): Promise<void> {
   await engine.layers.deleteLayer(layerId);
-  fs.rmSync(engine.paths.processImage(checkpointId), { recursive: true, force: true });
+  // A CRIU worker of a manager that died mid-dump may still be writing its last file here:
+  // rm retries ENOTEMPTY a few times (seen in the random-kill test) instead of failing the reaper.
+  fs.rmSync(engine.paths.processImage(checkpointId), { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
 }

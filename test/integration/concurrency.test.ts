@@ -264,6 +264,15 @@ integration(test, () => {
       app.server.closeAllConnections();
       await sleep(500);
       const fdCount = () => fs.readdirSync('/proc/self/fd').length;
+      // What the descriptors are, for the message when the count is off.
+      const fdTargets = () =>
+        fs.readdirSync('/proc/self/fd').map((fd) => {
+          try {
+            return fs.readlinkSync(`/proc/self/fd/${fd}`);
+          } catch {
+            return '?';
+          }
+        });
       const before = { fds: fdCount(), ...leftovers(ls) };
 
       const drivers: Driver[] = Array.from({ length: SANDBOXES }, (_, i) => {
@@ -403,7 +412,8 @@ integration(test, () => {
       app.server.closeAllConnections();
       // Client sockets close when the server's end does; the count settles.
       await eventually(() => fdCount() === fdsBefore, 10_000).catch(() => undefined);
-      t.is(fdCount(), fdsBefore, `file descriptors: ${fdsBefore} before, ${fdCount()} after`);
+      const fdsAfter = fdCount();
+      t.is(fdsAfter, fdsBefore, `file descriptors: ${fdsBefore} before, ${fdsAfter} after: ${fdTargets().join(', ')}`);
     },
   );
 });
