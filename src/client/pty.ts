@@ -7,21 +7,13 @@
  * it saw and misses nothing.
  */
 import { InvalidArgumentError } from '../errors.js';
-import type { PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
+import type { PtyCreateOptions, PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
 import { errorFromWire, type WireError, ConnectionError } from './errors.js';
 import type { CallOptions } from './transport.js';
 import { WAIT_SLICE_MS, ndjsonEvents, type Sandbox } from './sandbox.js';
 
-/** Options of pty.create. */
-export interface RemotePtyCreateOptions extends CallOptions {
-  cols: number;
-  rows: number;
-  cmd?: string | string[] | undefined;
-  envs?: Record<string, string> | undefined;
-  cwd?: string | undefined;
-  /** Called with the terminal's output as it comes, until the PTY ends. */
-  onData?: ((data: Uint8Array) => void) | undefined;
-}
+/** Options of pty.create: the in-process SDK's, plus the call's own. */
+export interface RemotePtyCreateOptions extends PtyCreateOptions, CallOptions {}
 
 /** The PTYs of a remote sandbox. */
 export class RemotePty {
