@@ -62,6 +62,41 @@ export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
   };
 }
 
+/**
+ * The processes with the file open, other than through `ownFd`: who holds a
+ * lock that timed out (another manager, or a child that inherited the
+ * descriptor). Only read on that path: it walks every process's fds.
+ */
+function processesHolding(file: string, ownFd: number): string[] {
+  const found: string[] = [];
+  let pids: string[] = [];
+  try {
+    file = fs.realpathSync(file);
+    pids = fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p));
+  } catch {
+    return found;
+  }
+  for (const pid of pids) {
+    let fds: string[];
+    try {
+      fds = fs.readdirSync(`/proc/${pid}/fd`);
+    } catch {
+      continue;
+    }
+    for (const fd of fds) {
+      if (Number(pid) === process.pid && Number(fd) === ownFd) continue;
+      try {
+        if (fs.readlinkSync(`/proc/${pid}/fd/${fd}`) !== file) continue;
+        const comm = fs.readFileSync(`/proc/${pid}/comm`, 'utf8').trim();
+        found.push(`pid ${pid} (${comm}${Number(pid) === process.pid ? ', this manager' : ''}) fd ${fd}`);
+      } catch {
+        /* gone meanwhile */
+      }
+    }
+  }
+  return found;
+}
+
 /** In-process queue + cross-process flock on <run>/locks/<id> (StatePaths.sandboxLock). */
 export class SandboxLocks {
   private readonly chains = new Map<string, Promise<unknown>>();
@@ -83,10 +118,15 @@ export class SandboxLocks {
       fd = fs.openSync(this.lockFile(id), fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
       const deadline = this.clock.now() + timeoutMs;
       while (!this.flock(fd, true)) {
-        if (this.clock.now() > deadline)
-          throw new InvalidStateError('SANDBOX_BUSY', `Sandbox ${id} is busy with another operation`, {
-            sandboxId: id,
-          });
+        if (this.clock.now() > deadline) {
+          const holders = processesHolding(this.lockFile(id), fd);
+          throw new InvalidStateError(
+            'SANDBOX_BUSY',
+            `Sandbox ${id} is busy with another operation` +
+              (holders.length ? ` (its lock is open in ${holders.join(', ')})` : ''),
+            { sandboxId: id, holders },
+          );
+        }
         await this.clock.sleep(5);
       }
       return await fn();

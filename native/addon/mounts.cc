@@ -122,36 +122,31 @@ namespace {
 // A user namespace whose ids 0..count-1 are host ids base..base+count-1,
 // made only to describe an idmapped mount (the mount keeps its own
 // reference). As lxc and systemd do: a child born in a new user namespace
-// waits while we write its maps and open its namespace, then exits. The
+// waits while we write its maps and open its namespace, then is killed. The
 // child shares our memory (CLONE_VM: copying Node's page tables cost tens of
-// milliseconds) and runs only IdmapChild on a stack of its own: raw read
-// and exit, nothing that touches the C library's state.
+// milliseconds) and our descriptor table (CLONE_FILES), and runs only
+// IdmapChild on a stack of its own: raw pause, nothing that touches the C
+// library's state.
+//
+// Sharing the table matters: a child with a copy of it holds every
+// descriptor open at the moment of the clone, sandbox locks and the gates of
+// other such children made at once on libuv's pool included. Two children
+// that each waited for EOF on a pipe the other held a copy of never exited,
+// and the sandbox locks they had copies of stayed taken: SANDBOX_BUSY for
+// every later call on those sandboxes (concurrency.test, under load).
 constexpr size_t kIdmapChildStack = 64 * 1024;
 
-int IdmapChild(void* arg) {
-  const int* gate = static_cast<const int*>(arg);
-  char c;
-  ::syscall(SYS_close, gate[1]);        // our copy of the write end: EOF needs the parent's closed only
-  ::syscall(SYS_read, gate[0], &c, 1);  // returns at EOF: the parent is done with us
+int IdmapChild(void*) {
+  for (;;) ::syscall(SYS_pause);  // until SIGKILL
   return 0;
 }
 
 int MakeIdmapUserns(unsigned long base, unsigned long count, SystemFailure* failure) {
-  int gate[2];
-  if (::pipe2(gate, O_CLOEXEC) != 0) {
-    *failure = {errno, "pipe2", "", ""};
-    return -1;
-  }
-  // The child's argument sits at the far end of its stack, which lives until it is reaped.
+  // The child's stack lives until it is reaped.
   auto* stack = new char[kIdmapChildStack];
-  int* childGate = reinterpret_cast<int*>(stack);
-  childGate[0] = gate[0];
-  childGate[1] = gate[1];
-  int pid = ::clone(IdmapChild, stack + kIdmapChildStack, CLONE_VM | CLONE_NEWUSER | SIGCHLD, childGate);
+  int pid = ::clone(IdmapChild, stack + kIdmapChildStack, CLONE_VM | CLONE_FILES | CLONE_NEWUSER | SIGCHLD, nullptr);
   if (pid < 0) {
     *failure = {errno, "clone(CLONE_NEWUSER)", "", ""};
-    ::close(gate[0]);
-    ::close(gate[1]);
     delete[] stack;
     return -1;
   }
@@ -171,13 +166,13 @@ int MakeIdmapUserns(unsigned long base, unsigned long count, SystemFailure* fail
     if (nsfd < 0) *failure = {errno, "open", path, ""};
   }
 done:
-  ::close(gate[1]);
-  // The child exits once scheduled, which on a busy host can take tens of
+  // Not reaped yet, so the pid is still this child's.
+  ::kill(pid, SIGKILL);
+  // It dies once scheduled, which on a busy host can take tens of
   // milliseconds: reap it (and free its stack) on a thread of its own.
-  std::thread([pid, stack, readEnd = gate[0]]() {
+  std::thread([pid, stack]() {
     while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
-    ::close(readEnd);
     delete[] stack;
   }).detach();
   return nsfd;
