@@ -73,7 +73,7 @@ export interface LockstepConfig {
   readonly standbyAfterCheckpoint: boolean;
   /** Origins (scheme://host:port) the HTTP API may pull snapshots from; empty: pulls over HTTP are refused. */
   readonly pullSources: readonly string[];
-  /** The snapshot store push and pull use (LOCKSTEP_SNAPSHOT_STORE and the LOCKSTEP_S3_* variables). */
+  /** The snapshot store push and pull use (LOCKSTEP_SNAPSHOT_STORE and the S3 settings beside it). */
   readonly snapshotStore: SnapshotStoreConfig;
   /**
    * Public keys (`ed25519:<base64url>`) whose signed bundles an import accepts,
