@@ -7,12 +7,17 @@
  *   naming how to get it; another image under that name is
  *   SNAPSHOT_INCOMPATIBLE), the runtime layer and the name;
  * - every part as it ends, and the whole bundle's digest at its end
- *   (BUNDLE_CORRUPT naming what was wrong).
- * Meanwhile the layer is received by `btrfs receive` (chrooted) into a
- * scratch folder of the store and the image files are written into a new
- * image folder; only after the bundle's end has been verified does the
- * layer move into place and one catalog transaction record the snapshot
- * with its context and records. Any failure removes everything the import
+ *   (BUNDLE_CORRUPT naming what was wrong);
+ * - its signature, after the digest (signing.ts: BUNDLE_UNTRUSTED unless a
+ *   trusted host signed it);
+ * - the tenant's quota, on the header's size, as bytes arrive and when the
+ *   snapshot is recorded (QUOTA_EXCEEDED).
+ * Meanwhile the layer's send stream is spooled to a scratch file and the
+ * image files are written into a new image folder, none of it parsed: only
+ * once the signature has verified does `btrfs receive` (chrooted into a
+ * scratch folder of the store) read the layer and msgpack decode the
+ * context and records; then the layer moves into place and one catalog
+ * transaction records the snapshot with its context and records. Any failure removes everything the import
  * made; a crash is covered by the journal (kind `snapshot-import`) and the
  * reaper, which removes the uncommitted layer, image and scratch.
  * Data goes to disk as it arrives (with back-pressure): memory does not

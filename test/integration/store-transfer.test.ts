@@ -15,6 +15,7 @@ import { createHash, generateKeyPairSync } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import test, { type ExecutionContext } from 'ava';
 import type { Lockstep } from '../../src/index.js';
+import { resolveStoreConfig } from '../../src/config.js';
 import { S3SnapshotStore } from '../../src/snapshots/s3-store.js';
 import { keyName, signDigest } from '../../src/snapshots/signing.js';
 import type { TransferProgress } from '../../src/snapshots/transfer.js';
@@ -98,11 +99,7 @@ integration(test, () => {
   });
 
   function storeConfig(url: string) {
-    return {
-      url,
-      chunkBytes: 1 * MiB,
-      s3: { endpoint: undefined, region: 'us-east-1', forcePathStyle: true, credentials: undefined },
-    };
+    return resolveStoreConfig({ url, chunkMib: 1 });
   }
 
   /** A snapshot (of tenant, if given) whose sandbox wrote `text` to /workspace/kept.txt; its sandbox is removed. */
@@ -250,12 +247,22 @@ integration(test, () => {
       const backB = await b.pull('shared', { name: 'mine-again' });
       t.is(backB.snapshot.lineageId, snapB.lineageId);
       await b.delete(backB.snapshot.id);
-      // B removing "shared" removes B's only.
+      // B removing "shared" removes B's only; the garbage collector then takes B's chunks, not A's.
       await b.deleteStored('shared');
       t.deepEqual(
         (await a.listStored()).map((x) => x.name),
         ['shared'],
       );
+      const chunksOf = (who: string) =>
+        listDir(path.join(storeDir, 'tenants', tenantId(ls, who), 'chunks')).flatMap((fan) =>
+          listDir(path.join(storeDir, 'tenants', tenantId(ls, who), 'chunks', fan)),
+        );
+      const aChunks = chunksOf('store-alice');
+      t.true(chunksOf('store-bob').length > 0);
+      const gc = await cli(ls.home, ['store', 'gc', '--grace-ms', '0', '--store', storeDir, '--json']);
+      t.is(gc.code, 0, gc.stderr);
+      t.deepEqual(chunksOf('store-bob'), [], "B's unlisted chunks are collected");
+      t.deepEqual(chunksOf('store-alice'), aChunks, "A's listed chunks stay");
       await a.deleteStored('shared');
     },
   );
