@@ -5,7 +5,7 @@
  * LOCKSTEP_TRUSTED_BUNDLE_KEYS). A bundle's CRIU images are parsed by CRIU
  * as root when a sandbox starts from it, and its layer by `btrfs receive`:
  * the signature is what lets a host run those parsers only on bytes another
- * Lockstep host of the operator's produced (docs/SECURITY.md, "Bundles").
+ * Lockstep host of the operator's produced (docs/SECURITY.md, "Snapshots, bundles and pulls").
  *
  * What is signed is the bundle's digest (the SHA-256 of every byte before
  * its end frame), under a context string, so the signature covers every
