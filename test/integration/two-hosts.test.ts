@@ -25,6 +25,7 @@ import { TEST_ROOT, destroyHome, eventually, freshHome, integration, sleep } fro
 import { addTenant } from '../../src/tenants/tenants.js';
 import { hostPath } from '../fixtures/stub-workloads.js';
 import { hostSigningKey } from '../../src/snapshots/signing.js';
+import { StatePaths } from '../../src/paths.js';
 
 const CLI = fileURLToPath(new URL('../../../bin/lockstep.js', import.meta.url));
 const CLIENT = fileURLToPath(new URL('../../../test/fixtures/netns-client.mjs', import.meta.url));
@@ -131,8 +132,7 @@ integration(test, () => {
       LOCKSTEP_LOG_LEVEL: 'info',
       LOCKSTEP_PULL_SOURCES: which === 'B' ? urlA : '',
       // B imports what A signed: A's bundle-signing key is one B trusts.
-      LOCKSTEP_TRUSTED_BUNDLE_KEYS:
-        which === 'B' ? hostSigningKey(path.join(homeA, 'keys', 'bundle-ed25519.pem')).name : '',
+      LOCKSTEP_TRUSTED_BUNDLE_KEYS: which === 'B' ? hostSigningKey(new StatePaths(homeA).bundleSigningKey).name : '',
     };
     // nsenter joins only the network namespace: the server shares the host's mounts, like a host's daemon.
     const child = spawn(
