@@ -5,8 +5,12 @@
  * Export: the bundle stream into a file. Transfer: `GET
  * /v1/snapshots/:id/bundle` from a server on loopback into a file (the
  * export runs on the server side meanwhile, as in a pull). Import: the file
- * into a second state directory, verified. The load average is printed with
- * each run (the machine is shared).
+ * into a second state directory, verified (digest and signature: the second
+ * state directory trusts the first one's key). Push and pull: the same
+ * snapshot through a folder snapshot store (on /var/tmp), pushed from the
+ * first state directory (then pushed again: nothing sent) and pulled into
+ * the second. The load average is printed with each run (the machine is
+ * shared). Not part of `npm test`.
  * Run: node dist/bench/snapshot-bundle.js [--workspace-mib N] [--skip-python]
  */
 import fs from 'node:fs';
@@ -17,6 +21,7 @@ import { Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import { Lockstep, type Sandbox } from '../src/index.js';
 import { createServer } from '../src/http/server.js';
+import { DirSnapshotStore } from '../src/snapshots/dir-store.js';
 import { addTenant, migrateTenants } from '../src/tenants/tenants.js';
 
 const { values } = parseArgs({
@@ -56,6 +61,23 @@ async function measure(label: string, src: Lockstep, dst: Lockstep, tenant: stri
     const startMs = performance.now() - t;
     await dst.remove(started.id);
     await dst.snapshots.delete(imported.id);
+
+    // Through a folder snapshot store: push, push again, pull.
+    const storeDir = `/var/tmp/lockstep-bench-store-${process.pid}`;
+    const store = new DirSnapshotStore(storeDir);
+    let push: { ms: number; uploadedChunks: number; chunks: number };
+    let pushAgain: { ms: number; uploadedChunks: number };
+    let pullMs: number;
+    try {
+      push = await src.snapshots.push(snap.id, { store, key: 'bench', tenant });
+      pushAgain = await src.snapshots.push(snap.id, { store, key: 'bench', tenant });
+      t = performance.now();
+      const pulled = await dst.snapshots.pull('bench', { store, tenant });
+      pullMs = performance.now() - t;
+      await dst.snapshots.delete(pulled.snapshot.id);
+    } finally {
+      fs.rmSync(storeDir, { recursive: true, force: true });
+    }
     console.log(
       JSON.stringify({
         label,
@@ -65,6 +87,11 @@ async function measure(label: string, src: Lockstep, dst: Lockstep, tenant: stri
         transferMs: Math.round(transferMs),
         importMs: Math.round(importMs),
         startFromImportMs: Math.round(startMs),
+        pushMs: Math.round(push.ms),
+        pushChunks: `${push.uploadedChunks}/${push.chunks}`,
+        pushAgainMs: Math.round(pushAgain.ms),
+        pushAgainSent: pushAgain.uploadedChunks,
+        pullMs: Math.round(pullMs),
         load1: [load0, os.loadavg()[0]!].map((l) => +l.toFixed(1)),
       }),
     );
@@ -75,34 +102,36 @@ async function measure(label: string, src: Lockstep, dst: Lockstep, tenant: stri
 }
 
 const homes = [`/var/tmp/lockstep-bench-snap-a-${process.pid}`, `/var/tmp/lockstep-bench-snap-b-${process.pid}`];
-const [src, dst] = await Promise.all(homes.map((home) => Lockstep.open({ home })));
+const src = await Lockstep.open({ home: homes[0] });
+// The second host imports what the first one signed.
+const dst = await Lockstep.open({ home: homes[1], config: { trustedBundleKeys: [src.snapshots.signingKey()] } });
 try {
-  for (const ls of [src!, dst!]) {
+  for (const ls of [src, dst]) {
     await ls.images.ensure('base');
     if (!values['skip-python']) await ls.images.ensure('dev');
   }
-  migrateTenants(src!.engine.catalog.db);
-  const { tenant, token } = addTenant(src!.engine.catalog.db, 'bench');
+  migrateTenants(src.engine.catalog.db);
+  const { tenant, token } = addTenant(src.engine.catalog.db, 'bench');
   if (!values['skip-python']) {
-    const sb = await src!.create({ image: 'dev', memoryMb: 256, tenant: tenant.id });
+    const sb = await src.create({ image: 'dev', memoryMb: 256, tenant: tenant.id });
     await sb.commands.spawn([
       'python3',
       '-c',
       'import os, time\nb = bytearray(os.urandom(64 << 20))\nwhile True: time.sleep(0.1)',
     ]);
     await new Promise((r) => setTimeout(r, 3000));
-    await measure('python 64 MiB', src!, dst!, tenant.id, token, sb);
-    await src!.remove(sb.id);
+    await measure('python 64 MiB', src, dst, tenant.id, token, sb);
+    await src.remove(sb.id);
   }
   if (workspaceMib > 0) {
-    const sb = await src!.create({ image: 'base', tenant: tenant.id });
+    const sb = await src.create({ image: 'base', tenant: tenant.id });
     await sb.commands.run(['sh', '-c', `head -c ${workspaceMib * MiB} /dev/urandom > /workspace/big`], {
       timeoutMs: 1_800_000,
     });
-    await measure(`workspace ${workspaceMib} MiB`, src!, dst!, tenant.id, token, sb);
-    await src!.remove(sb.id);
+    await measure(`workspace ${workspaceMib} MiB`, src, dst, tenant.id, token, sb);
+    await src.remove(sb.id);
   }
 } finally {
-  await src!.destroyAll({ deleteFiles: true });
-  await dst!.destroyAll({ deleteFiles: true });
+  await src.destroyAll({ deleteFiles: true });
+  await dst.destroyAll({ deleteFiles: true });
 }

@@ -73,6 +73,13 @@ export interface LockstepConfig {
   readonly standbyAfterCheckpoint: boolean;
   /** Origins (scheme://host:port) the HTTP API may pull snapshots from; empty: pulls over HTTP are refused. */
   readonly pullSources: readonly string[];
+  /** The snapshot store push and pull use (LOCKSTEP_SNAPSHOT_STORE and the S3 settings beside it). */
+  readonly snapshotStore: SnapshotStoreConfig;
+  /**
+   * Public keys (`ed25519:<base64url>`) whose signed bundles an import accepts,
+   * besides this state directory's own key; every other bundle is BUNDLE_UNTRUSTED.
+   */
+  readonly trustedBundleKeys: readonly string[];
   /** Private IPv4 range cut into one /31 per egress sandbox (src/network/addresses.ts). */
   readonly networkRange: string;
   /** CIDRs no egress sandbox may reach, on top of the built-in deny list (src/network/nftables.ts). */
@@ -107,6 +114,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_STANDBY_BUDGET_MB: { reader: 'manager', key: 'standbyBudgetBytes' },
   LOCKSTEP_STANDBY_AFTER_CHECKPOINT: { reader: 'manager', key: 'standbyAfterCheckpoint' },
   LOCKSTEP_PULL_SOURCES: { reader: 'manager', key: 'pullSources' },
+  LOCKSTEP_TRUSTED_BUNDLE_KEYS: { reader: 'manager', key: 'trustedBundleKeys' },
   LOCKSTEP_NETWORK_RANGE: { reader: 'manager', key: 'networkRange' },
   LOCKSTEP_NETWORK_DENY: { reader: 'manager', key: 'networkDeny' },
   LOCKSTEP_DNS_UPSTREAM: { reader: 'manager', key: 'dnsUpstream' },
@@ -225,7 +233,31 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     standbyBudgetBytes,
     standbyAfterCheckpoint: options.standbyAfterCheckpoint ?? e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT') !== 'off',
     pullSources: options.pullSources ?? pullSources(e('LOCKSTEP_PULL_SOURCES')),
+    snapshotStore: options.snapshotStore ?? resolveStoreConfig({}, env),
+    trustedBundleKeys: options.trustedBundleKeys ?? bundleKeys(e('LOCKSTEP_TRUSTED_BUNDLE_KEYS')),
   };
+}
+
+/** A bundle-signing public key as Lockstep writes it: `ed25519:` and the 32 raw bytes in base64url. */
+export const BUNDLE_KEY = /^ed25519:[A-Za-z0-9_-]{43}$/;
+
+/** "ed25519:…, ed25519:…" as keys; anything else is CONFIG_INVALID. */
+function bundleKeys(raw: string | undefined): string[] {
+  if (!raw) return [];
+  return raw
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean)
+    .map((k) => {
+      if (!BUNDLE_KEY.test(k))
+        throw invalid(
+          'trustedBundleKeys',
+          'LOCKSTEP_TRUSTED_BUNDLE_KEYS',
+          'comma-separated keys as `lockstep snapshot key` prints them (ed25519:…)',
+          k,
+        );
+      return k;
+    });
 }
 
 /** Where snapshot bundles are stored (src/snapshots/), and how to reach it. */

@@ -68,7 +68,9 @@ export const ERROR_CODES = [
   // Snapshot bundles that cannot be imported here
   'SNAPSHOT_INCOMPATIBLE',
   'BUNDLE_CORRUPT',
+  'BUNDLE_UNTRUSTED',
   'PULL_SOURCE_NOT_ALLOWED',
+  'STORE_NOT_CONFIGURED',
   // Commands and forks that did not finish
   'COMMAND_TIMEOUT',
   'COMMAND_ABORTED',

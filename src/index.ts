@@ -77,7 +77,9 @@ export {
   type SnapshotStore,
 } from './snapshots/store.js';
 export { resolveStoreConfig, type SnapshotStoreConfig, type SnapshotStoreOptions } from './config.js';
-export { Snapshots, type PullResult } from './snapshots/snapshots-api.js';
+export { Snapshots, type PullResult, type StorePullResult } from './snapshots/snapshots-api.js';
+export type { PushOptions, PushReport, StorePullOptions, TransferProgress } from './snapshots/transfer.js';
+export { BundleUntrustedError } from './snapshots/signing.js';
 export type { SnapshotInfo } from './snapshots/snapshot-rows.js';
 export type { SnapshotOptions } from './snapshots/snapshots.js';
 export type { ImportOptions } from './snapshots/import.js';

@@ -20,6 +20,10 @@ export class StatePaths {
   get catalog() {
     return path.join(this.home, 'lockstep.db');
   }
+  /** This state directory's bundle-signing key (Ed25519, PKCS#8 PEM, 0600). */
+  get bundleSigningKey() {
+    return path.join(this.home, 'keys', 'bundle-ed25519.pem');
+  }
   get managerLock() {
     return path.join(this.home, 'manager.lock');
   }

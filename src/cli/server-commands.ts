@@ -178,7 +178,7 @@ export const serverCommands: Record<string, Handler> = {
               `${t.usage.sandboxes}/${lim(t.maxSandboxes)}`,
               `${t.usage.memoryMb}+${t.usage.standbyMemoryMb}/${lim(t.maxMemoryMb)}`,
               `${t.usage.cpuWeight}/${lim(t.maxCpuWeight)}`,
-              `${t.usage.checkpointMb}/${lim(t.maxCheckpointMb)}`,
+              `${t.usage.checkpointMb + t.usage.snapshotMb}/${lim(t.maxCheckpointMb)}`,
               t.createdAt,
             ]);
             process.stdout.write(

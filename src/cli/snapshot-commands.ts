@@ -6,7 +6,11 @@
  */
 import { pipeline } from 'node:stream/promises';
 import type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
-import { EXIT, UsageError, printJson, table } from './output.js';
+import { EXIT, Progress, UsageError, printJson, table } from './output.js';
+import { resolveStoreConfig } from '../config.js';
+import { openSnapshotStore } from '../snapshots/open-store.js';
+import type { SnapshotStore } from '../snapshots/store.js';
+import type { TransferProgress } from '../snapshots/transfer.js';
 import { intFlag, need, parse } from './args.js';
 import { withLockstep } from './session.js';
 
@@ -21,7 +25,35 @@ export const SNAPSHOT_HELP = `snapshots
   snapshot export ID|NAME > FILE                 the bundle on stdout
   snapshot import [--name N] [--json] < FILE     a bundle from stdin
   snapshot pull --from URL --token T ID|NAME [--name N] [--json]
+  snapshot push ID|NAME [--key K] [--store URL] [--json]   into the snapshot store
+  snapshot pull KEY [--store URL] [--name N] [--json]      from the snapshot store
+  snapshot key                                   this host's bundle-signing key
   create --from-snapshot ID|NAME [--json]`;
+
+const MiB = 1024 * 1024;
+
+/** A progress line for a transfer, redrawn on a terminal, at most every 2 s to a pipe or log. */
+function transferProgress(quiet: boolean): { report: (p: TransferProgress) => void; done: () => void } {
+  const progress = new Progress(quiet);
+  let last = 0;
+  return {
+    report(p) {
+      const now = Date.now();
+      if (now - last < (process.stderr.isTTY ? 100 : 2000)) return;
+      last = now;
+      const of = p.totalBytes ? ` of ${(p.totalBytes / MiB).toFixed(0)}` : '';
+      const chunks =
+        p.uploadedChunks !== undefined ? `, ${p.uploadedChunks} chunks sent, ${p.skippedChunks} already stored` : '';
+      progress.update(`${p.phase}: ${(p.bytes / MiB).toFixed(0)}${of} MiB${chunks}`);
+    },
+    done: () => progress.done(),
+  };
+}
+
+/** The store `--store` names, or undefined for the configured one; closed by the caller. */
+async function storeFlag(url: string | undefined): Promise<SnapshotStore | undefined> {
+  return url === undefined ? undefined : openSnapshotStore(resolveStoreConfig({ url }));
+}
 
 function metaFlags(values: string[] | undefined): Record<string, string> | undefined {
   if (!values?.length) return undefined;
@@ -121,20 +153,73 @@ export const snapshotCommands: Record<string, Handler> = {
           return EXIT.ok;
         });
       }
+      case 'push': {
+        const u = 'lockstep snapshot push ID|NAME [--key K] [--store URL] [--json]';
+        const { values, positionals } = parse(
+          rest,
+          { key: { type: 'string' }, store: { type: 'string' }, json: { type: 'boolean' } },
+          u,
+        );
+        const [ref] = need(positionals, 1, u);
+        const store = await storeFlag(values.store);
+        try {
+          return await withLockstep(async (ls) => {
+            const progress = transferProgress(values.json === true);
+            const r = await ls.snapshots.push(ref!, { key: values.key, store, onProgress: progress.report });
+            progress.done();
+            if (values.json) printJson(r);
+            else
+              process.stdout.write(
+                `${r.key} ${r.digest} ${r.bytes} bytes (${r.uploadedChunks} chunks sent, ${r.skippedChunks} already stored)\n`,
+              );
+            return EXIT.ok;
+          });
+        } finally {
+          store?.close();
+        }
+      }
+      case 'key': {
+        const u = 'lockstep snapshot key';
+        need(parse(rest, {}, u).positionals, 0, u);
+        return withLockstep(async (ls) => {
+          process.stdout.write(`${ls.snapshots.signingKey()}\n`);
+          return EXIT.ok;
+        });
+      }
       case 'pull': {
-        const u = 'lockstep snapshot pull --from URL --token T ID|NAME [--name N] [--json]';
+        const u =
+          'lockstep snapshot pull --from URL --token T ID|NAME [--name N] [--json]\n' +
+          '       lockstep snapshot pull KEY [--store URL] [--name N] [--json]';
         const { values, positionals } = parse(
           rest,
           {
             from: { type: 'string' },
             token: { type: 'string' },
             name: { type: 'string' },
+            store: { type: 'string' },
             json: { type: 'boolean' },
           },
           u,
         );
         const [ref] = need(positionals, 1, u);
+        if (values.from === undefined && values.token === undefined) {
+          const store = await storeFlag(values.store);
+          try {
+            return await withLockstep(async (ls) => {
+              const progress = transferProgress(values.json === true);
+              const r = await ls.snapshots.pull(ref!, { name: values.name, store, onProgress: progress.report });
+              progress.done();
+              if (values.json) printJson(r);
+              else process.stdout.write(`${r.snapshot.id}\n`);
+              return EXIT.ok;
+            });
+          } finally {
+            store?.close();
+          }
+        }
         if (!values.from || !values.token) throw new UsageError(`--from and --token are needed\nusage: ${u}`);
+        if (values.store)
+          throw new UsageError(`--store is for a pull from the snapshot store, not --from\nusage: ${u}`);
         return withLockstep(async (ls) => {
           const r = await ls.snapshots.pull({
             from: values.from!,

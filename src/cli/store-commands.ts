@@ -19,7 +19,7 @@ export const STORE_HELP = `snapshot store (--store s3://BUCKET[/PREFIX] | file:/
   store get NAME [--store URL]            writes the bundle to stdout, each chunk verified
   store ls [PREFIX] [--store URL] [--json]
   store rm NAME [--store URL] [--json]
-  store gc [--grace-ms MS] [--store URL] [--json]   removes chunks no bundle lists`;
+  store gc [--grace-ms MS] [--store URL] [--json]   removes chunks no bundle lists (every tenant's part too)`;
 
 const MiB = 1024 * 1024;
 
@@ -114,7 +114,14 @@ export const storeCommands: Record<string, Handler> = {
         if (grace !== undefined && !/^\d+$/.test(grace))
           throw new UsageError(`--grace-ms must be a whole number of ms, got ${JSON.stringify(grace)}`);
         return withStore(values.store, async (store) => {
-          const r = await store.collectGarbage(grace === undefined ? {} : { graceMs: Number(grace) });
+          const opts = grace === undefined ? {} : { graceMs: Number(grace) };
+          const r = await store.collectGarbage(opts);
+          // Every tenant's part of the store has chunks of its own (src/snapshots/transfer.ts).
+          for (const tenant of await store.tenants()) {
+            const part = await store.forTenant(tenant).collectGarbage(opts);
+            r.removedChunks += part.removedChunks;
+            r.removedBytes += part.removedBytes;
+          }
           if (values.json) printJson(r);
           else process.stdout.write(`${r.removedChunks} chunks removed (${r.removedBytes} bytes)\n`);
           return EXIT.ok;

@@ -21,7 +21,7 @@ export {
 export { RemotePty, RemotePtyHandle, type RemotePtyCreateOptions } from './pty.js';
 export type { PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
 export { Images, type ImageInfo } from './images.js';
-export { Snapshots, type RemotePullResult } from './snapshots.js';
+export { Snapshots, type RemotePullResult, type RemoteStorePullResult } from './snapshots.js';
 export type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
 export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from './errors.js';
 export { DEFAULT_API_URL, type ConnectionOptions, type CallOptions } from './transport.js';

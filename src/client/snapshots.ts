@@ -4,12 +4,16 @@ import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import type { ForkResult } from '../checkpoints/fork.js';
 import type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
 import type { PullReport } from '../snapshots/pull.js';
+import type { PushReport, StorePullReport } from '../snapshots/transfer.js';
+import type { BundleStat } from '../snapshots/store.js';
 import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
 
 const enc = encodeURIComponent;
 
 /** What a pull did, as the API reports it. */
 export type RemotePullResult = Omit<PullReport, 'snapshot'> & { snapshot: SnapshotInfo };
+/** What a pull from the snapshot store did, as the API reports it. */
+export type RemoteStorePullResult = Omit<StorePullReport, 'snapshot'> & { snapshot: SnapshotInfo };
 
 /** The tenant's snapshots on one server. */
 export class Snapshots {
@@ -105,8 +109,24 @@ export class Snapshots {
   /** Makes the server pull a snapshot from another server (`from`, with a token of the tenant there). */
   async pull(
     opts: { from: string; snapshot: string; token: string; name?: string | undefined } & CallOptions,
-  ): Promise<RemotePullResult> {
-    const { signal, idempotencyKey, ...body } = opts;
+  ): Promise<RemotePullResult>;
+  /** Makes the server import the bundle stored under `key` in the tenant's part of its snapshot store. */
+  async pull(key: string, opts?: { name?: string | undefined } & CallOptions): Promise<RemoteStorePullResult>;
+  async pull(
+    a: ({ from: string; snapshot: string; token: string; name?: string | undefined } & CallOptions) | string,
+    b: { name?: string | undefined } & CallOptions = {},
+  ): Promise<RemotePullResult | RemoteStorePullResult> {
+    if (typeof a === 'string') {
+      const { signal, idempotencyKey, ...body } = b;
+      return this.transport.json({
+        method: 'POST',
+        path: `/store/bundles/${enc(a)}/pull`,
+        body: { json: body },
+        signal,
+        idempotencyKey,
+      });
+    }
+    const { signal, idempotencyKey, ...body } = a;
     return this.transport.json({
       method: 'POST',
       path: '/snapshots/pull',
@@ -114,5 +134,27 @@ export class Snapshots {
       signal,
       idempotencyKey,
     });
+  }
+
+  /** Makes the server export the snapshot into the tenant's part of its snapshot store, under `key`. */
+  async push(ref: string, opts: { key?: string | undefined } & CallOptions = {}): Promise<PushReport> {
+    const { signal, idempotencyKey, ...body } = opts;
+    return this.transport.json({
+      method: 'POST',
+      path: `/snapshots/${enc(ref)}/push`,
+      body: { json: body },
+      signal,
+      idempotencyKey,
+    });
+  }
+
+  /** The bundles in the tenant's part of the server's snapshot store. */
+  async listStored(opts: CallOptions = {}): Promise<BundleStat[]> {
+    return this.transport.json({ method: 'GET', path: '/store/bundles', signal: opts.signal });
+  }
+
+  /** Removes a bundle from the tenant's part of the store. */
+  async deleteStored(key: string, opts: CallOptions = {}): Promise<void> {
+    await this.transport.send({ method: 'DELETE', path: `/store/bundles/${enc(key)}`, signal: opts.signal });
   }
 }

@@ -92,6 +92,10 @@ export const HTTP_STATUS = {
   SNAPSHOT_INCOMPATIBLE: 422,
   // The server may pull snapshots only from the origins its operator listed (LOCKSTEP_PULL_SOURCES).
   PULL_SOURCE_NOT_ALLOWED: 403,
+  // Unsigned, signed by a key this host does not trust (LOCKSTEP_TRUSTED_BUNDLE_KEYS), or altered.
+  BUNDLE_UNTRUSTED: 422,
+  // The operator configured no snapshot store (LOCKSTEP_SNAPSHOT_STORE): push and store pulls are off.
+  STORE_NOT_CONFIGURED: 501,
 
   COMMAND_TIMEOUT: 504,
   // Aborted by the server's shutdown (or for a client that is gone).

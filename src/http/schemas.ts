@@ -41,9 +41,12 @@ const STATUS_TEXT: Record<number, string> = {
     'idempotency key reused or in progress, checkpoint corrupt)',
   413: 'Body too large',
   415: 'Unsupported Content-Type',
-  422: 'A requested limit this host cannot enforce (LIMIT_UNSUPPORTED; `field` names it)',
+  422:
+    'A requested limit this host cannot enforce (LIMIT_UNSUPPORTED; `field` names it), ' +
+    'or a bundle it cannot run or does not trust (SNAPSHOT_INCOMPATIBLE, BUNDLE_UNTRUSTED)',
   429: 'A tenant quota would be exceeded (QUOTA_EXCEEDED)',
-  503: 'The server is shutting down',
+  501: 'No snapshot store is configured on this server (STORE_NOT_CONFIGURED)',
+  503: 'The server is shutting down, or the snapshot store cannot be reached (STORE_UNAVAILABLE)',
   507: "A write past the sandbox's disk quota (DISK_QUOTA_EXCEEDED) or a full layer store (DISK_FULL)",
   504: 'The command timed out (COMMAND_TIMEOUT)',
   500: 'Internal error (details only in the server log)',
@@ -313,6 +316,19 @@ export const pullBody = obj(
   ['from', 'snapshot', 'token'],
 );
 
+export const storeKey = str(128, {
+  pattern: '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$',
+  description: "A bundle's key in the tenant's part of the snapshot store",
+});
+export const storeKeyParams: Schema = {
+  type: 'object',
+  properties: { key: storeKey },
+  required: ['key'],
+  additionalProperties: false,
+};
+export const pushBody = obj({ key: storeKey });
+export const storePullBody = obj({ name: snapshotName });
+
 const reversibility: Schema = { type: 'string', enum: ['sandbox-local', 'compensable', 'irreversible'] };
 
 export const effectBeginBody = obj(
@@ -431,6 +447,14 @@ export const beginResult = loose(
 );
 export const arrayOf = (items: Schema, description: string): Schema => ({ type: 'array', items, description });
 export const anyObject = (description: string): Schema => loose(description);
+export const storedBundle = loose('A bundle in the snapshot store', {
+  name: { type: 'string' },
+  digest: { type: 'string' },
+  bytes: { type: 'integer' },
+  chunks: { type: 'integer' },
+  chunkBytes: { type: 'integer' },
+  createdAt: { type: 'string' },
+});
 export const snapshotInfo = loose('A snapshot', {
   id: { type: 'string' },
   name: { type: ['string', 'null'] },

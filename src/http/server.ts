@@ -34,6 +34,7 @@ import { imageRoutes } from './routes/images.js';
 import { mcpRoutes } from './routes/mcp.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
+import { storeRoutes } from './routes/store.js';
 import { RequestLogController } from './request-log.js';
 import { VERSION } from '../version.js';
 
@@ -268,6 +269,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
       // Input bytes (stdin, PTY keys) arrive as one Buffer, bounded like the input queue.
       await v1.register(async (raw) => ptyRoutes(raw, ctx));
       snapshotRoutes(v1, ctx);
+      storeRoutes(v1, ctx);
       await v1.register(async (files) => {
         // Raw file bytes stay a stream: the route writes them to the file as they arrive.
         files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));

@@ -557,6 +557,52 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         return { id, deleted: true };
       }),
   );
+  // The snapshot store (LOCKSTEP_SNAPSHOT_STORE): the tenant's own part of it.
+  const storeKey = z
+    .string()
+    .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/)
+    .describe("A bundle's key in your part of the snapshot store");
+  server.registerTool(
+    'push_snapshot',
+    {
+      description:
+        'Copy a snapshot into the snapshot store (for another host to pull), under a key (default: its name, else its id). ' +
+        'Chunks the store already has are not sent again.',
+      inputSchema: { snapshot: snapshotRef, key: storeKey.optional() },
+      annotations: hints(false, false, true),
+    },
+    ({ snapshot, key }) =>
+      tool(async () => {
+        const { id } = ls.snapshots.get(snapshot, tenantOf);
+        return ls.snapshots.push(id, { key, ...tenantOf });
+      }),
+  );
+  server.registerTool(
+    'pull_snapshot',
+    {
+      description:
+        'Make a new snapshot here from a bundle in the snapshot store (verified, and only if a trusted host signed it).',
+      inputSchema: {
+        key: storeKey,
+        name: z
+          .string()
+          .regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)
+          .optional()
+          .describe('Its name here (default: the name it had)'),
+      },
+      annotations: hints(false, false, false),
+    },
+    ({ key, name }) => tool(async () => ls.snapshots.pull(key, { name, ...tenantOf })),
+  );
+  server.registerTool(
+    'list_stored_snapshots',
+    {
+      description: 'The bundles in your part of the snapshot store.',
+      inputSchema: {},
+      annotations: hints(true, false, true),
+    },
+    () => tool(() => ls.snapshots.listStored(tenantOf)),
+  );
   if (scope)
     server.registerTool(
       'start_from_snapshot',

@@ -9,6 +9,8 @@
  *     D  data, at most 1 MiB per frame
  *     E  part ends: SHA-256 (32 bytes) and size (uint64 BE) of its data
  *     Z  end: SHA-256 of every byte before this frame, the bundle's digest
+ *     S  signature, JSON {key, signature}: the exporting host's Ed25519
+ *        signature of the digest (signing.ts); the last frame
  *
  * Every part is checked against its E frame as it ends, and the whole
  * against Z; a reader refuses (BUNDLE_CORRUPT, naming what was wrong) a
@@ -22,7 +24,9 @@ import { LockstepError } from '../errors.js';
 
 export const BUNDLE_MAGIC = Buffer.from('LSBUNDL1', 'latin1');
 export const MAX_FRAME = 1 << 20;
-const FRAME_TYPES = new Set(['H', 'P', 'D', 'E', 'Z']);
+const FRAME_TYPES = new Set(['H', 'P', 'D', 'E', 'Z']); // S only after Z
+/** Largest signature frame (a key name and a signature are ~150 bytes). */
+const MAX_SIGNATURE_FRAME = 4096;
 
 /** The bundle's bytes are not a whole, intact bundle; nothing was imported. */
 export class BundleCorruptError extends LockstepError {
@@ -86,14 +90,26 @@ export class BundleWriter {
     yield this.frame('E', end);
   }
 
-  /** The last frame; returns it and the bundle's digest (hex). */
-  end(): { frame: Buffer; digest: string; bytes: number } {
+  /**
+   * The last frames: the digest, then (given a signer) its signature.
+   * Returns them, the bundle's digest (hex) and its length.
+   */
+  end(sign?: (digest: Buffer) => unknown): { frame: Buffer; digest: string; bytes: number } {
     const digest = this.whole.copy().digest();
     const head = Buffer.alloc(5);
     head.write('Z', 0, 'latin1');
     head.writeUInt32BE(32, 1);
-    this.bytes += 37;
-    return { frame: Buffer.concat([head, digest]), digest: digest.toString('hex'), bytes: this.bytes };
+    const frames = [head, digest];
+    if (sign) {
+      const payload = Buffer.from(JSON.stringify(sign(digest)), 'utf8');
+      const sHead = Buffer.alloc(5);
+      sHead.write('S', 0, 'latin1');
+      sHead.writeUInt32BE(payload.length, 1);
+      frames.push(sHead, payload);
+    }
+    const frame = Buffer.concat(frames);
+    this.bytes += frame.length;
+    return { frame, digest: digest.toString('hex'), bytes: this.bytes };
   }
 }
 
@@ -103,7 +119,8 @@ export type BundleEvent =
   | { type: 'part'; name: string }
   | { type: 'data'; name: string; chunk: Buffer }
   | { type: 'partEnd'; name: string; size: number; sha256: string }
-  | { type: 'end'; digest: string };
+  /** `signature`: the S frame's JSON, undefined for an unsigned bundle; the caller checks it. */
+  | { type: 'end'; digest: string; signature: unknown };
 
 /** A byte queue that hands out exact lengths without concatenating more than it must. */
 const EMPTY = Buffer.alloc(0);
@@ -179,8 +196,21 @@ export async function* readBundle(source: AsyncIterable<Buffer | Uint8Array | st
       if (part) throw new BundleCorruptError(`it ends inside part ${part.name}`);
       if (len !== 32 || !payload.equals(digest))
         throw new BundleCorruptError('its digest does not match its content (SHA-256 of the bundle)');
+      let signature: unknown;
+      if (await fill(5)) {
+        const sHead = q.take(5);
+        const sLen = sHead.readUInt32BE(1);
+        if (sHead.toString('latin1', 0, 1) !== 'S' || sLen > MAX_SIGNATURE_FRAME)
+          throw new BundleCorruptError('it has bytes after its end');
+        if (!(await fill(sLen))) throw new BundleCorruptError('it ends inside its signature (truncated)');
+        try {
+          signature = JSON.parse(q.take(sLen).toString('utf8'));
+        } catch {
+          throw new BundleCorruptError('its signature frame is not JSON');
+        }
+      }
       if (q.length > 0 || (await fill(1))) throw new BundleCorruptError('it has bytes after its end');
-      yield { type: 'end', digest: digest.toString('hex') };
+      yield { type: 'end', digest: digest.toString('hex'), signature };
       return;
     }
     whole.update(head);

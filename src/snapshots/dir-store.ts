@@ -5,6 +5,7 @@
  *   chunks/<first two hex digits>/<sha256>   one file per chunk
  *   manifests/<name, URI-encoded>.json       one file per name ("/" → %2F: one flat folder)
  *   tmp/                                     files being written
+ *   tenants/<tn_…>/                          a tenant's own store, the same layout
  *
  * Every file is written in tmp/, fsynced, renamed into place and its folder
  * fsynced: a reader (or a crash) sees the whole file or none, and a chunk
@@ -158,6 +159,19 @@ export class DirBackend implements ChunkBackend {
     const p = this.manifestPath(name);
     await fsp.rm(p, { force: true });
     await fsyncDir(path.dirname(p));
+  }
+
+  scoped(tenant: string): ChunkBackend {
+    return new DirBackend(path.join(this.location, 'tenants', tenant));
+  }
+
+  async listScopes(): Promise<string[]> {
+    try {
+      return await fsp.readdir(path.join(this.location, 'tenants'));
+    } catch (e) {
+      if (isMissing(e)) return [];
+      throw e;
+    }
   }
 
   /** Removes temporary files a crashed put left (an aborted one removes its own). */

@@ -33,6 +33,7 @@ import { BundleWriter } from './bundle-format.js';
 import { hostIdentity, type HostIdentity } from './host-identity.js';
 import { SnapshotRows, asCheckpoint, type SnapshotRow, type SnapshotTemplate } from './snapshot-rows.js';
 import { withSnapshotLock } from './snapshots.js';
+import { hostSigningKey, signDigest } from './signing.js';
 import { VERSION } from '../version.js';
 
 export const BUNDLE_FORMAT = 'lockstep-snapshot-bundle';
@@ -169,6 +170,7 @@ export async function openExport(engine: Engine, ref: string, tenant?: string | 
     const snap = rows.get(first.id);
     if (!snap) throw new NotFoundError('snapshot', ref);
     await verifyCheckpoint(engine, asCheckpoint(snap));
+    const key = hostSigningKey(engine.paths.bundleSigningKey);
     let imageDir = engine.paths.processImage(snap.process_image);
     if (parentOf(imageDir) !== null) imageDir = flat = await flattenedCopy(engine, imageDir);
     const files = fs
@@ -212,7 +214,7 @@ export async function openExport(engine: Engine, ref: string, tenant?: string | 
           yield* w.part(`image/${name}`, fs.createReadStream(path.join(dir, name), { highWaterMark: 1 << 20 }));
         yield* w.part('context', [pack(context)]);
         yield* w.part('records', [pack(records)]);
-        const end = w.end();
+        const end = w.end((digest) => signDigest(key, digest));
         rows.setDigest(snap!.id, end.digest, end.bytes);
         yield end.frame;
       } catch (e) {

@@ -7,12 +7,17 @@
  *   naming how to get it; another image under that name is
  *   SNAPSHOT_INCOMPATIBLE), the runtime layer and the name;
  * - every part as it ends, and the whole bundle's digest at its end
- *   (BUNDLE_CORRUPT naming what was wrong).
- * Meanwhile the layer is received by `btrfs receive` (chrooted) into a
- * scratch folder of the store and the image files are written into a new
- * image folder; only after the bundle's end has been verified does the
- * layer move into place and one catalog transaction record the snapshot
- * with its context and records. Any failure removes everything the import
+ *   (BUNDLE_CORRUPT naming what was wrong);
+ * - its signature, after the digest (signing.ts: BUNDLE_UNTRUSTED unless a
+ *   trusted host signed it);
+ * - the tenant's quota, on the header's size, as bytes arrive and when the
+ *   snapshot is recorded (QUOTA_EXCEEDED).
+ * Meanwhile the layer's send stream is spooled to a scratch file and the
+ * image files are written into a new image folder, none of it parsed: only
+ * once the signature has verified does `btrfs receive` (chrooted into a
+ * scratch folder of the store) read the layer and msgpack decode the
+ * context and records; then the layer moves into place and one catalog
+ * transaction records the snapshot with its context and records. Any failure removes everything the import
  * made; a crash is covered by the journal (kind `snapshot-import`) and the
  * reaper, which removes the uncommitted layer, image and scratch.
  * Data goes to disk as it arrives (with back-pressure): memory does not
@@ -33,6 +38,8 @@ import { checkCompatible, SnapshotIncompatibleError } from './host-identity.js';
 import { BUNDLE_FORMAT, BUNDLE_VERSION, type BundleHeader, type BundleRecords } from './export.js';
 import { SnapshotRows, type SnapshotRow } from './snapshot-rows.js';
 import { assertNameFree, validateMetadata, validateSnapshotName } from './snapshots.js';
+import { checkSignature, hostSigningKey } from './signing.js';
+import { checkSnapshotQuota, snapshotAllowance, tenantOf } from '../tenants/quotas.js';
 
 /** Options of an import. */
 export interface ImportOptions {
@@ -85,12 +92,14 @@ function checkHeader(engine: Engine, raw: unknown, opts: ImportOptions): BundleH
   return h as BundleHeader;
 }
 
-/** `btrfs receive` into dir, chrooted there: a stream's paths cannot reach outside it. */
-function btrfsReceive(dir: string): { child: ChildProcess; done: Promise<void> } {
-  const child = spawn('btrfs', ['receive', '-e', '-C', dir], { stdio: ['pipe', 'ignore', 'pipe'] });
+/**
+ * `btrfs receive` into dir, chrooted there (a stream's paths cannot reach
+ * outside it), reading the layer's send stream from `input` (an open file).
+ */
+function btrfsReceive(dir: string, input: number): { child: ChildProcess; done: Promise<void> } {
+  const child = spawn('btrfs', ['receive', '-e', '-C', dir], { stdio: [input, 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr!.on('data', (b: Buffer) => (stderr = (stderr + b.toString()).slice(-2000)));
-  child.stdin!.on('error', () => undefined); // EPIPE when receive gives up: its exit says why
   const done = new Promise<void>((resolve, reject) => {
     child.once('error', (e) =>
       reject(new HostError('BTRFS_UNAVAILABLE', `Cannot run btrfs receive (btrfs-progs): ${e.message}`, { cause: e })),
@@ -102,21 +111,6 @@ function btrfsReceive(dir: string): { child: ChildProcess; done: Promise<void> }
   });
   done.catch(() => undefined);
   return { child, done };
-}
-
-async function writeAll(child: ChildProcess, chunk: Buffer): Promise<void> {
-  const stdin = child.stdin!;
-  if (stdin.destroyed || child.exitCode !== null) return; // its exit code reports the failure
-  if (!stdin.write(chunk))
-    await new Promise<void>((resolve) => {
-      const done = () => {
-        stdin.off('drain', done);
-        child.off('close', done);
-        resolve();
-      };
-      stdin.once('drain', done);
-      child.once('close', done);
-    });
 }
 
 function insertRows(
@@ -160,6 +154,10 @@ export async function importSnapshot(
   let header: BundleHeader | null = null;
   let journalled = false;
   let receiver: { child: ChildProcess; done: Promise<void> } | null = null;
+  // The layer's send stream waits here until the signature has verified: `btrfs receive`
+  // (root) parses only bytes a trusted host signed.
+  const spool = path.join(paths.scratch, `import-${id}.layer`);
+  let spooled: fs.promises.FileHandle | null = null;
   let file: fs.promises.FileHandle | null = null;
   let layerMoved = false;
   let committed = false;
@@ -167,15 +165,23 @@ export async function importSnapshot(
   let bytes = 0;
   let small: Buffer[] = [];
   let smallLen = 0;
+  // Decoded only once the bundle is known to be trusted.
+  const smallParts: { context?: Buffer; records?: Buffer } = {};
   let context: unknown = null;
   let records: BundleRecords = { observations: [], verdicts: [], effects: [] };
   let gotLayer = false;
   let digest = '';
+  let signature: unknown;
+  const tenant = tenantOf(catalog.db, opts.tenant ?? null);
+  // How many bytes the tenant's quota leaves for this snapshot (checked again when it is recorded).
+  const allowance = tenant ? snapshotAllowance(catalog.db, tenant) : Infinity;
   try {
     for await (const ev of readBundle(source)) {
       opts.signal?.throwIfAborted();
       if (ev.type === 'header') {
         header = checkHeader(engine, ev.header, opts);
+        const claimed = header.snapshot.sizeBytes;
+        if (tenant && Number.isSafeInteger(claimed) && claimed > 0) checkSnapshotQuota(catalog.db, tenant, claimed);
         catalog.beginOperation({
           id: opId,
           kind: 'snapshot-import',
@@ -188,20 +194,21 @@ export async function importSnapshot(
         fs.mkdirSync(imageDir, { mode: 0o700 });
       } else if (ev.type === 'part') {
         if (ev.name === 'layer') {
-          if (gotLayer) throw new BundleCorruptError('it has two layers');
-          receiver = btrfsReceive(scratch);
+          if (gotLayer || spooled) throw new BundleCorruptError('it has two layers');
+          spooled = await fs.promises.open(spool, 'wx', 0o600);
         } else if (ev.name.startsWith('image/')) {
           const name = ev.name.slice('image/'.length);
           if (!header!.processImageFiles.includes(name) || name in images)
             throw new BundleCorruptError(`it has an unexpected part ${ev.name}`);
           file = await fs.promises.open(path.join(imageDir, name), 'wx', 0o600);
-        } else if (ev.name === 'context' || ev.name === 'records') {
+        } else if ((ev.name === 'context' || ev.name === 'records') && !(ev.name in smallParts)) {
           small = [];
           smallLen = 0;
         } else throw new BundleCorruptError(`it has an unknown part ${JSON.stringify(ev.name)}`);
       } else if (ev.type === 'data') {
         bytes += ev.chunk.length;
-        if (ev.name === 'layer') await writeAll(receiver!.child, ev.chunk);
+        if (bytes > allowance) checkSnapshotQuota(catalog.db, tenant!, bytes);
+        if (ev.name === 'layer') await spooled!.write(ev.chunk);
         else if (file) await file.write(ev.chunk);
         else {
           smallLen += ev.chunk.length;
@@ -210,8 +217,8 @@ export async function importSnapshot(
         }
       } else if (ev.type === 'partEnd') {
         if (ev.name === 'layer') {
-          receiver!.child.stdin!.end();
-          await receiver!.done;
+          await spooled!.close();
+          spooled = null;
           gotLayer = true;
         } else if (file) {
           await file.sync();
@@ -219,25 +226,43 @@ export async function importSnapshot(
           file = null;
           images[ev.name.slice('image/'.length)] = { size: ev.size, sha256: ev.sha256 };
         } else {
-          let value: unknown;
-          try {
-            value = unpack(Buffer.concat(small, smallLen));
-          } catch {
-            throw new BundleCorruptError(`its ${ev.name} part cannot be decoded`);
-          }
-          if (ev.name === 'context') context = value;
-          else records = value as BundleRecords;
+          smallParts[ev.name as 'context' | 'records'] = Buffer.concat(small, smallLen);
           small = [];
         }
       } else if (ev.type === 'end') {
         digest = ev.digest;
+        signature = ev.signature;
       }
     }
     if (!header || !gotLayer) throw new BundleCorruptError('it has no layer');
+    // Whole and intact; now: made by a host this one trusts? Nothing has parsed its layer,
+    // images, context or records yet, and nothing will unless it was.
+    const trusted = [hostSigningKey(paths.bundleSigningKey).name, ...engine.config.trustedBundleKeys];
+    checkSignature(signature, Buffer.from(digest, 'hex'), trusted);
     const missing = header.processImageFiles.filter((f) => !(f in images));
     if (missing.length) throw new BundleCorruptError(`it lacks process image files ${missing.join(', ')}`);
+    for (const k of ['context', 'records'] as const) {
+      const raw = smallParts[k];
+      if (!raw) throw new BundleCorruptError(`it has no ${k} part`);
+      let value: unknown;
+      try {
+        value = unpack(raw);
+      } catch {
+        throw new BundleCorruptError(`its ${k} part cannot be decoded`);
+      }
+      if (k === 'context') context = value;
+      else records = value as BundleRecords;
+    }
     for (const k of ['observations', 'verdicts', 'effects'] as const)
       if (!Array.isArray(records?.[k])) throw new BundleCorruptError(`its records lack ${k}`);
+    const input = await fs.promises.open(spool, 'r');
+    try {
+      receiver = btrfsReceive(scratch, input.fd);
+      await receiver.done;
+    } finally {
+      await input.close();
+    }
+    fs.rmSync(spool, { force: true });
     const received = fs.readdirSync(scratch);
     if (received.length !== 1) throw new BundleCorruptError(`its layer stream made ${received.length} subvolumes`);
     // A read-only subvolume cannot move to another folder (its '..' would change): a read-only
@@ -272,6 +297,7 @@ export async function importSnapshot(
     };
     catalog.tx(() => {
       assertNameFree(rows, row.name, row.tenant);
+      if (tenant) checkSnapshotQuota(catalog.db, tenant, bytes);
       if (context !== null && context !== undefined) row.context_id = engine.agent.contexts.put(context).contextId;
       rows.insert(row);
       const db = catalog.db;
@@ -305,6 +331,8 @@ export async function importSnapshot(
     if (!committed) {
       engine.log.warn({ err: e, snapshotId: id }, 'snapshot import failed; removing what it made');
       await file?.close().catch(() => undefined);
+      await spooled?.close().catch(() => undefined);
+      fs.rmSync(spool, { force: true });
       if (receiver && receiver.child.exitCode === null) receiver.child.kill('SIGKILL');
       await receiver?.done.catch(() => undefined);
       if (fs.existsSync(scratch)) {

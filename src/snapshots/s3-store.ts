@@ -4,6 +4,7 @@
  *
  *   chunks/<sha256>           one object per chunk
  *   manifests/<name>.json     one object per name, written last
+ *   tenants/<tn_…>/           a tenant's own store, the same layout
  *
  * A chunk larger than `partBytes` goes up as a multipart upload
  * (`@aws-sdk/lib-storage`'s Upload, parts in parallel); an aborted or
@@ -230,6 +231,30 @@ export class S3Backend implements ChunkBackend {
 
   async deleteManifest(name: string): Promise<void> {
     await this.client.send(new DeleteObjectCommand({ Bucket: this.bucket, Key: this.manifestKey(name) }));
+  }
+
+  scoped(tenant: string): ChunkBackend {
+    return new S3Backend({
+      bucket: this.bucket,
+      prefix: `${this.prefix}tenants/${tenant}/`,
+      partBytes: this.partBytes,
+      staleUploadMs: this.staleUploadMs,
+      client: this.client,
+    });
+  }
+
+  async listScopes(): Promise<string[]> {
+    const base = `${this.prefix}tenants/`;
+    const out: string[] = [];
+    let token: string | undefined;
+    do {
+      const page = await this.client.send(
+        new ListObjectsV2Command({ Bucket: this.bucket, Prefix: base, Delimiter: '/', ContinuationToken: token }),
+      );
+      for (const p of page.CommonPrefixes ?? []) if (p.Prefix) out.push(p.Prefix.slice(base.length, -1));
+      token = page.IsTruncated ? page.NextContinuationToken : undefined;
+    } while (token);
+    return out;
   }
 
   /**

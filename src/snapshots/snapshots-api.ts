@@ -18,11 +18,25 @@ import {
 import { bundleIdentity, exportSnapshot, openExport } from './export.js';
 import { importSnapshot, type ImportOptions } from './import.js';
 import { pullSnapshot, type PullOptions, type PullReport } from './pull.js';
+import {
+  deleteStored,
+  listStored,
+  pullFromStore,
+  pushSnapshot,
+  type PushOptions,
+  type PushReport,
+  type StorePullOptions,
+  type StorePullReport,
+} from './transfer.js';
+import { hostSigningKey } from './signing.js';
+import type { BundleStat } from './store.js';
 
 type Tenanted = { tenant?: string | null | undefined };
 
 /** What a pull did, with the snapshot it made. */
 export type PullResult = Omit<PullReport, 'snapshot'> & { snapshot: SnapshotInfo };
+/** What a pull from the snapshot store did, with the snapshot it made. */
+export type StorePullResult = Omit<StorePullReport, 'snapshot'> & { snapshot: SnapshotInfo };
 
 /** Named snapshots of one state directory. */
 export class Snapshots {
@@ -106,9 +120,51 @@ export class Snapshots {
   }
 
   /** Pulls a snapshot from another Lockstep server (its HTTP API, with a token of the tenant there). */
-  async pull(opts: PullOptions): Promise<PullResult> {
+  async pull(opts: PullOptions): Promise<PullResult>;
+  /**
+   * Pulls the bundle stored under `key` in the snapshot store (the tenant's
+   * part of it) and imports it as a new snapshot; `onProgress` reports the bytes.
+   */
+  async pull(key: string, opts?: StorePullOptions): Promise<StorePullResult>;
+  async pull(a: PullOptions | string, opts: StorePullOptions = {}): Promise<PullResult | StorePullResult> {
     this.assertOpen();
-    const r = await pullSnapshot(this.engine, opts);
+    if (typeof a === 'string') {
+      const r = await pullFromStore(this.engine, a, opts);
+      return { ...r, snapshot: snapshotInfo(r.snapshot) };
+    }
+    const r = await pullSnapshot(this.engine, a);
     return { ...r, snapshot: snapshotInfo(r.snapshot) };
+  }
+
+  /**
+   * Exports the snapshot into the snapshot store (the configured one, or
+   * `opts.store`) under `opts.key` (default: its name, else its id), in the
+   * tenant's part of the store; chunks the store has already are not sent
+   * again. `onProgress` reports the bytes and chunks.
+   */
+  async push(ref: string, opts: PushOptions = {}): Promise<PushReport> {
+    this.assertOpen();
+    return pushSnapshot(this.engine, ref, opts);
+  }
+
+  /** The bundles in the tenant's part of the snapshot store. */
+  async listStored(opts: Tenanted & Pick<PushOptions, 'store'> = {}): Promise<BundleStat[]> {
+    this.assertOpen();
+    return listStored(this.engine, opts);
+  }
+
+  /** Removes a bundle from the tenant's part of the store (BUNDLE_NOT_FOUND if it has none of that key). */
+  async deleteStored(key: string, opts: Tenanted & Pick<PushOptions, 'store'> = {}): Promise<void> {
+    this.assertOpen();
+    await deleteStored(this.engine, key, opts);
+  }
+
+  /**
+   * This state directory's bundle-signing public key (`ed25519:…`): what
+   * another host lists in LOCKSTEP_TRUSTED_BUNDLE_KEYS to import its bundles.
+   */
+  signingKey(): string {
+    this.assertOpen();
+    return hostSigningKey(this.engine.paths.bundleSigningKey).name;
   }
 }

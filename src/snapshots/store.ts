@@ -86,6 +86,15 @@ export interface SnapshotStore {
    * not yet listed in a manifest.
    */
   collectGarbage(opts?: { graceMs?: number }): Promise<{ removedChunks: number; removedBytes: number }>;
+  /**
+   * The tenant's part of the store (`tenants/<tenant>/`): its own names and
+   * chunks. Closing it does not close this store.
+   */
+  forTenant(tenant: string): SnapshotStore;
+  /** Tenants that have a part in this store (for garbage collection). */
+  tenants(): Promise<string[]>;
+  /** Where the bundles are, for messages. */
+  readonly location: string;
   /** Releases connections; idempotent. */
   close(): void;
 }
@@ -137,6 +146,23 @@ export interface ChunkBackend {
   deleteManifest(name: string): Promise<void>;
   /** Called before a put: a backend removes what interrupted puts left (dangling multipart uploads). */
   beforePut?(signal?: AbortSignal): Promise<void>;
+  /**
+   * The same store narrowed to `tenants/<tenant>/`: chunks and manifests of
+   * its own, so that one tenant's bundles share nothing with another's (no
+   * chunk read, overwritten or even found by another tenant's put).
+   */
+  scoped(tenant: string): ChunkBackend;
+  /** Tenants that have a scope in this store. */
+  listScopes(): Promise<string[]>;
+}
+
+const TENANT_ID = /^tn_[a-z0-9]{1,64}$/;
+
+/** A tenant id usable as a store scope (`tn_…`); anything else is refused before it reaches a key or a path. */
+export function validateTenantScope(tenant: unknown): string {
+  if (typeof tenant !== 'string' || !TENANT_ID.test(tenant))
+    throw new InvalidArgumentError('tenant', 'a tenant id (tn_ and lowercase letters or digits)', tenant);
+  return tenant;
 }
 
 /** A chunk's bytes are not what its manifest says, or it is missing: the bundle cannot be read whole. */
@@ -484,6 +510,19 @@ export class ChunkedStore implements SnapshotStore {
   }
 
   close(): void {}
+
+  forTenant(tenant: string): SnapshotStore {
+    const scoped = new ChunkedStore(this.backend.scoped(validateTenantScope(tenant)), {
+      chunkBytes: this.chunkBytes,
+      concurrency: this.concurrency,
+    });
+    return scoped;
+  }
+
+  async tenants(): Promise<string[]> {
+    const all = await this.call('listing of tenants', () => this.backend.listScopes());
+    return all.filter((t) => TENANT_ID.test(t)).sort();
+  }
 
   async collectGarbage(opts: { graceMs?: number } = {}): Promise<{ removedChunks: number; removedBytes: number }> {
     const graceMs = opts.graceMs ?? 60 * 60 * 1000;

@@ -19,6 +19,7 @@ export {
   checkQuota,
   checkStandbyQuota,
   checkCheckpointQuota,
+  checkSnapshotQuota,
   tenantUsage,
   type TenantUsage,
   type QuotaName,

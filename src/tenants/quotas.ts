@@ -2,8 +2,9 @@
  * Per-tenant quotas: how many sandboxes a tenant may have; how much memory
  * its running sandboxes and their warm standbys may be granted in total (the
  * sum of their memory limits, which is what the host has promised them);
- * the sum of its sandboxes' CPU weights; and the bytes its checkpoints keep
- * in the store.
+ * the sum of its sandboxes' CPU weights; and the bytes its checkpoints and
+ * snapshots keep in the store (maxCheckpointMb counts both: snapshots
+ * outlive their sandboxes, so their bytes must not escape the quota).
  */
 import type Database from 'better-sqlite3';
 import { LockstepError } from '../errors.js';
@@ -16,7 +17,7 @@ const UNITS: Record<QuotaName, string> = {
   maxSandboxes: 'sandboxes',
   maxMemoryMb: 'MiB of memory',
   maxCpuWeight: 'CPU weight in total',
-  maxCheckpointMb: 'MiB of checkpoints',
+  maxCheckpointMb: 'MiB of checkpoints and snapshots',
 };
 
 /** The request would take a tenant past one of its quotas. */
@@ -45,6 +46,11 @@ export interface TenantUsage {
   cpuWeight: number;
   /** Bytes its checkpoints keep in the store (process images plus layer sizes), MiB, rounded up. */
   checkpointMb: number;
+  /**
+   * Bytes its snapshots keep beyond those (a snapshot of a checkpoint that still
+   * exists shares its files and adds nothing until the checkpoint goes), MiB, rounded up.
+   */
+  snapshotMb: number;
 }
 
 const MiB = 1024 * 1024;
@@ -73,7 +79,58 @@ export function tenantUsage(db: Database.Database, tenant: string /* the tenant'
     standbyMemoryMb: Math.ceil(r.standby / MiB),
     cpuWeight: r.cpu,
     checkpointMb: Math.ceil(checkpointBytes(db, tenant) / MiB),
+    snapshotMb: Math.ceil(snapshotBytes(db, tenant) / MiB),
   };
+}
+
+/**
+ * Bytes the tenant's snapshots hold that no checkpoint of it counts already:
+ * an imported or pulled snapshot's files are its own; a snapshot made from a
+ * checkpoint shares that checkpoint's layer and image, and counts once the
+ * checkpoint (or its sandbox) is gone; two snapshots of one checkpoint count once.
+ */
+export function snapshotBytes(db: Database.Database, tenant: string): number {
+  const r = db
+    .prepare(
+      `SELECT COALESCE(SUM(bytes), 0) AS bytes FROM (
+         SELECT MAX(p.size_bytes) AS bytes FROM snapshots p
+          WHERE p.tenant = ?
+            AND NOT EXISTS (SELECT 1 FROM checkpoints c JOIN sandboxes s ON s.id = c.sandbox_id
+                             WHERE c.id = p.process_image AND s.tenant = p.tenant)
+          GROUP BY p.process_image)`,
+    )
+    .get(tenant) as { bytes: number };
+  return r.bytes;
+}
+
+/** Everything maxCheckpointMb counts: checkpoints and snapshots. */
+export function storedBytes(db: Database.Database, tenant: string): number {
+  return checkpointBytes(db, tenant) + snapshotBytes(db, tenant);
+}
+
+/** Bytes a new snapshot of the tenant may still hold (Infinity without a quota). */
+export function snapshotAllowance(db: Database.Database, tenant: Tenant): number {
+  if (tenant.maxCheckpointMb === null) return Infinity;
+  return Math.max(0, tenant.maxCheckpointMb * MiB - storedBytes(db, tenant.id));
+}
+
+/**
+ * Throws QUOTA_EXCEEDED (maxCheckpointMb) if a snapshot of `bytes` more would
+ * take the tenant past its quota (a tenant already over it gets none, even one that shares a checkpoint's files).
+ */
+export function checkSnapshotQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
+  if (tenant.maxCheckpointMb === null) return;
+  const used = storedBytes(db, tenant.id);
+  const limit = tenant.maxCheckpointMb * MiB;
+  if (used + bytes > limit) {
+    throw new QuotaExceededError(
+      tenant.name,
+      'maxCheckpointMb',
+      tenant.maxCheckpointMb,
+      Math.ceil(used / MiB),
+      Math.ceil(bytes / MiB),
+    );
+  }
 }
 
 /** Bytes the tenant's checkpoints keep in the store (removed sandboxes' checkpoints go with them). */
@@ -131,7 +188,7 @@ export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryB
  */
 export function checkCheckpointQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
   if (tenant.maxCheckpointMb === null) return;
-  const used = checkpointBytes(db, tenant.id);
+  const used = storedBytes(db, tenant.id);
   if (used + bytes > tenant.maxCheckpointMb * MiB) {
     throw new QuotaExceededError(
       tenant.name,

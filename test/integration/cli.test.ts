@@ -298,14 +298,23 @@ integration(test, () => {
     await fails(t, a, 4, 'SNAPSHOT_EXISTS', 'snapshot', 'create', ckpt.id, '--name', 'cli-snap');
     const file = path.join(path.dirname(a), `cli-bundle-${process.pid}`);
     t.teardown(() => import('node:fs').then((fs) => fs.rmSync(file, { force: true })));
-    const sh = (home: string, line: string) =>
+    const sh = (home: string, line: string, env: Record<string, string> = {}) =>
       new Promise<number>((resolve) =>
-        execFile('sh', ['-c', line], { env: { ...process.env, LOCKSTEP_HOME: home } }, (err) =>
+        execFile('sh', ['-c', line], { env: { ...process.env, LOCKSTEP_HOME: home, ...env } }, (err) =>
           resolve(err ? Number(err.code) : 0),
         ),
       );
     t.is(await sh(a, `"${process.execPath}" "${bin}" snapshot export cli-snap > "${file}"`), 0);
-    t.is(await sh(b, `"${process.execPath}" "${bin}" snapshot import < "${file}" > "${file}.id"`), 0);
+    // B imports only what a key it trusts signed: A's, as `snapshot key` prints it.
+    t.is(await sh(b, `"${process.execPath}" "${bin}" snapshot import < "${file}" 2>/dev/null`), 4, 'untrusted');
+    const key = (await cli(a, 'snapshot', 'key')).stdout.trim();
+    t.regex(key, /^ed25519:[A-Za-z0-9_-]{43}$/);
+    t.is(
+      await sh(b, `"${process.execPath}" "${bin}" snapshot import < "${file}" > "${file}.id"`, {
+        LOCKSTEP_TRUSTED_BUNDLE_KEYS: key,
+      }),
+      0,
+    );
     const fs = await import('node:fs');
     const imported = fs.readFileSync(`${file}.id`, 'utf8').trim();
     fs.rmSync(`${file}.id`);

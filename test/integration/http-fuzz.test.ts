@@ -33,7 +33,8 @@ import path from 'node:path';
 import { createHash, randomBytes } from 'node:crypto';
 import type Database from 'better-sqlite3';
 import type { Lockstep } from '../../src/index.js';
-import { integration, openTestLockstep } from '../helpers/harness.js';
+import { integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
+import { resolveStoreConfig } from '../../src/config.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 
 const RUNS = Number(process.env.LOCKSTEP_FUZZ_RUNS ?? 300);
@@ -546,6 +547,7 @@ function underSandbox(
 
 const noBody = () => fc.constant({});
 /** A route with no parameters: only its query string is fuzzed. */
+const storeKeyText = fc.constantFrom('fuzz-key', 'fixture', 'missing', 'tn_x', 'a%2Fb', '.hidden', 'x'.repeat(129));
 const fixed = (p: string) => queryString({ url: fc.string(), q: fc.string() }).map((query) => ({ path: p, query }));
 const fileQuery = (extra: Record<string, fc.Arbitrary<string>> = {}) =>
   queryString({ path: filePath, toolCallId: fc.string({ minLength: 1, maxLength: 10 }), ...extra });
@@ -768,6 +770,20 @@ const GENERATORS: Record<string, Generator> = {
         ['from', 'snapshot', 'token'],
       ),
     ).map((body) => ({ path: '/v1/snapshots/pull', body })),
+  // The snapshot store (a folder store the test configures): keys of one segment, only the tenant's own part.
+  'POST /v1/snapshots/:snap/push': underSnapshot('/push', () =>
+    envelope(jsonFields({ key: storeKeyText })).map((body) => ({ body })),
+  ),
+  'GET /v1/store/bundles': () => fixed('/v1/store/bundles'),
+  'POST /v1/store/bundles/:key/pull': () =>
+    fc
+      .tuple(
+        fc.oneof(storeKeyText, hostileSegment),
+        envelope(jsonFields({ name: fc.constantFrom('pulled', 'fixture', 'Bad Name', '../x') })),
+      )
+      .map(([key, body]) => ({ path: `/v1/store/bundles/${key}/pull`, body })),
+  'DELETE /v1/store/bundles/:key': () =>
+    fc.oneof(storeKeyText, hostileSegment).map((key) => ({ path: `/v1/store/bundles/${key}` })),
   'GET /v1/sandboxes/:id/commands': underSandbox('/commands', noBody),
   'GET /v1/sandboxes/:id/commands/:pid/output': (_w, own, other) =>
     sandboxPath(own, other, (id) =>
@@ -1107,7 +1123,9 @@ integration(test, () => {
     'every route, fuzzed: no 5xx, typed 4xx, nothing changed by a refusal, the server keeps answering',
     async (t) => {
       t.timeout(10 * 60_000);
-      const ls = await openTestLockstep(t);
+      const store = path.join(TEST_ROOT, `fuzz-store-${process.pid}-${Date.now()}`);
+      t.teardown(async () => fs.rmSync(store, { recursive: true, force: true }));
+      const ls = await openTestLockstep(t, { open: { config: { snapshotStore: resolveStoreConfig({ url: store }) } } });
       const { app, client } = await startServer(t, ls, { bodyLimit: BODY_LIMIT, fileBodyLimit: FILE_BODY_LIMIT });
       const port = Number(new URL(client.base).port);
 

@@ -4,7 +4,9 @@
  */
 import test from 'ava';
 import type Database from 'better-sqlite3';
-import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
+import path from 'node:path';
+import { eventually, integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
+import { resolveStoreConfig } from '../../src/config.js';
 import { ApiClient, ndjson, startServer, tenantId, tenantToken, type ApiResponse } from '../fixtures/http-client.js';
 import fs from 'node:fs';
 import { addTenant, removeTenant } from '../../src/tenants/tenants.js';
@@ -201,6 +203,80 @@ integration(test, () => {
       });
       // And A cannot reach B's checkpoint either.
       t.is((await a.get(`/v1/sandboxes/${sa}/checkpoints/${ckB}/context`)).status, 404);
+    },
+  );
+
+  test.serial(
+    "every /v1 route that names a snapshot or a stored bundle answers another tenant's exactly like missing ones (route table checked against the server's own route list)",
+    async (t) => {
+      const store = path.join(TEST_ROOT, `tenants-store-${process.pid}-${Date.now()}`);
+      t.teardown(async () => fs.rmSync(store, { recursive: true, force: true }));
+      const ls = await openTestLockstep(t, { open: { config: { snapshotStore: resolveStoreConfig({ url: store }) } } });
+      const { client } = await startServer(t, ls);
+      const a = client.as(tenantToken(ls, 'snap-a'));
+      const b = client.as(tenantToken(ls, 'snap-b'));
+      const sa: string = (await a.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
+      const ckA: string = (await a.post(`/v1/sandboxes/${sa}/checkpoints`, {})).body.id;
+      const snapA: string = (await a.post('/v1/snapshots', { checkpointId: ckA, name: 'secret-snap' })).body.id;
+      const pushed = await a.post(`/v1/snapshots/${snapA}/push`, { key: 'secret-key' });
+      t.is(pushed.status, 201, pushed.text);
+
+      const doc = (await client.get('/openapi.json')).body as { paths: Record<string, Record<string, unknown>> };
+      const routes = Object.entries(doc.paths)
+        .filter(([p]) => p.includes('{snap}') || p.includes('{key}'))
+        .flatMap(([p, ops]) =>
+          Object.keys(ops)
+            .filter((m) => m !== 'parameters')
+            .map((m) => `${m.toUpperCase()} ${p}`),
+        )
+        .sort();
+      // Body per route; {snap} and {key} are filled in (by id and by name for snapshots).
+      const table: Record<string, unknown> = {
+        'GET /v1/snapshots/{snap}': undefined,
+        'DELETE /v1/snapshots/{snap}': undefined,
+        'GET /v1/snapshots/{snap}/context': undefined,
+        'GET /v1/snapshots/{snap}/bundle': undefined,
+        'POST /v1/snapshots/{snap}/sandboxes': { count: 1 },
+        'POST /v1/snapshots/{snap}/push': { key: 'stolen' },
+        'POST /v1/store/bundles/{key}/pull': { name: 'stolen' },
+        'DELETE /v1/store/bundles/{key}': undefined,
+      };
+      t.deepEqual(Object.keys(table).sort(), routes, 'the table covers every route that takes a snapshot or a key');
+      const db = ls.engine.catalog.db;
+      const before = rowCounts(db);
+      for (const [foreign, missing] of [
+        [
+          { snap: snapA, key: 'secret-key' },
+          { snap: 'snap_nosuchsnapshot', key: 'no-such-key' },
+        ],
+        [
+          { snap: 'secret-snap', key: 'secret-key' },
+          { snap: 'no-such-snap', key: 'no-such-key' },
+        ],
+      ] as const) {
+        for (const route of routes) {
+          const [method, template] = route.split(' ') as [string, string];
+          const fill = (ids: { snap: string; key: string }) =>
+            template.replace('{snap}', ids.snap).replace('{key}', ids.key);
+          const rf = await b.req(method, fill(foreign), { body: table[route] });
+          const rm = await b.req(method, fill(missing), { body: table[route] });
+          t.is(rf.status, 404, `${route}: ${rf.text}`);
+          t.is(rf.body?.error?.code, template.includes('{key}') ? 'BUNDLE_NOT_FOUND' : 'SNAPSHOT_NOT_FOUND', route);
+          t.deepEqual(
+            shape(rf, Object.values(foreign)),
+            shape(rm, Object.values(missing)),
+            `${route}: the same answer as for a missing one`,
+          );
+        }
+      }
+      // Nothing changed for A: no rows, its snapshot, its bundle; B has nothing in the store.
+      t.deepEqual(rowCounts(db), before);
+      t.is((await a.get(`/v1/snapshots/${snapA}`)).body.name, 'secret-snap');
+      t.deepEqual(
+        (await a.get('/v1/store/bundles')).body.map((x: { name: string; digest: string }) => [x.name, x.digest]),
+        [['secret-key', pushed.body.digest]],
+      );
+      t.deepEqual((await b.get('/v1/store/bundles')).body, []);
     },
   );
 

@@ -6,8 +6,11 @@
 import test from 'ava';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { integration, openTestLockstep } from '../helpers/harness.js';
-import { startServer, tenantToken } from '../fixtures/http-client.js';
+import fs from 'node:fs';
+import path from 'node:path';
+import { integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
+import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
+import { resolveStoreConfig } from '../../src/config.js';
 import { MAX_SESSIONS } from '../../src/http/routes/mcp.js';
 
 async function connect(
@@ -49,7 +52,9 @@ integration(test, () => {
   test.serial(
     'one MCP session over HTTP creates two sandboxes, works in both, checkpoints, rolls back, replays an effect, forks and kills them',
     async (t) => {
-      const ls = await openTestLockstep(t);
+      const store = path.join(TEST_ROOT, `mcp-http-store-${process.pid}-${Date.now()}`);
+      t.teardown(async () => fs.rmSync(store, { recursive: true, force: true }));
+      const ls = await openTestLockstep(t, { open: { config: { snapshotStore: resolveStoreConfig({ url: store }) } } });
       const { client: http } = await startServer(t, ls);
       const { client } = await connect(t, http.base, tenantToken(ls, 'acme'));
 
@@ -68,6 +73,9 @@ integration(test, () => {
         'list_processes',
         'list_sandboxes',
         'list_snapshots',
+        'list_stored_snapshots',
+        'pull_snapshot',
+        'push_snapshot',
         'read_file',
         'read_output',
         'record_effect',
@@ -113,6 +121,20 @@ integration(test, () => {
       t.is(fromSnap.ids.length, 1, JSON.stringify(fromSnap));
       t.is((await call(client, 'read_file', { sandboxId: fromSnap.ids[0], path: 'notes.txt' })).content, 'in a\n');
       await call(client, 'kill_sandbox', { sandboxId: fromSnap.ids[0] });
+      // Into the tenant's part of the snapshot store and back, as a new snapshot.
+      const pushed = await call(client, 'push_snapshot', { snapshot: 'mcp-snap', key: 'mcp-key' });
+      t.like(pushed, { key: 'mcp-key', snapshotId: snap.id });
+      t.true(fs.existsSync(path.join(store, 'tenants', tenantId(ls, 'acme'), 'manifests', 'mcp-key.json')));
+      t.deepEqual(
+        (await call(client, 'list_stored_snapshots')).map((x: { name: string }) => x.name),
+        ['mcp-key'],
+      );
+      const pulled = await call(client, 'pull_snapshot', { key: 'mcp-key', name: 'mcp-pulled' });
+      t.like(pulled.snapshot, { name: 'mcp-pulled', lineageId: snap.lineageId, tenant: tenantId(ls, 'acme') });
+      t.deepEqual(await call(client, 'delete_snapshot', { snapshot: pulled.snapshot.id }), {
+        id: pulled.snapshot.id,
+        deleted: true,
+      });
       t.deepEqual(await call(client, 'delete_snapshot', { snapshot: snap.id }), { id: snap.id, deleted: true });
       await call(client, 'write_file', { sandboxId: a.id, path: 'notes.txt', content: 'broken\n' });
       const eff = await call(client, 'record_effect', {

@@ -7,7 +7,9 @@ import test from 'ava';
 import { fileURLToPath } from 'node:url';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
+import fs from 'node:fs';
+import path from 'node:path';
+import { eventually, integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
 
 // Until `mcp` is merged into src/cli/main.ts this runs the same handler
 // through a fixture; then it becomes bin/lockstep.js.
@@ -17,11 +19,12 @@ async function connect(
   t: { teardown: (fn: () => Promise<void>) => void },
   home: string,
   args: string[] = [],
+  env: Record<string, string> = {},
 ): Promise<{ client: Client; transport: StdioClientTransport }> {
   const transport = new StdioClientTransport({
     command: process.execPath,
     args: [CLI, 'mcp', ...args],
-    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LOCKSTEP_HOME: home, LOCKSTEP_LOG_LEVEL: 'warn' },
+    env: { PATH: process.env.PATH ?? '/usr/bin:/bin', LOCKSTEP_HOME: home, LOCKSTEP_LOG_LEVEL: 'warn', ...env },
     stderr: 'inherit',
   });
   const client = new Client({ name: 'lockstep-test', version: '0.0.0' });
@@ -73,6 +76,9 @@ integration(test, () => {
         'list_files',
         'list_processes',
         'list_snapshots',
+        'list_stored_snapshots',
+        'pull_snapshot',
+        'push_snapshot',
         'read_file',
         'read_output',
         'record_effect',
@@ -183,6 +189,35 @@ integration(test, () => {
       t.deepEqual(ls.list(), []);
     },
   );
+
+  test.serial('a snapshot goes into the snapshot store and comes back as a new one, through MCP tools', async (t) => {
+    const ls = await openTestLockstep(t);
+    const store = path.join(TEST_ROOT, `mcp-store-${process.pid}-${Date.now()}`);
+    t.teardown(async () => fs.rmSync(store, { recursive: true, force: true }));
+    const { client } = await connect(t, ls.home, ['--image', 'base'], { LOCKSTEP_SNAPSHOT_STORE: store });
+    await call(client, 'write_file', { path: 'kept.txt', content: 'via mcp\n' });
+    const ck = await call(client, 'checkpoint', { label: 'to store' });
+    const snap = await call(client, 'create_snapshot', { checkpointId: ck.id, name: 'mcp-snap' });
+    const pushed = await call(client, 'push_snapshot', { snapshot: 'mcp-snap' });
+    t.like(pushed, { key: 'mcp-snap', snapshotId: snap.id, skippedChunks: 0 });
+    t.true(pushed.uploadedChunks > 0);
+    t.deepEqual(
+      (await call(client, 'list_stored_snapshots')).map((b: { name: string; digest: string }) => [b.name, b.digest]),
+      [['mcp-snap', pushed.digest]],
+    );
+    const pulled = await call(client, 'pull_snapshot', { key: 'mcp-snap', name: 'mcp-copy' });
+    t.like(pulled.snapshot, { name: 'mcp-copy', lineageId: snap.lineageId });
+    t.like(await call(client, 'pull_snapshot', { key: 'missing' }, { error: true }), {
+      error: { code: 'BUNDLE_NOT_FOUND' },
+    });
+    t.like(await call(client, 'pull_snapshot', { key: 'mcp-snap' }, { error: true }), {
+      error: { code: 'SNAPSHOT_EXISTS' },
+    });
+    // The copy starts a sandbox with the file it was pushed with.
+    const started = await ls.create({ fromSnapshot: pulled.snapshot.id });
+    t.teardown(() => ls.remove(started.id).catch(() => undefined));
+    t.is((await started.files.read('/workspace/kept.txt')).content.toString(), 'via mcp\n');
+  });
 
   test.serial('attached to an existing sandbox, the MCP server leaves it running', async (t) => {
     const ls = await openTestLockstep(t);

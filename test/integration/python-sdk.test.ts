@@ -17,8 +17,11 @@ const PYTHON = '/usr/bin/python3';
 
 /** Starts `lockstep serve --port 0 --json` on a state directory; resolves with its URL. */
 async function serve(t: { teardown: (fn: () => Promise<void>) => void }, home: string): Promise<string> {
+  // A folder snapshot store beside the state directory, for the push and pull tests.
+  const store = `${home}-store`;
+  t.teardown(async () => fs.rmSync(store, { recursive: true, force: true }));
   const child: ChildProcess = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--json'], {
-    env: { ...process.env, LOCKSTEP_HOME: home, LOCKSTEP_LOG_LEVEL: 'warn' },
+    env: { ...process.env, LOCKSTEP_HOME: home, LOCKSTEP_LOG_LEVEL: 'warn', LOCKSTEP_SNAPSHOT_STORE: store },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));

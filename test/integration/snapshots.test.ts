@@ -34,7 +34,11 @@ integration(test, () => {
   test.before(async () => {
     const t = { teardown: (fn: () => Promise<void>) => teardowns.push(fn) };
     ls = await openTestLockstep(t, { images: ['base'] });
-    other = await openTestLockstep(t, { images: ['base'] });
+    // The second state directory imports what the first one signed.
+    other = await openTestLockstep(t, {
+      images: ['base'],
+      open: { config: { trustedBundleKeys: [ls.snapshots.signingKey()] } },
+    });
   });
   test.after.always(async () => {
     if (!process.env.KEEP_BUNDLES) for (const f of files) fs.rmSync(f, { force: true });

@@ -24,6 +24,8 @@ import { Lockstep } from '../../src/index.js';
 import { TEST_ROOT, destroyHome, eventually, freshHome, integration, sleep } from '../helpers/harness.js';
 import { addTenant } from '../../src/tenants/tenants.js';
 import { hostPath } from '../fixtures/stub-workloads.js';
+import { hostSigningKey } from '../../src/snapshots/signing.js';
+import { StatePaths } from '../../src/paths.js';
 
 const CLI = fileURLToPath(new URL('../../../bin/lockstep.js', import.meta.url));
 const CLIENT = fileURLToPath(new URL('../../../test/fixtures/netns-client.mjs', import.meta.url));
@@ -125,7 +127,13 @@ integration(test, () => {
   /** `lockstep serve` for a state directory inside a namespace; resolves once it answers /healthz. */
   async function startServer(which: 'A' | 'B'): Promise<void> {
     const [ns, home, addr] = which === 'A' ? [nsA, homeA, ipA] : [nsB, homeB, ipB];
-    const env = { ...process.env, LOCKSTEP_LOG_LEVEL: 'info', LOCKSTEP_PULL_SOURCES: which === 'B' ? urlA : '' };
+    const env = {
+      ...process.env,
+      LOCKSTEP_LOG_LEVEL: 'info',
+      LOCKSTEP_PULL_SOURCES: which === 'B' ? urlA : '',
+      // B imports what A signed: A's bundle-signing key is one B trusts.
+      LOCKSTEP_TRUSTED_BUNDLE_KEYS: which === 'B' ? hostSigningKey(new StatePaths(homeA).bundleSigningKey).name : '',
+    };
     // nsenter joins only the network namespace: the server shares the host's mounts, like a host's daemon.
     const child = spawn(
       'nsenter',

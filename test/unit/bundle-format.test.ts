@@ -2,10 +2,11 @@
  * The bundle's byte format (src/snapshots/bundle-format.ts) and the host
  * compatibility check (src/snapshots/host-identity.ts): pure logic, no root.
  */
-import { randomBytes } from 'node:crypto';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import test from 'ava';
 import { BundleWriter, MAX_FRAME, readBundle, type BundleEvent } from '../../src/snapshots/bundle-format.js';
 import { checkCompatible, hostIdentity, type HostIdentity } from '../../src/snapshots/host-identity.js';
+import { checkSignature, keyName, signDigest } from '../../src/snapshots/signing.js';
 
 /** Writes a bundle of the given parts, each part's data cut into the given chunks. */
 async function write(header: unknown, parts: [string, Buffer[]][]): Promise<Buffer> {
@@ -96,3 +97,38 @@ test('another architecture', incompatible, { ...here, arch: 'arm64' }, 'arch');
 test('an older kernel here', incompatible, { ...here, kernelRelease: '6.19.1' }, 'kernelRelease');
 test('a CPU extension missing here', incompatible, { ...here, cpuFlags: ['avx512f', 'fpu'] }, 'cpuFlags');
 test('no host facts at all', incompatible, undefined, undefined);
+
+test('a signed bundle ends with its signature frame; the reader hands it over, and refuses it anywhere else', async (t) => {
+  const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+  const key = { privateKey, name: keyName(publicKey) };
+  const w = new BundleWriter();
+  const frames: Buffer[] = [w.header({ v: 1 })];
+  for await (const f of w.part('p', [Buffer.from('data')])) frames.push(f);
+  const end = w.end((digest) => signDigest(key, digest));
+  const bytes = Buffer.concat([...frames, end.frame]);
+  t.is(end.bytes, bytes.length, 'the length counts the signature frame');
+  const last = (await read(bytes)).at(-1)!;
+  t.is(last.type, 'end');
+  if (last.type !== 'end') return;
+  t.is(last.digest, end.digest);
+  t.is(checkSignature(last.signature, Buffer.from(last.digest, 'hex'), [key.name]), key.name);
+  t.throws(() => checkSignature(last.signature, Buffer.from(last.digest, 'hex'), []), { code: 'BUNDLE_UNTRUSTED' });
+  t.throws(() => checkSignature(undefined, Buffer.from(last.digest, 'hex'), [key.name]), {
+    code: 'BUNDLE_UNTRUSTED',
+    message: /not signed/,
+  });
+  const other = Buffer.from(last.digest, 'hex');
+  other[0]! ^= 1;
+  t.throws(() => checkSignature(last.signature, other, [key.name]), {
+    code: 'BUNDLE_UNTRUSTED',
+    message: /not verify/,
+  });
+  // Anything after the signature, or a signature frame before the end, is not a bundle.
+  await t.throwsAsync(read(Buffer.concat([bytes, Buffer.from('x')])), { code: 'BUNDLE_CORRUPT' });
+  const sFrame = end.frame.subarray(37);
+  await t.throwsAsync(read(Buffer.concat([frames[0]!, sFrame, ...frames.slice(1), end.frame])), {
+    code: 'BUNDLE_CORRUPT',
+  });
+  // Signing is deterministic: the same bundle signed twice is the same bytes (resumed downloads need it).
+  t.deepEqual(signDigest(key, Buffer.alloc(32, 1)), signDigest(key, Buffer.alloc(32, 1)));
+});

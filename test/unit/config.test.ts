@@ -100,3 +100,19 @@ test('a setting that cannot be used is refused, naming the option and the variab
   // Values other than on/off have always meant "unset" for the disk quota.
   t.is(resolveConfig({}, { LOCKSTEP_DISK_QUOTA: 'maybe' }).diskQuota, 'auto');
 });
+
+test('trusted bundle keys and the snapshot store come through the manager configuration', (t) => {
+  const key = `ed25519:${'A'.repeat(43)}`;
+  const c = resolveConfig({}, { LOCKSTEP_TRUSTED_BUNDLE_KEYS: ` ${key} ,`, LOCKSTEP_SNAPSHOT_STORE: '/srv/bundles' });
+  t.deepEqual(c.trustedBundleKeys, [key]);
+  t.is(c.snapshotStore.url, '/srv/bundles');
+  t.deepEqual(resolveConfig({}, {}).trustedBundleKeys, [], 'none but the host’s own by default');
+  t.is(resolveConfig({}, {}).snapshotStore.url, undefined);
+  for (const bad of ['ed25519:short', 'rsa:' + 'A'.repeat(43), key + 'x']) {
+    const e = t.throws(() => resolveConfig({}, { LOCKSTEP_TRUSTED_BUNDLE_KEYS: bad }));
+    t.is((e as { code?: string }).code, 'CONFIG_INVALID');
+    t.regex(e!.message, /trustedBundleKeys \(LOCKSTEP_TRUSTED_BUNDLE_KEYS\)/);
+  }
+  const e = t.throws(() => resolveConfig({}, { LOCKSTEP_STORE_CHUNK_MIB: '0' }));
+  t.regex(e!.message, /LOCKSTEP_STORE_CHUNK_MIB/);
+});

@@ -161,6 +161,7 @@ test('a tenant added again under a removed name gets a new id and none of the ol
     standbyMemoryMb: 0,
     cpuWeight: 0,
     checkpointMb: 0,
+    snapshotMb: 0,
   });
   t.is(c.sandbox(orphan)!.tenant, first.id);
 });
@@ -206,6 +207,7 @@ test('catalogs from before tenant ids: each tenant gets an id and its rows are r
     standbyMemoryMb: 0,
     cpuWeight: 0,
     checkpointMb: 0,
+    snapshotMb: 0,
   });
 });
 
@@ -223,6 +225,7 @@ test('usage counts existing sandboxes, and the memory of running and creating on
     standbyMemoryMb: 0,
     cpuWeight: 200,
     checkpointMb: 0,
+    snapshotMb: 0,
   });
   t.deepEqual(tenantUsage(c.db, 'nobody'), {
     sandboxes: 0,
@@ -230,6 +233,7 @@ test('usage counts existing sandboxes, and the memory of running and creating on
     standbyMemoryMb: 0,
     cpuWeight: 0,
     checkpointMb: 0,
+    snapshotMb: 0,
   });
 });
 
@@ -325,6 +329,7 @@ test('usage counts warm standbys, CPU weights and checkpoint bytes (process imag
     standbyMemoryMb: 64,
     cpuWeight: 450,
     checkpointMb: 9,
+    snapshotMb: 0,
   });
 });
 

@@ -1,5 +1,6 @@
 """Named snapshots of the calling tenant: checkpoints promoted to outlive their
-sandbox, their bundles (one checksummed stream) and pulls between servers."""
+sandbox, their bundles (one checksummed stream), pulls between servers and the
+snapshot store (push, pull_stored, list_stored, delete_stored)."""
 
 from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Union
 from urllib.parse import quote
@@ -76,3 +77,25 @@ class Snapshots:
         if name is not None:
             body["name"] = name
         return self._t.json("POST", "/snapshots/pull", json_body=body)
+
+    def push(self, ref: str, *, key: Optional[str] = None) -> Dict[str, Any]:
+        """Makes the server export the snapshot into the tenant's part of its snapshot store
+        under ``key`` (default: the snapshot's name, else its id); chunks already stored are not sent again."""
+        body: Dict[str, Any] = {}
+        if key is not None:
+            body["key"] = key
+        return self._t.json("POST", _path(ref) + "/push", json_body=body)
+
+    def pull_stored(self, key: str, *, name: Optional[str] = None) -> Dict[str, Any]:
+        """Makes the server import the bundle stored under ``key`` in the tenant's part of its store."""
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        return self._t.json("POST", "/store/bundles/" + quote(key, safe="") + "/pull", json_body=body)
+
+    def list_stored(self) -> List[Dict[str, Any]]:
+        """The bundles in the tenant's part of the server's snapshot store."""
+        return self._t.json("GET", "/store/bundles")
+
+    def delete_stored(self, key: str) -> None:
+        self._t.request("DELETE", "/store/bundles/" + quote(key, safe="")).read()

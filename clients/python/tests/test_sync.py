@@ -207,6 +207,20 @@ def test_snapshot_outlives_its_sandbox_and_its_bundle_round_trips(conn, tmp_path
     assert copy["lineageId"] == snap["lineageId"]
     with Sandbox.create(from_snapshot=copy["id"], **conn) as again:
         assert again.files.read_text("/workspace/kept.txt") == "kept\n"
+    # Through the server's snapshot store: pushed, listed, pushed again (nothing sent), pulled back, removed.
+    pushed = snaps.push(snap["id"], key=f"py-{tag}")
+    assert pushed["key"] == f"py-{tag}" and pushed["uploadedChunks"] >= 1
+    assert [b["digest"] for b in snaps.list_stored() if b["name"] == f"py-{tag}"] == [pushed["digest"]]
+    assert snaps.push(snap["id"], key=f"py-{tag}")["uploadedChunks"] == 0
+    stored = snaps.pull_stored(f"py-{tag}", name=f"py-{tag}-stored")
+    assert stored["snapshot"]["lineageId"] == snap["lineageId"]
+    with Sandbox.create(from_snapshot=stored["snapshot"]["id"], **conn) as from_store:
+        assert from_store.files.read_text("/workspace/kept.txt") == "kept\n"
+    snaps.delete(stored["snapshot"]["id"])
+    snaps.delete_stored(f"py-{tag}")
+    with pytest.raises(NotFoundError) as e:
+        snaps.pull_stored(f"py-{tag}")
+    assert e.value.code == "BUNDLE_NOT_FOUND"
     [started] = snaps.start(snap["id"])
     Sandbox.connect(started, **conn).kill()
     with pytest.raises(NotFoundError) as e:

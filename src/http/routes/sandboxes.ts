@@ -158,7 +158,7 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
         response: {
           200: S.anyObject(
             '{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, ' +
-              'usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb}}',
+              'usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb, snapshotMb}}',
           ),
           ...S.errors(),
         },
