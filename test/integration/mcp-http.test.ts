@@ -57,14 +57,17 @@ integration(test, () => {
       const names = tools.map((x) => x.name).sort();
       t.deepEqual(names, [
         'checkpoint',
+        'close_port',
         'create_sandbox',
         'create_snapshot',
         'delete_snapshot',
+        'expose_port',
         'fork',
         'kill_process',
         'kill_sandbox',
         'list_checkpoints',
         'list_files',
+        'list_ports',
         'list_processes',
         'list_sandboxes',
         'list_snapshots',
