@@ -94,11 +94,17 @@ function unreachable(sandboxId: string, port: number, why: string): LockstepErro
   });
 }
 
-/** The request's path below /ports/<id>, with the query minus the token. */
-function upstreamPath(url: URL, rest: string): string {
+/**
+ * The request's path below /ports/<id>, exactly as the client encoded it (a
+ * URL parser would resolve `..` and decode `%2F`), with the query minus the token.
+ */
+function upstreamPath(rawUrl: string, url: URL): string {
+  const rawPath = rawUrl.split('?')[0]!;
+  const below = rawPath.slice('/ports/'.length);
+  const slash = below.indexOf('/');
   url.searchParams.delete(TOKEN_QUERY);
   const q = url.searchParams.toString();
-  return `/${rest}${q ? `?${q}` : ''}`;
+  return `${slash < 0 ? '/' : below.slice(slash)}${q ? `?${q}` : ''}`;
 }
 
 function forwardedHeaders(req: http.IncomingMessage, p: Presented, prefix: string): http.OutgoingHttpHeaders {
@@ -189,12 +195,12 @@ export async function proxyRoutes(
       socket.setTimeout(IDLE_TIMEOUT_MS, () => socket.destroy(unreachable(sandboxId, port, 'sent nothing for 60 s')));
       const up = http.request({
         method: req.method,
-        path: upstreamPath(url, params['*'] ?? ''),
+        path: upstreamPath(req.raw.url ?? '/', url),
         headers: forwardedHeaders(req.raw, p, `/ports/${params.exposure}`),
         createConnection: () => socket,
         maxHeaderSize: MAX_ANSWER_HEAD_BYTES,
       });
-      let answered = false;
+      let answered: http.IncomingMessage | undefined;
       const timer = setTimeout(
         () => up.destroy(unreachable(sandboxId, port, `did not answer within ${answerTimeoutMs} ms`)),
         answerTimeoutMs,
@@ -204,7 +210,7 @@ export async function proxyRoutes(
         if (!reply.raw.writableFinished) up.destroy();
       });
       up.on('response', (res) => {
-        answered = true;
+        answered = res;
         clearTimeout(timer);
         const status = res.statusCode ?? 0;
         if (status < 200 || status > 599) {
@@ -214,12 +220,22 @@ export async function proxyRoutes(
         void reply.code(status);
         for (const [k, v] of Object.entries(res.headers))
           if (v !== undefined && !HOP_BY_HOP.has(k)) void reply.header(k, v);
+        // Marks the answer as the sandbox's, not the API's (RFC 9110's Via, after any the sandbox sent).
+        const via = res.headers.via;
+        void reply.header('via', via ? `${via}, 1.1 lockstep` : '1.1 lockstep');
         res.on('error', () => reply.raw.destroy());
+        if (req.method === 'HEAD') {
+          // No body follows a HEAD's answer; its headers (content-length included) are the sandbox's.
+          res.resume();
+          return resolve(reply.send());
+        }
         resolve(reply.send(res));
       });
       up.on('error', (e) => {
         clearTimeout(timer);
-        if (answered) return void reply.raw.destroy();
+        // After the answer: cut the client's copy short, unless the answer was whole (bytes the sandbox sends
+        // after a complete answer, as some servers do after a HEAD's, are dropped).
+        if (answered) return void (answered.complete || reply.raw.writableFinished || reply.raw.destroy());
         reject(e instanceof LockstepError ? e : unreachable(sandboxId, port, `did not answer HTTP (${e.message})`));
       });
       req.raw.pipe(up);
@@ -233,8 +249,9 @@ export async function proxyRoutes(
     'DELETE',
     'OPTIONS',
   ];
+  // HEAD is proxied as itself (not as a GET whose body is dropped).
   for (const url of ['/ports/:exposure', '/ports/:exposure/*'])
-    app.route({ method: methods, url, schema: { hide: true }, handler });
+    app.route({ method: [...methods, 'HEAD'], url, schema: { hide: true }, exposeHeadRoute: false, handler });
 
   app.server.on('upgrade', (req: http.IncomingMessage, client: Duplex, head: Buffer) => {
     void upgrade(ctx, req, client, head);
@@ -255,17 +272,17 @@ function refuse(client: Duplex, err: unknown): void {
 async function upgrade(ctx: ApiContext, req: http.IncomingMessage, client: Duplex, head: Buffer): Promise<void> {
   client.on('error', () => client.destroy());
   const url = new URL(req.url ?? '/', 'http://proxy.invalid');
-  const m = /^\/ports\/([^/]+)(?:\/(.*))?$/.exec(url.pathname);
-  if (!m) return refuse(client, new HttpError(404, 'ROUTE_NOT_FOUND', `No route for an upgrade to ${url.pathname}`));
+  const m = /^\/ports\/([^/?]+)/.exec(req.url ?? '');
+  if (!m) return refuse(client, new HttpError(404, 'ROUTE_NOT_FOUND', 'No route for an upgrade there'));
   const p = presented(ctx, req.headers, url);
   if (!p.any) return refuse(client, unauthenticated());
   let socket: net.Socket;
   try {
-    socket = (await ctx.lockstep.connectExposedPort(decodeURIComponent(m[1]!), p.creds)).socket;
+    socket = (await ctx.lockstep.connectExposedPort(m[1]!, p.creds)).socket;
   } catch (e) {
     return refuse(client, e);
   }
-  const lines = [`${req.method ?? 'GET'} ${upstreamPath(url, m[2] ?? '')} HTTP/1.1`];
+  const lines = [`${req.method ?? 'GET'} ${upstreamPath(req.url ?? '/', url)} HTTP/1.1`];
   for (let i = 0; i < req.rawHeaders.length; i += 2) {
     const k = req.rawHeaders[i]!;
     const lk = k.toLowerCase();
