@@ -164,6 +164,15 @@ integration(test, () => {
       });
       t.regex(upgraded, /^HTTP\/1\.1 101 /);
       t.regex(upgraded, /X-Saw-Token: no/);
+      // An Upgrade offered on any other route (as HTTP/2 clients offer h2c) is answered as a plain request.
+      const plain = await new Promise<string>((resolve) => {
+        const s = net.connect({ host: '127.0.0.1', port: Number(new URL(base).port) });
+        let got = '';
+        s.on('data', (d) => (got += d.toString()));
+        s.on('close', () => resolve(got));
+        s.write(`GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\r\n`);
+      });
+      t.regex(plain, /^HTTP\/1\.1 200 [^]*"ok":true/);
 
       // Closing it: the URL stops working, and closing again is no error.
       t.deepEqual((await a.del(`/v1/sandboxes/${id}/ports/8000`)).body, { port: 8000, closed: true });
@@ -191,7 +200,7 @@ integration(test, () => {
   });
 
   test.serial(
-    'a sandbox that accepts and never answers gets a 502 after the bound, and another tenant is served meanwhile',
+    'a sandbox that accepts and never answers gets a 502 after the bound, and another tenant is served meanwhile; removing its tenant closes its port',
     async (t) => {
       const hostile = await ls.create({ image: 'dev', memoryMb: 256, tenant: tenantId(ls, 'ports-b') });
       const fine = await ls.create({ image: 'dev', memoryMb: 256, tenant: tenantId(ls, 'ports-a') });
@@ -216,6 +225,10 @@ integration(test, () => {
       t.is(hr.body.error.code, 'PORT_UNREACHABLE');
       t.deepEqual(order, ['served', 'hung']);
       // The server is still fine for everyone.
+      t.is((await proxied(`${base}${f.path}`, { 'x-lockstep-token': f.token })).body.who, 'fine');
+      // Removing the tenant closes its exposures (its sandboxes go); the other tenant's stays.
+      await ls.tenants.purge('ports-b');
+      t.is((await proxied(`${base}${h.path}`, { 'x-lockstep-token': h.token })).status, 404);
       t.is((await proxied(`${base}${f.path}`, { 'x-lockstep-token': f.token })).body.who, 'fine');
     },
   );

@@ -253,9 +253,25 @@ export async function proxyRoutes(
   for (const url of ['/ports/:exposure', '/ports/:exposure/*'])
     app.route({ method: [...methods, 'HEAD'], url, schema: { hide: true }, exposeHeadRoute: false, handler });
 
+  // With an upgrade listener, Node hands every request with an Upgrade header here (an HTTP
+  // client may offer `Upgrade: h2c` on any call): those not for /ports are answered as plain requests.
   app.server.on('upgrade', (req: http.IncomingMessage, client: Duplex, head: Buffer) => {
+    if (!/^\/ports\//.test(req.url ?? '')) return asPlainRequest(app.server, req, client as net.Socket);
     void upgrade(ctx, req, client, head);
   });
+}
+
+/** Serves an upgrade request as the server would without an upgrade listener, then closes the connection. */
+function asPlainRequest(server: http.Server, req: http.IncomingMessage, socket: net.Socket): void {
+  const res = new http.ServerResponse(req);
+  res.shouldKeepAlive = false;
+  res.assignSocket(socket);
+  res.on('finish', () => {
+    res.detachSocket(socket);
+    socket.end();
+  });
+  socket.on('error', () => socket.destroy());
+  server.emit('request', req, res);
 }
 
 /** Answers an upgrade the proxy refuses, in the API's error shape. */
