@@ -257,7 +257,14 @@ export async function proxyRoutes(
   // client may offer `Upgrade: h2c` on any call): those not for /ports are answered as plain requests.
   app.server.on('upgrade', (req: http.IncomingMessage, client: Duplex, head: Buffer) => {
     if (!/^\/ports\//.test(req.url ?? '')) return asPlainRequest(app.server, req, client as net.Socket);
+    // Upgraded connections leave the HTTP server's books: the server's close ends them itself.
+    upgraded.add(client);
+    client.once('close', () => upgraded.delete(client));
     void upgrade(ctx, req, client, head);
+  });
+  const upgraded = new Set<Duplex>();
+  app.addHook('preClose', async () => {
+    for (const c of upgraded) c.destroy();
   });
 }
 
