@@ -97,32 +97,50 @@ integration(test, () => {
     },
   );
 
-  test.serial('the bandwidth limit holds: a download through it takes at least size / rate', async (t) => {
-    const mbit = 4;
-    const bytes = 1_500_000;
-    const sb = await ls.create({ network: 'egress', allowOut: [`${HOST}:8080`], bandwidthMbit: mbit });
-    t.teardown(() => sb.kill().catch(() => undefined));
-    const started = performance.now();
-    const r = await sb.commands.run(['sh', '-c', `${download(bytes, '-')} | wc -c`], {
-      timeoutMs: 120_000,
-    });
-    const elapsedS = (performance.now() - started) / 1000;
-    const received = Number(r.stdout.trim());
-    t.is(received, bytes);
-    // size / rate, with a margin for the token bucket's burst (32 KiB) and rounding: a lower bound only.
-    const floorS = ((bytes - 64 * 1024) * 8) / (mbit * 1e6);
-    t.log(`${bytes} B at ${mbit} Mbit/s: ${elapsedS.toFixed(2)} s (at least ${floorS.toFixed(2)} s expected)`);
-    t.true(elapsedS >= floorS, `took ${elapsedS.toFixed(2)} s, less than ${floorS.toFixed(2)} s`);
-    // What it sends is capped in nftables (a limit object per address); removing the sandbox removes it.
-    const address = sb.info().network.address!;
-    const caps = () =>
-      parseUploadLimits(
-        execFileSync('/usr/sbin/nft', ['-j', 'list', 'map', 'inet', ls.engine.network.table, 'uplimit']).toString(),
-      );
-    t.true(caps().includes(address));
-    await sb.kill();
-    t.false(caps().includes(address));
-  });
+  test.serial(
+    'the bandwidth limit holds both ways: a download and an upload through it take at least size / rate',
+    async (t) => {
+      const mbit = 4;
+      const bytes = 1_500_000;
+      const sb = await ls.create({ network: 'egress', allowOut: [`${HOST}:8080`], bandwidthMbit: mbit });
+      t.teardown(() => sb.kill().catch(() => undefined));
+      const started = performance.now();
+      const r = await sb.commands.run(['sh', '-c', `${download(bytes, '-')} | wc -c`], {
+        timeoutMs: 120_000,
+      });
+      const elapsedS = (performance.now() - started) / 1000;
+      const received = Number(r.stdout.trim());
+      t.is(received, bytes);
+      // size / rate, with a margin for the token bucket's burst (32 KiB) and rounding: a lower bound only.
+      const floorS = ((bytes - 64 * 1024) * 8) / (mbit * 1e6);
+      t.log(`${bytes} B at ${mbit} Mbit/s: ${elapsedS.toFixed(2)} s (at least ${floorS.toFixed(2)} s expected)`);
+      t.true(elapsedS >= floorS, `took ${elapsedS.toFixed(2)} s, less than ${floorS.toFixed(2)} s`);
+      // What it sends is capped too (an nftables limit object of its address): an upload to the test host.
+      // The request as a file (busybox wget's --post-file sent no body here); nc gets the answer once the last byte arrived.
+      await sb.commands.run([
+        'sh',
+        '-c',
+        `printf 'POST /sink HTTP/1.0\\r\\nContent-Length: ${bytes}\\r\\n\\r\\n' > /workspace/up.req && head -c ${bytes} /dev/zero >> /workspace/up.req`,
+      ]);
+      const upStarted = performance.now();
+      const up = await sb.commands.run(['sh', '-c', `nc ${HOST} 8080 < /workspace/up.req`], { timeoutMs: 120_000 });
+      const upS = (performance.now() - upStarted) / 1000;
+      t.is(up.stdout.trim().split('\n').pop(), String(bytes), up.stderr);
+      // nftables' byte limit starts with a full bucket: one second at the rate plus the burst pass at once.
+      const upFloorS = ((bytes - (mbit * 1e6) / 8 - 64 * 1024) * 8) / (mbit * 1e6);
+      t.log(`${bytes} B uploaded at ${mbit} Mbit/s: ${upS.toFixed(2)} s (at least ${upFloorS.toFixed(2)} s expected)`);
+      t.true(upS >= upFloorS, `upload took ${upS.toFixed(2)} s, less than ${upFloorS.toFixed(2)} s`);
+      // Removing the sandbox removes its limit object.
+      const address = sb.info().network.address!;
+      const caps = () =>
+        parseUploadLimits(
+          execFileSync('/usr/sbin/nft', ['-j', 'list', 'map', 'inet', ls.engine.network.table, 'uplimit']).toString(),
+        );
+      t.true(caps().includes(address));
+      await sb.kill();
+      t.false(caps().includes(address));
+    },
+  );
 
   test.serial(
     "/etc/resolv.conf names the sandbox's own resolver, and a name resolves through it with ordinary tools; a fork's names its own",
