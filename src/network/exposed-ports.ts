@@ -82,7 +82,7 @@ export interface ExposureCredentials {
 /** The manager's exposed ports (one per Lockstep). */
 export class ExposedPorts {
   /** Open proxied connections, per sandbox (bounded; destroyed when an exposure or its sandbox goes here). */
-  private readonly open = new Map<string, Set<{ exposure: string; socket: net.Socket }>>();
+  private readonly open = new Map<string, Set<{ exposure: string; socket?: net.Socket }>>();
 
   constructor(private readonly engine: Engine) {}
 
@@ -177,7 +177,7 @@ export class ExposedPorts {
 
   private dropConnections(sandboxId: string, exposure?: string): void {
     for (const c of this.open.get(sandboxId) ?? [])
-      if (exposure === undefined || c.exposure === exposure) c.socket.destroy();
+      if (exposure === undefined || c.exposure === exposure) c.socket?.destroy();
   }
 
   /**
@@ -213,15 +213,17 @@ export class ExposedPorts {
         `Sandbox ${row.id} has ${MAX_CONNECTIONS_PER_SANDBOX} proxied connections open`,
         { details: { sandboxId: row.id, limit: MAX_CONNECTIONS_PER_SANDBOX } },
       );
-    const entry = { exposure: exposure.id, socket: undefined as unknown as net.Socket };
+    // The slot is taken while the connect runs, so that a burst of requests cannot pass the limit.
+    const entry: { exposure: string; socket?: net.Socket } = { exposure: exposure.id };
     set.add(entry);
     this.open.set(row.id, set);
     const release = () => {
       set.delete(entry);
       if (set.size === 0 && this.open.get(row.id) === set) this.open.delete(row.id);
     };
+    let socket: net.Socket;
     try {
-      entry.socket = await this.connectTo(row, exposure.port);
+      socket = await this.connectTo(row, exposure.port);
     } catch (e) {
       release();
       throw e;
@@ -230,11 +232,12 @@ export class ExposedPorts {
     const still = this.db.prepare('SELECT 1 FROM exposures WHERE id = ?').get(exposure.id);
     if (!still) {
       release();
-      entry.socket.destroy();
+      socket.destroy();
       throw new NotFoundError('exposure', exposure.id);
     }
-    entry.socket.once('close', release);
-    return entry.socket;
+    entry.socket = socket;
+    socket.once('close', release);
+    return socket;
   }
 
   /** connectInNetns for the row's init, pinned by pidfd + start time. */
