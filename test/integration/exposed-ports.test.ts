@@ -200,7 +200,7 @@ integration(test, () => {
   });
 
   test.serial(
-    'a sandbox that accepts and never answers gets a 502 after the bound, and another tenant is served meanwhile; removing its tenant closes its port',
+    'a sandbox that accepts and never answers, or never accepts, gets a 502 after the bound, and another tenant is served meanwhile; removing its tenant closes its port',
     async (t) => {
       const hostile = await ls.create({ image: 'dev', memoryMb: 256, tenant: tenantId(ls, 'ports-b') });
       const fine = await ls.create({ image: 'dev', memoryMb: 256, tenant: tenantId(ls, 'ports-a') });
@@ -226,6 +226,23 @@ integration(test, () => {
       t.deepEqual(order, ['served', 'hung']);
       // The server is still fine for everyone.
       t.is((await proxied(`${base}${f.path}`, { 'x-lockstep-token': f.token })).body.who, 'fine');
+      // A listener whose accept queue is full (it never accepts): the connect inside the sandbox gives up
+      // after its bound, on a thread of its own, and the answer is the same typed 502.
+      await hostile.commands.run(
+        [
+          'python3',
+          '-c',
+          "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',8100))\ns.listen(0)\ntime.sleep(3600)",
+        ],
+        { background: true },
+      );
+      const full = (await eventually(() => hostile.ports.expose(8100).catch(() => undefined), 15_000, 100))!;
+      const stuck = proxied(`${base}${full.path}`, { 'x-lockstep-token': full.token });
+      t.is((await proxied(`${base}${f.path}`, { 'x-lockstep-token': f.token })).body.who, 'fine');
+      const sr2 = await stuck;
+      t.is(sr2.status, 502);
+      t.is(sr2.body.error.code, 'PORT_UNREACHABLE');
+      t.regex(sr2.body.error.message, /did not accept a connection within 3000 ms/);
       // Removing the tenant closes its exposures (its sandboxes go); the other tenant's stays.
       await ls.tenants.purge('ports-b');
       t.is((await proxied(`${base}${h.path}`, { 'x-lockstep-token': h.token })).status, 404);
