@@ -86,6 +86,12 @@ export interface LockstepConfig {
   readonly networkDeny: readonly string[];
   /** Upstream DNS server (IPv4 address, optional :port) that egress sandboxes' resolver forwards allowed names to; undefined: the first IPv4 nameserver of /etc/resolv.conf. */
   readonly dnsUpstream: string | undefined;
+  /**
+   * Where `lockstep serve` is reached from outside (`http(s)://host[:port]`):
+   * the base of exposed ports' URLs (src/network/exposed-ports.ts). Unset:
+   * the SDK and CLI print `http://127.0.0.1:7878`, the server the request's own Host.
+   */
+  readonly publicUrl: string | undefined;
 }
 
 /** Settings a caller may pass to open(); each beats its environment variable. */
@@ -118,6 +124,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_NETWORK_RANGE: { reader: 'manager', key: 'networkRange' },
   LOCKSTEP_NETWORK_DENY: { reader: 'manager', key: 'networkDeny' },
   LOCKSTEP_DNS_UPSTREAM: { reader: 'manager', key: 'dnsUpstream' },
+  LOCKSTEP_PUBLIC_URL: { reader: 'manager', key: 'publicUrl' },
   LOCKSTEP_API_URL: { reader: 'client' },
   LOCKSTEP_API_KEY: { reader: 'client' },
   LOCKSTEP_CONFIG: { reader: 'serve' },
@@ -212,10 +219,19 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   const dnsUpstream = options.dnsUpstream ?? e('LOCKSTEP_DNS_UPSTREAM');
   if (dnsUpstream !== undefined && !validUpstream(dnsUpstream))
     throw invalid('dnsUpstream', 'LOCKSTEP_DNS_UPSTREAM', 'an IPv4 address with an optional :port', dnsUpstream);
+  const publicUrl = options.publicUrl ?? e('LOCKSTEP_PUBLIC_URL');
+  if (publicUrl !== undefined && !/^https?:\/\/[A-Za-z0-9.[\]:-]+(:\d{1,5})?$/.test(publicUrl))
+    throw invalid(
+      'publicUrl',
+      'LOCKSTEP_PUBLIC_URL',
+      'an origin such as https://lockstep.example.com:7878 (no path)',
+      publicUrl,
+    );
   return {
     networkRange,
     networkDeny,
     dnsUpstream,
+    publicUrl,
     home: path.resolve(options.home ?? e('LOCKSTEP_HOME') ?? DEFAULTS.home),
     standby: options.standby ?? e('LOCKSTEP_STANDBY') !== 'off',
     logLevel: options.logLevel ?? e('LOCKSTEP_LOG_LEVEL') ?? DEFAULTS.logLevel,

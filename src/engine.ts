@@ -19,6 +19,7 @@ import type { Clock, CriuClient, HelperClient, LayerPort, NativeBinding, Process
 import { InvalidStateError } from './errors.js';
 import type { HostNetwork } from './network/host-network.js';
 import type { SandboxResolver } from './network/dns.js';
+import type { ExposedPorts } from './network/exposed-ports.js';
 
 export interface Engine {
   config: LockstepConfig;
@@ -43,6 +44,8 @@ export interface Engine {
   network: HostNetwork;
   /** Egress sandboxes' resolvers, one socket per sandbox on its gateway. */
   dns: SandboxResolver;
+  /** Exposed ports: their rows, and connections into sandboxes' namespaces (src/network/exposed-ports.ts). */
+  exposures: ExposedPorts;
   /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS, on by default). */
   userNamespaces: boolean;
   /** Serialises operations on one sandbox, within this process and across processes. */

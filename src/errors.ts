@@ -39,6 +39,7 @@ export const ERROR_CODES = [
   'DOCKER_IMAGE_NOT_FOUND',
   'BUNDLE_NOT_FOUND',
   'SNAPSHOT_NOT_FOUND',
+  'EXPOSURE_NOT_FOUND',
   // Conflicts with the current state
   'IMAGE_EXISTS',
   'TENANT_EXISTS',
@@ -65,6 +66,8 @@ export const ERROR_CODES = [
   'STDIN_CLOSED',
   'SNAPSHOT_EXISTS',
   'SNAPSHOT_BUSY',
+  // An exposed port that nothing in the sandbox listens on
+  'PORT_NOT_LISTENING',
   // Snapshot bundles that cannot be imported here
   'SNAPSHOT_INCOMPATIBLE',
   'BUNDLE_CORRUPT',
@@ -126,6 +129,8 @@ export const ERROR_CODES = [
   'MCP_SESSION_NOT_FOUND',
   'CONNECTION_FAILED',
   'REQUEST_ABORTED',
+  // A proxied request the sandbox did not accept or answer in time (or answered with something that is not HTTP)
+  'PORT_UNREACHABLE',
   'INTERNAL',
 ] as const;
 
@@ -143,7 +148,8 @@ export type NotFoundKind =
   | 'layer'
   | 'tenant'
   | 'bundle'
-  | 'snapshot';
+  | 'snapshot'
+  | 'exposure';
 /** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
 export type ExistingKind = 'image' | 'tenant' | 'snapshot';
 

@@ -14,12 +14,14 @@ export {
   ObservedFiles,
   SandboxEffects,
   SandboxVerdicts,
+  SandboxPorts,
   type SandboxInfo,
   type ForkOptions,
   type Provenance,
   type ObservedRunResult,
 } from './sandboxes/sandbox.js';
 export type { CreateOptions } from './sandboxes/create.js';
+export type { ExposedPort, ExposureInfo, ExposureCredentials } from './network/exposed-ports.js';
 export type { RunOptions, RunResult, SpawnOptions } from './sandboxes/commands.js';
 export type { PtyCreateOptions, PtyOutput, PtyExit } from './sandboxes/sandbox-pty.js';
 export type { BackgroundOptions } from './sandboxes/sandbox-commands.js';

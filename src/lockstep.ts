@@ -4,6 +4,7 @@
  * the HTTP server and the MCP server all call these same methods.
  */
 import fs from 'node:fs';
+import type net from 'node:net';
 import { createHash } from 'node:crypto';
 import { Catalog } from './catalog/catalog.js';
 import { detectCgroups, type CgroupDriver } from './host/cgroups.js';
@@ -35,6 +36,7 @@ import { startFromSnapshot } from './snapshots/snapshots.js';
 import { LockstepError, type ErrorCode } from './errors.js';
 import { HostNetwork } from './network/host-network.js';
 import { SandboxResolver, systemUpstream } from './network/dns.js';
+import { ExposedPorts, type ExposureCredentials } from './network/exposed-ports.js';
 import {
   procfs,
   systemClock,
@@ -214,9 +216,11 @@ export class Lockstep {
       userNamespaces,
       network,
       dns,
+      exposures: undefined as unknown as ExposedPorts,
       withSandboxLock,
       drainLocks: () => locks.drain(),
     };
+    engine.exposures = new ExposedPorts(engine);
     let reaped: ReapReport | null = null;
     if (exclusive) {
       reaped = await reap(engine);
@@ -234,6 +238,11 @@ export class Lockstep {
     const ls = new Lockstep(engine, lockFd, reaped);
     if (exclusive) await ls.sweepExpired();
     return ls;
+  }
+
+  /** LOCKSTEP_PUBLIC_URL: where `lockstep serve` is reached from outside (the base of exposed ports' URLs), if set. */
+  get publicUrl(): string | undefined {
+    return this.engine.config.publicUrl;
   }
 
   get images(): ImageStore {
@@ -295,6 +304,22 @@ export class Lockstep {
   list(tenant?: string | null): SandboxInfo[] {
     this.assertOpen();
     return this.engine.catalog.sandboxes(tenant).map((r) => sandboxInfo(r, this.engine.config.networkRange));
+  }
+
+  /**
+   * A connection to an exposed port (`sandbox.ports.expose`) for whoever
+   * presents its token or is its tenant: what `lockstep serve`'s proxy calls
+   * per request. EXPOSURE_NOT_FOUND for a wrong token, another tenant or a
+   * closed port alike; PORT_NOT_LISTENING, PORT_UNREACHABLE (no accept in
+   * time), SANDBOX_NOT_RUNNING, QUOTA_EXCEEDED (too many open at once).
+   */
+  async connectExposedPort(
+    id: string,
+    creds: ExposureCredentials,
+  ): Promise<{ socket: net.Socket; sandboxId: string; port: number }> {
+    this.assertOpen();
+    const target = this.engine.exposures.authorize(id, creds);
+    return { socket: await this.engine.exposures.connect(target), sandboxId: target.sandboxId, port: target.port };
   }
 
   /** Removes a sandbox with its processes, layers and checkpoints. Idempotent for missing ids only via the error. */

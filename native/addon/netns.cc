@@ -9,6 +9,11 @@
 //   are the classic interface ioctls, issued inside the namespace.
 // - setLinkUp: brings a host-side interface up or down with one ioctl (the
 //   warm-standby swap of an egress sandbox).
+// - connectInNetns: a TCP connection to 127.0.0.1:port inside a sandbox's
+//   network namespace (exposed ports, src/network/exposed-ports.ts), made on
+//   a thread of its own that joins the namespace through a pidfd and exits:
+//   no path the sandbox controls is looked up, and neither the event loop nor
+//   libuv's pool waits for a sandbox that does not answer.
 #include "netns.h"
 
 #include <arpa/inet.h>
@@ -19,6 +24,7 @@
 #include <net/if.h>
 #include <net/route.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -220,11 +226,90 @@ Napi::Value SetLinkUpJs(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+struct ConnectCall {
+  int pidfd;
+  int port;
+  int timeoutMs;
+  int fd = -1;
+  SystemFailure failure;
+  Napi::Promise::Deferred deferred;
+  explicit ConnectCall(Napi::Env env) : deferred(Napi::Promise::Deferred::New(env)) {}
+};
+
+// On the calling thread, which is left in the sandbox's namespace: a
+// non-blocking connect, then at most timeoutMs for it to complete.
+void ConnectInNetns(ConnectCall* c) {
+  if (::setns(c->pidfd, CLONE_NEWNET) != 0) {
+    c->failure = {errno, "setns", "", "joining the sandbox's network namespace"};
+    return;
+  }
+  UniqueFd sk(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!sk.valid()) {
+    c->failure = {errno, "socket", "", ""};
+    return;
+  }
+  struct sockaddr_in sin;
+  std::memset(&sin, 0, sizeof(sin));
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(static_cast<uint16_t>(c->port));
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string where = "127.0.0.1:" + std::to_string(c->port);
+  if (::connect(sk.get(), reinterpret_cast<struct sockaddr*>(&sin), sizeof(sin)) != 0) {
+    if (errno != EINPROGRESS) {
+      c->failure = {errno, "connect", where, ""};
+      return;
+    }
+    struct pollfd p = {sk.get(), POLLOUT, 0};
+    int n;
+    do n = ::poll(&p, 1, c->timeoutMs);
+    while (n < 0 && errno == EINTR);
+    if (n == 0) {
+      c->failure = {ETIMEDOUT, "connect", where, ""};
+      return;
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (n < 0 || ::getsockopt(sk.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err != 0) {
+      c->failure = {err, "connect", where, ""};
+      return;
+    }
+  }
+  c->fd = sk.release();
+}
+
+// connectInNetns(pidfd, port, timeoutMs) -> Promise<fd>
+Napi::Value ConnectInNetnsJs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 3 || !info[0].IsNumber() || !info[1].IsNumber() || !info[2].IsNumber())
+    throw Napi::TypeError::New(env, "connectInNetns(pidfd, port, timeoutMs)");
+  auto* call = new ConnectCall(env);
+  call->pidfd = info[0].As<Napi::Number>().Int32Value();
+  call->port = info[1].As<Napi::Number>().Int32Value();
+  call->timeoutMs = info[2].As<Napi::Number>().Int32Value();
+  Napi::Promise promise = call->deferred.Promise();
+  auto tsfn = Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}),
+                                            "lockstep-connect", 0, 1);
+  std::thread([call, tsfn]() mutable {
+    ConnectInNetns(call);
+    tsfn.BlockingCall(call, [](Napi::Env env, Napi::Function, ConnectCall* c) {
+      if (c->failure.failed())
+        c->deferred.Reject(MakeSystemError(env, c->failure).Value());
+      else
+        c->deferred.Resolve(Napi::Number::New(env, c->fd));
+      delete c;
+    });
+    tsfn.Release();
+  }).detach();
+  return promise;
+}
+
 }  // namespace
 
 void InitNetns(Napi::Env env, Napi::Object exports) {
   exports.Set("attachVeth", Napi::Function::New(env, AttachVethJs));
   exports.Set("setLinkUp", Napi::Function::New(env, SetLinkUpJs));
+  exports.Set("connectInNetns", Napi::Function::New(env, ConnectInNetnsJs));
 }
 
 }  // namespace lockstep

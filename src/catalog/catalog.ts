@@ -288,6 +288,21 @@ CREATE INDEX IF NOT EXISTS snapshots_layer ON snapshots(layer_id);`),
       addColumn(db, 'checkpoints', 'connections', 'TEXT');
     },
   },
+  {
+    version: 8,
+    description: 'exposed ports of sandboxes, reached through the manager (exposures; tokens kept as sha256 hashes)',
+    up: (db) =>
+      db.exec(`
+CREATE TABLE IF NOT EXISTS exposures (
+  id          TEXT PRIMARY KEY,
+  sandbox_id  TEXT NOT NULL,
+  tenant      TEXT,
+  port        INTEGER NOT NULL,
+  token_hash  TEXT NOT NULL,
+  created_at  INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS exposures_port ON exposures(sandbox_id, port);`),
+  },
 ];
 
 /** The schema version this build of Lockstep writes. */
@@ -478,6 +493,13 @@ export class Catalog {
     this.db
       .prepare(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`)
       .run({ ...fields, id });
+    // A sandbox that stops (its init exited, a failed rollback) or goes closes its exposed ports:
+    // one place, whichever path stopped it (src/network/exposed-ports.ts).
+    if (fields.state === 'stopped' || fields.state === 'removing') this.deleteExposuresOf(id);
+  }
+  /** Closes every exposed port of a sandbox (its rows; the proxy looks them up per connection). */
+  deleteExposuresOf(sandboxId: string): void {
+    this.db.prepare('DELETE FROM exposures WHERE sandbox_id = ?').run(sandboxId);
   }
   /** Host id bases in use, ascending. */
   /** Network slots in use, ascending (src/network/addresses.ts). */
@@ -496,6 +518,7 @@ export class Catalog {
     ).map((r) => r.id_base);
   }
   deleteSandboxRow(id: string): void {
+    this.deleteExposuresOf(id);
     this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
   }
 

@@ -18,6 +18,7 @@ import { withLockstep } from './session.js';
 import { SETUP_HELP, setupCommands } from './setup-command.js';
 import { STORE_HELP, storeCommands } from './store-commands.js';
 import { SNAPSHOT_HELP, snapshotCommands } from './snapshot-commands.js';
+import { PORTS_HELP, portCommands } from './port-commands.js';
 import { VERSION } from '../version.js';
 
 /** "mem 512M pids 256 cpu 100 cap 0.5 disk 8M": the limits of a sandbox on one line. */
@@ -49,6 +50,8 @@ checkpoints
   log ID [--json]
 
 ${SNAPSHOT_HELP}
+
+${PORTS_HELP}
 
 effects
   effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable]
@@ -482,6 +485,7 @@ export async function main(argv: string[]): Promise<number> {
       : (commands[cmd] ??
         agentCommands[cmd] ??
         snapshotCommands[cmd] ??
+        portCommands[cmd] ??
         serverCommands[cmd] ??
         setupCommands[cmd] ??
         storeCommands[cmd]);

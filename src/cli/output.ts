@@ -66,6 +66,7 @@ export const EXIT_CODE = {
   MCP_SESSION_NOT_FOUND: EXIT.notFound,
   BUNDLE_NOT_FOUND: EXIT.notFound,
   SNAPSHOT_NOT_FOUND: EXIT.notFound,
+  EXPOSURE_NOT_FOUND: EXIT.notFound,
 
   // 4: conflict with the current state (exists, busy, in use, not running, refused)
   IMAGE_EXISTS: EXIT.conflict,
@@ -89,6 +90,7 @@ export const EXIT_CODE = {
   BUNDLE_UNTRUSTED: EXIT.conflict,
   STORE_NOT_CONFIGURED: EXIT.failure,
   NETWORK_NOT_ALLOWED: EXIT.conflict,
+  PORT_NOT_LISTENING: EXIT.conflict,
   EFFECT_OUTCOME_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_UNKNOWN: EXIT.conflict,
   EFFECT_NOT_COMPENSABLE: EXIT.conflict,
@@ -140,6 +142,7 @@ export const EXIT_CODE = {
   // 1: any other failure (a command or fork that did not finish, a build, the client's transport, a bug)
   UNAUTHENTICATED: EXIT.failure,
   COMMAND_TIMEOUT: EXIT.failure,
+  PORT_UNREACHABLE: EXIT.failure,
   COMMAND_ABORTED: EXIT.failure,
   FORK_ABORTED: EXIT.failure,
   FORK_FAILED: EXIT.failure,

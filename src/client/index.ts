@@ -12,6 +12,7 @@ export {
   RemoteFiles,
   RemoteEffects,
   RemoteVerdicts,
+  RemotePorts,
   type RemoteSandboxInfo,
   type RemoteCreateOptions,
   type RemoteRunOptions,
@@ -33,6 +34,7 @@ export {
   CommandAbortedError,
 } from '../errors.js';
 export type { ObservedRunResult } from '../sandboxes/sandbox.js';
+export type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 export type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 export type { ForkResult } from '../checkpoints/fork.js';
 export type { EffectRecord, EffectSpec, BeginResult } from '../effects/effect-ledger.js';

@@ -22,6 +22,7 @@ import type { EffectRecord, EffectSpec, BeginResult, Resolution } from '../effec
 import type { JsonValue } from '../effects/idempotency.js';
 import type { Observation } from '../provenance/observations.js';
 import type { Verdict, StaleVerdict } from '../provenance/verdicts.js';
+import type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
 import { errorFromWire, type WireError, ConnectionError, RequestAbortedError } from './errors.js';
 import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
@@ -64,6 +65,8 @@ export class Sandbox {
   readonly files: RemoteFiles;
   readonly effects: RemoteEffects;
   readonly verdicts: RemoteVerdicts;
+  /** Ports the sandbox listens on, exposed through the server at /ports/<id>/. */
+  readonly ports: RemotePorts;
 
   private constructor(
     readonly id: string,
@@ -74,6 +77,7 @@ export class Sandbox {
     this.files = new RemoteFiles(this);
     this.effects = new RemoteEffects(this);
     this.verdicts = new RemoteVerdicts(this);
+    this.ports = new RemotePorts(this);
   }
 
   /** Creates and starts a sandbox (default image "base"). */
@@ -733,5 +737,35 @@ export class RemoteVerdicts {
       query: { stale: 'true' },
       signal: opts.signal,
     });
+  }
+}
+
+/** Exposed ports of a remote sandbox: the URL is the server's, the token is shown only by expose. */
+export class RemotePorts {
+  constructor(private readonly sandbox: Sandbox) {}
+
+  /** Exposes a port the sandbox listens on (PORT_NOT_LISTENING otherwise); send the token as X-Lockstep-Token. */
+  async expose(port: number, opts: CallOptions = {}): Promise<ExposedPort> {
+    return this.sandbox.transport.json({
+      method: 'POST',
+      path: this.sandbox.path('/ports'),
+      body: { json: { port } },
+      signal: opts.signal,
+      idempotencyKey: opts.idempotencyKey,
+    });
+  }
+
+  async list(opts: CallOptions = {}): Promise<ExposureInfo[]> {
+    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/ports'), signal: opts.signal });
+  }
+
+  /** Closes an exposed port; false when it was not exposed. */
+  async close(port: number, opts: CallOptions = {}): Promise<boolean> {
+    const r: { closed: boolean } = await this.sandbox.transport.json({
+      method: 'DELETE',
+      path: this.sandbox.path(`/ports/${enc(String(port))}`),
+      signal: opts.signal,
+    });
+    return r.closed;
   }
 }

@@ -56,6 +56,8 @@ export const HTTP_STATUS = {
   // No bundle of that name in the snapshot store.
   BUNDLE_NOT_FOUND: 404,
   SNAPSHOT_NOT_FOUND: 404,
+  // No exposed port with that id for this caller (a wrong token answers the same).
+  EXPOSURE_NOT_FOUND: 404,
 
   // Conflicts with the object's current state (already settled, not unknown, damaged, ...).
   IMAGE_EXISTS: 409,
@@ -88,6 +90,9 @@ export const HTTP_STATUS = {
   CGROUP_TIMEOUT: 409,
   SNAPSHOT_EXISTS: 409,
   SNAPSHOT_BUSY: 409,
+  PORT_NOT_LISTENING: 409,
+  // The sandbox behind an exposed port did not accept, or did not answer HTTP in time: a gateway's answer.
+  PORT_UNREACHABLE: 502,
   // A well-formed bundle this host cannot run (kernel, CPU, CRIU or lockstep-init differ).
   SNAPSHOT_INCOMPATIBLE: 422,
   // The server may pull snapshots only from the origins its operator listed (LOCKSTEP_PULL_SOURCES).
@@ -233,7 +238,7 @@ export function describeValidation(
 }
 
 /** 5xx answers that are about the request, not the server's internals: their message is the caller's to read. */
-const PUBLIC_5XX = new Set<ErrorCode>(['IMAGE_BUILDING']);
+const PUBLIC_5XX = new Set<ErrorCode>(['IMAGE_BUILDING', 'PORT_UNREACHABLE']);
 
 /** Maps any thrown value to a status and error body; never leaks internals of unexpected errors. */
 export function toErrorResponse(err: unknown): { status: number; body: ErrorBody; internal: boolean } {

@@ -25,7 +25,8 @@ export class RequestLogController extends Fastify.LogController {
     const err = error ?? outcome?.err;
     const line = {
       method: request.method,
-      url: request.url,
+      // An exposed port's token may come in the query (a link a browser opens): never logged.
+      url: request.url.replace(/([?&]lockstep_token=)[^&#]*/gi, '$1<redacted>'),
       route: request.routeOptions.url ?? null,
       status: reply.statusCode,
       durationMs: Math.round(reply.elapsedTime * 10) / 10,

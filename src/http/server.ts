@@ -35,6 +35,7 @@ import { mcpRoutes } from './routes/mcp.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { snapshotRoutes } from './routes/snapshots.js';
 import { storeRoutes } from './routes/store.js';
+import { portRoutes, proxyRoutes } from './routes/ports.js';
 import { RequestLogController } from './request-log.js';
 import { VERSION } from '../version.js';
 
@@ -58,6 +59,8 @@ export interface ServerOptions {
    * own timeout.
    */
   imageWaitMs?: number | undefined;
+  /** How long a sandbox behind an exposed port may take to answer a proxied request's head (default 30 s). */
+  proxyAnswerTimeoutMs?: number | undefined;
   /** Clock of the idempotency store (tests). */
   clock?: (() => number) | undefined;
 }
@@ -270,6 +273,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
       await v1.register(async (raw) => ptyRoutes(raw, ctx));
       snapshotRoutes(v1, ctx);
       storeRoutes(v1, ctx);
+      portRoutes(v1, ctx);
       await v1.register(async (files) => {
         // Raw file bytes stay a stream: the route writes them to the file as they arrive.
         files.addContentTypeParser('application/octet-stream', (_req, payload, done) => done(null, payload));
@@ -278,6 +282,8 @@ export function createServer(opts: ServerOptions): LockstepServer {
     },
     { prefix: '/v1' },
   );
+  // Exposed ports: its own credentials (the port's token or the tenant's), bodies streamed to the sandbox.
+  void app.register(async (proxy) => proxyRoutes(proxy, ctx, { answerTimeoutMs: opts.proxyAnswerTimeoutMs }));
   // MCP's tool arguments carry file contents as JSON text: room for a whole file limit of base64.
   mcpRoutes(app, ctx, { bearer, bodyLimit: Math.ceil(fileBodyLimit * 1.5) + MiB });
 

@@ -538,6 +538,37 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         return ls.snapshots.create(checkpointId, { name, metadata, ...tenantOf });
       }),
   );
+  const portArg = z.number().int().min(1).max(65535).describe('A port the sandbox listens on');
+  server.registerTool(
+    'expose_port',
+    {
+      description:
+        'Expose a port the sandbox listens on, so that a person or a program outside can reach it over HTTP ' +
+        '(a URL and a token to send as X-Lockstep-Token; the token is shown only now). Fails with ' +
+        'PORT_NOT_LISTENING when nothing listens there yet.',
+      inputSchema: { port: portArg, ...target },
+      annotations: hints(false, false, false),
+    },
+    ({ port, ...a }) => tool(() => sandbox(a).ports.expose(port)),
+  );
+  server.registerTool(
+    'list_ports',
+    {
+      description: "The sandbox's exposed ports with their URLs (not their tokens).",
+      inputSchema: { ...target },
+      annotations: hints(true, false, true),
+    },
+    (a) => tool(() => sandbox(a).ports.list()),
+  );
+  server.registerTool(
+    'close_port',
+    {
+      description: 'Close an exposed port (its URL stops working, open connections through it end).',
+      inputSchema: { port: portArg, ...target },
+      annotations: hints(false, true, true),
+    },
+    ({ port, ...a }) => tool(() => ({ port, closed: sandbox(a).ports.close(port) })),
+  );
   server.registerTool(
     'list_snapshots',
     { description: 'Your snapshots, oldest first.', inputSchema: {}, annotations: hints(true, false, true) },

@@ -144,6 +144,13 @@ export interface NativeBinding {
   attachVeth(pid: number, config: VethConfig): Promise<void>;
   /** Brings a root-namespace interface up or down (one ioctl). */
   setLinkUp(name: string, up: boolean): void;
+  /**
+   * A TCP connection to 127.0.0.1:port inside the network namespace of the
+   * pidfd's process, made on a thread of its own (never the event loop or
+   * libuv's pool); resolves with the connected socket's fd, rejects with
+   * ECONNREFUSED, ETIMEDOUT (past timeoutMs) or ESRCH (the process is gone).
+   */
+  connectInNetns(pidfd: number, port: number, timeoutMs: number): Promise<number>;
 }
 
 /** Magic numbers from statfs(2) that the layer store cares about. */

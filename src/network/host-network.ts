@@ -21,8 +21,11 @@ import type { Logger } from '../log.js';
 import { slotAddresses, type SlotAddresses } from './addresses.js';
 import {
   addElementsScript,
+  addUploadLimitScript,
   deleteElementsScript,
+  deleteUploadLimitsScript,
   parseAllowSet,
+  parseUploadLimits,
   rulesetScript,
   type AllowElement,
 } from './nftables.js';
@@ -177,19 +180,17 @@ export class HostNetwork {
   }
 
   /**
-   * tbf on the host side caps what reaches the sandbox (downloads); an
-   * ingress policer on the same interface caps what it sends.
+   * tbf on the host side caps what reaches the sandbox (downloads); what it
+   * sends is capped in nftables (addPolicy): tc's ingress policer needs a
+   * classifier (cls_matchall, cls_u32), which kernels built without those
+   * modules lack ("TC classifier not found").
    */
   private async limitBandwidth(host: string, mbit: number): Promise<void> {
     const burst = Math.max(32, Math.ceil((mbit * 1000) / 8 / 100)); // KiB: ~10 ms at the rate, at least 32 KiB
     await this.run(
       'tc',
       ['-batch', '-'],
-      [
-        `qdisc add dev ${host} root tbf rate ${mbit}mbit burst ${burst}kb latency 50ms`,
-        `qdisc add dev ${host} handle ffff: ingress`,
-        `filter add dev ${host} parent ffff: protocol all matchall action police rate ${mbit}mbit burst ${burst}k conform-exceed drop`,
-      ].join('\n') + '\n',
+      `qdisc add dev ${host} root tbf rate ${mbit}mbit burst ${burst}kb latency 50ms\n`,
     );
   }
 
@@ -215,8 +216,17 @@ export class HostNetwork {
   /** Adds the sandbox's allow elements (create, fork). */
   async addPolicy(slot: number, policy: NetworkPolicy): Promise<void> {
     await this.ensureHost();
-    const script = addElementsScript(this.table, this.policyElements(slot, policy));
+    const address = this.addresses(slot).address;
+    const script =
+      addElementsScript(this.table, this.policyElements(slot, policy)) +
+      (policy.bandwidthMbit !== null ? addUploadLimitScript(this.table, address, policy.bandwidthMbit) : '');
     if (script) await this.run('nft', ['-f', '-'], script);
+  }
+
+  /** Addresses that have an upload cap. */
+  private async uploadLimited(): Promise<string[]> {
+    const out = await this.run('nft', ['-j', 'list', 'map', 'inet', this.table, 'uplimit'], '');
+    return parseUploadLimits(out);
   }
 
   /** Adds elements the resolver learned (with their timeouts). */
@@ -235,7 +245,8 @@ export class HostNetwork {
   async removePolicies(addresses: ReadonlySet<string>): Promise<number> {
     if (addresses.size === 0 || !(await this.tableExists())) return 0;
     const mine = (await this.listAllow()).filter((e) => addresses.has(e.sandbox));
-    const script = deleteElementsScript(this.table, mine);
+    const capped = (await this.uploadLimited().catch(() => [] as string[])).filter((a) => addresses.has(a));
+    const script = deleteElementsScript(this.table, mine) + deleteUploadLimitsScript(this.table, capped);
     if (script) await this.run('nft', ['-f', '-'], script);
     return mine.length;
   }
@@ -293,7 +304,10 @@ export class HostNetwork {
     }
     if (await this.tableExists()) {
       const stale = (await this.listAllow()).filter((e) => !knownAddresses.has(e.sandbox));
-      const script = deleteElementsScript(this.table, stale);
+      const staleCaps = await this.uploadLimited()
+        .then((all) => all.filter((a) => !knownAddresses.has(a)))
+        .catch(() => [] as string[]); // a table made before uplimit existed
+      const script = deleteElementsScript(this.table, stale) + deleteUploadLimitsScript(this.table, staleCaps);
       if (script) await this.run('nft', ['-f', '-'], script).catch((err) => this.log.warn({ err }, 'nft reap'));
       for (const a of new Set(stale.map((e) => e.sandbox))) removed.push(`nft:${a}`);
     }

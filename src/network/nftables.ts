@@ -16,7 +16,11 @@
  *   to the sandbox's own gateway, then let through only `allow4` after
  *   `deny4`; new connections into a sandbox are dropped (exposed ports are
  *   proxied by the manager from the host, whose output only root may send);
- *   sandbox traffic leaving for the outside is masqueraded.
+ *   sandbox traffic leaving for the outside is masqueraded;
+ * - `uplimit`: sandbox address → a named `limit` object (`up_<address>`),
+ *   the cap on what a sandbox with `bandwidthMbit` sends (tc's ingress
+ *   policer needs a classifier, which kernels without cls_* modules lack;
+ *   what it receives is capped by tbf on the host side, a qdisc).
  * The ruleset text is pure (unit-tested); applying it is HostNetwork's job.
  */
 import { parseCidr } from './policy.js';
@@ -52,6 +56,7 @@ export function rulesetScript(r: RulesetInput): string {
   return `add table ${t}
 add set ${t} deny4 { type ipv4_addr; flags interval; auto-merge; }
 add set ${t} allow4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval, timeout; }
+add map ${t} uplimit { type ipv4_addr : limit; }
 add chain ${t} forward { type filter hook forward priority filter - 5; policy accept; }
 add chain ${t} input { type filter hook input priority filter - 5; policy accept; }
 add chain ${t} output { type filter hook output priority filter - 5; policy accept; }
@@ -77,6 +82,7 @@ add rule ${t} antispoof ip saddr != ${parseCidr(r.range)!.text} drop
 add rule ${t} forward iifname ${ifs} jump from_sandbox
 add rule ${t} forward oifname ${ifs} jump to_sandbox
 add rule ${t} from_sandbox jump antispoof
+add rule ${t} from_sandbox limit name ip saddr map @uplimit drop
 add rule ${t} from_sandbox ct state established,related accept
 add rule ${t} from_sandbox ip daddr @deny4 reject with icmpx admin-prohibited
 add rule ${t} from_sandbox ip saddr . ip daddr . meta l4proto . th dport @allow4 accept
@@ -119,6 +125,40 @@ export function addElementsScript(table: string, elements: readonly AllowElement
 export function deleteElementsScript(table: string, elements: readonly AllowElement[]): string {
   if (elements.length === 0) return '';
   return `delete element inet ${table} allow4 { ${elements.map((e) => elementText(e, false)).join(', ')} }\n`;
+}
+
+/** Name of the limit object capping what the sandbox at `address` sends. */
+export function uploadLimitName(address: string): string {
+  return `up_${address.replace(/\./g, '_')}`;
+}
+
+/**
+ * The upload cap of a sandbox: a limit object and its uplimit element, in
+ * one batch. The bucket holds ~10 ms at the rate (at least 32 KiB).
+ */
+export function addUploadLimitScript(table: string, address: string, mbit: number): string {
+  const kbytesPerS = Math.round((mbit * 1e6) / 8 / 1000);
+  const burst = Math.max(32, Math.ceil(kbytesPerS / 100));
+  const name = uploadLimitName(address);
+  return (
+    `add limit inet ${table} ${name} { rate over ${kbytesPerS} kbytes/second burst ${burst} kbytes }\n` +
+    `add element inet ${table} uplimit { ${address} : "${name}" }\n`
+  );
+}
+
+export function deleteUploadLimitsScript(table: string, addresses: readonly string[]): string {
+  return addresses
+    .map((a) => `delete element inet ${table} uplimit { ${a} }\ndelete limit inet ${table} ${uploadLimitName(a)}\n`)
+    .join('');
+}
+
+/** Addresses in uplimit, from `nft -j list map`. */
+export function parseUploadLimits(json: string): string[] {
+  const doc = JSON.parse(json) as { nftables: { map?: { elem?: unknown[] } }[] };
+  const out: string[] = [];
+  for (const item of doc.nftables)
+    for (const e of item.map?.elem ?? []) if (Array.isArray(e) && typeof e[0] === 'string') out.push(e[0]);
+  return out;
 }
 
 type NftValue = string | number | { prefix: { addr: string; len: number } } | { range: [number, number] };

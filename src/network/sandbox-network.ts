@@ -9,6 +9,7 @@ import type { SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
 import type { VethConfig } from '../native/binding.js';
 import { policyOf } from './policy.js';
+import { SandboxFiles } from '../sandboxes/files.js';
 
 /** A new sandbox's init is running: give it its eth0 and its policy. */
 export async function attachNewSandbox(engine: Engine, row: SandboxRow, pid: number): Promise<void> {
@@ -18,6 +19,26 @@ export async function attachNewSandbox(engine: Engine, row: SandboxRow, pid: num
   await engine.native.attachVeth(pid, veth);
   await engine.network.addPolicy(row.net_slot, policy);
   engine.dns.open(row);
+  await pointResolverAt(engine, row);
+}
+
+/**
+ * /etc/resolv.conf names the sandbox's own resolver (its gateway, the one
+ * DNS server its policy lets it reach), so ordinary tools resolve through
+ * it. Written through the files API (openat2 below the root, temp file and
+ * rename), as root inside; a fork's is rewritten, since its gateway is its own.
+ */
+async function pointResolverAt(engine: Engine, row: SandboxRow): Promise<void> {
+  const { gateway } = engine.network.addresses(row.net_slot!);
+  const files = new SandboxFiles(
+    () => engine.paths.sandboxRoot(row.instance),
+    () => row.id_base,
+  );
+  await files.write(
+    '/etc/resolv.conf',
+    `# Lockstep's resolver for this sandbox: it answers the names its allow list permits\nnameserver ${gateway}\n`,
+    { mode: 0o644 },
+  );
 }
 
 /**
@@ -43,6 +64,7 @@ export async function addForkPolicy(engine: Engine, child: SandboxRow): Promise<
   if (!policy || child.net_slot == null) return;
   await engine.network.addPolicy(child.net_slot, policy);
   engine.dns.open(child);
+  await pointResolverAt(engine, child);
 }
 
 /**

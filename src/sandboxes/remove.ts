@@ -13,7 +13,8 @@ import { forgetNetwork } from '../network/sandbox-network.js';
 export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
   // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
-  catalog.updateSandbox(id, { state: 'removing' });
+  catalog.updateSandbox(id, { state: 'removing' }); // closes its exposed ports
+  engine.exposures.dropSandbox(id);
   engine.inits.untrack(id); // its init is about to be killed on purpose
   engine.fault('remove:marked');
   const row = catalog.sandbox(id);

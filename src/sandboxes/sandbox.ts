@@ -30,6 +30,7 @@ import { ObservedFiles } from './observed-files.js';
 import { PtyHandle, SandboxPty } from './sandbox-pty.js';
 import { SandboxEffects } from './sandbox-effects.js';
 import { SandboxVerdicts } from './sandbox-verdicts.js';
+import { SandboxPorts } from './sandbox-ports.js';
 
 // The sub-APIs live in files of their own; importers of this module keep finding them here.
 export {
@@ -41,6 +42,7 @@ export {
   ObservedFiles,
   SandboxEffects,
   SandboxVerdicts,
+  SandboxPorts,
   type Provenance,
   type ObservedRunResult,
 };
@@ -118,6 +120,8 @@ export class Sandbox {
   readonly files: ObservedFiles;
   readonly effects: SandboxEffects;
   readonly verdicts: SandboxVerdicts;
+  /** Ports the sandbox listens on, exposed through `lockstep serve` (E2B's getHost). */
+  readonly ports: SandboxPorts;
   /** @internal */
   readonly core: SandboxCore;
 
@@ -131,6 +135,7 @@ export class Sandbox {
     this.files = new ObservedFiles(this.core, raw);
     this.effects = new SandboxEffects(this.core);
     this.verdicts = new SandboxVerdicts(this.core, raw);
+    this.ports = new SandboxPorts(this.core);
   }
 
   info(): SandboxInfo {

@@ -298,6 +298,7 @@ export class FakeHost {
       idmappedMounts: notFaked('idmappedMounts'),
       attachVeth: notFaked('attachVeth'),
       setLinkUp: notFaked('setLinkUp'),
+      connectInNetns: notFaked('connectInNetns'),
       // A layer's identity and last change: its content token stands for the transaction.
       subvolumeInfo: (p: string) => ({
         uuid: `fake:${path.basename(p)}`,

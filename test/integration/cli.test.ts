@@ -238,6 +238,38 @@ integration(test, () => {
   });
 
   // exit 127 alone would leave the user guessing.
+  test.serial('ports expose, ls and close through the CLI; a silent port exits 4, a bad one 2', async (t) => {
+    const ls = await openTestLockstep(t);
+    const sb = await ls.create();
+    await sb.commands.run('httpd -f -p 127.0.0.1:8080 -h /workspace', { background: true });
+    await fails(t, ls.home, 4, 'PORT_NOT_LISTENING', 'ports', 'expose', sb.id, '8081');
+    t.is((await fails(t, ls.home, 2, 'INVALID_ARGUMENT', 'ports', 'expose', sb.id, 'http')).field, 'port');
+    await fails(t, ls.home, 3, 'SANDBOX_NOT_FOUND', 'ports', 'ls', 'sbx_nosuchsandbox');
+    let e: { id: string; port: number; url: string; token: string } | undefined;
+    for (let i = 0; !e && i < 50; i++) {
+      const r = await cli(ls.home, 'ports', 'expose', sb.id, '8080', '--json');
+      if (r.code === 0) e = JSON.parse(r.stdout);
+      else await new Promise((res) => setTimeout(res, 100));
+    }
+    t.truthy(e, 'exposed once httpd listens');
+    t.regex(e!.url, new RegExp(`^http://127\\.0\\.0\\.1:7878/ports/${e!.id}/$`));
+    t.regex(e!.token, /^lsp_/);
+    const listed = await json<{ id: string; port: number; token?: string }[]>(
+      t,
+      ls.home,
+      'ports',
+      'ls',
+      sb.id,
+      '--json',
+    );
+    t.deepEqual(
+      listed.map((x) => [x.id, x.port, x.token]),
+      [[e!.id, 8080, undefined]],
+    );
+    t.deepEqual(await json(t, ls.home, 'ports', 'close', sb.id, '8080', '--json'), { port: 8080, closed: true });
+    t.deepEqual(sb.ports.list(), []);
+  });
+
   test.serial('exec of a missing program says why on stderr', async (t) => {
     const ls = await openTestLockstep(t);
     const sb = await ls.create();

@@ -213,4 +213,26 @@ integration(test, () => {
     t.is((down as LockstepError).code, 'CONNECTION_FAILED');
     t.regex(down!.message, /ECONNREFUSED/);
   });
+  test.serial('sandbox.ports: expose a listening port, reach it with the token, list and close it', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const sbx = await Sandbox.create({ apiUrl: client.base, apiKey: tenantToken(ls, 'acme'), memoryMb: 64 });
+    t.teardown(() => sbx.kill().then(() => undefined));
+    await sbx.files.write('/workspace/www/index.html', 'served from the sandbox\n');
+    await sbx.commands.run('httpd -f -p 127.0.0.1:8080 -h /workspace/www', { background: true });
+    const silent = await t.throwsAsync(sbx.ports.expose(8081));
+    t.is((silent as LockstepError).code, 'PORT_NOT_LISTENING');
+    const e = (await eventually(() => sbx.ports.expose(8080).catch(() => undefined), 10_000, 100))!;
+    t.is(e.url, `${client.base}${e.path}`);
+    const res = await fetch(e.url, { headers: { 'x-lockstep-token': e.token } });
+    t.is(await res.text(), 'served from the sandbox\n');
+    t.is((await fetch(e.url)).status, 401);
+    t.deepEqual(
+      (await sbx.ports.list()).map((x) => [x.id, x.port]),
+      [[e.id, 8080]],
+    );
+    t.true(await sbx.ports.close(8080));
+    t.false(await sbx.ports.close(8080));
+    t.is((await fetch(e.url, { headers: { 'x-lockstep-token': e.token } })).status, 404);
+  });
 });

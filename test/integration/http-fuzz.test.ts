@@ -53,6 +53,9 @@ interface Fixture {
   checkpoint: string;
   effect: string;
   snapshot: string;
+  /** An exposed port of the sandbox (busybox httpd on 127.0.0.1:8080, started before the checkpoint) and its token. */
+  exposure: string;
+  portToken: string;
 }
 
 interface World {
@@ -81,6 +84,8 @@ interface FuzzRequest {
   authenticated: boolean;
   /** The request set a command or wait timeout. */
   timed: boolean;
+  /** A proxy request carrying a credential that may open the exposure it names (its token, or its tenant's bearer). */
+  portCredential?: boolean;
 }
 
 interface Response {
@@ -462,6 +467,10 @@ interface Shape {
   /** True when a path parameter names the other tenant's object. */
   cross?: boolean;
   timed?: boolean;
+  headers?: Record<string, string>;
+  portCredential?: boolean;
+  /** The credential is the exposure's own token (not the bearer). */
+  portToken?: boolean;
 }
 
 type Generator = (w: World, own: Fixture, other: Fixture) => fc.Arbitrary<Shape>;
@@ -551,6 +560,54 @@ const storeKeyText = fc.constantFrom('fuzz-key', 'fixture', 'missing', 'tn_x', '
 const fixed = (p: string) => queryString({ url: fc.string(), q: fc.string() }).map((query) => ({ path: p, query }));
 const fileQuery = (extra: Record<string, fc.Arbitrary<string>> = {}) =>
   queryString({ path: filePath, toolCallId: fc.string({ minLength: 1, maxLength: 10 }), ...extra });
+
+/**
+ * The proxy of exposed ports: an exposure of the caller's or of the other
+ * tenant, missing or garbage; its token, the other's, garbage or none (then
+ * the bearer token of the request decides); a tail and a query. Another
+ * tenant's exposure, or the wrong token, must never reach a sandbox.
+ */
+function proxyGenerator(withTail: boolean): Generator {
+  return (_w, own, other) =>
+    fc
+      .tuple(
+        fc.oneof(
+          { weight: 6, arbitrary: fc.constant(part(own.exposure)) },
+          { weight: 2, arbitrary: fc.constant(part(other.exposure, true)) },
+          { weight: 1, arbitrary: fc.constant(part('exp_0000000000000000')) },
+          { weight: 1, arbitrary: hostileSegment.map((s) => part(s)) },
+        ),
+        fc.constantFrom('own', 'other', 'garbage', 'none', 'query'),
+        withTail
+          ? fc.oneof(
+              fc.constantFrom('', 'seed.txt', 'nosuch', '../../etc/passwd', '%2e%2e/%2e%2e/etc/passwd', 'a/b/c'),
+              hostileSegment,
+            )
+          : fc.constant(undefined),
+        queryString({ q: fc.string({ maxLength: 10 }) }),
+      )
+      .map(([exp, cred, tail, query]) => {
+        const headers: Record<string, string> = {};
+        if (cred === 'own') headers['x-lockstep-token'] = own.portToken;
+        if (cred === 'other') headers['x-lockstep-token'] = other.portToken;
+        if (cred === 'garbage') headers['x-lockstep-token'] = `${own.portToken.slice(0, -2)}zz`;
+        const q = cred === 'query' ? `${query ? `${query}&` : '?'}lockstep_token=${own.portToken}` : query;
+        // A token opens its own exposure, whoever sends it (it is a capability): the other's token
+        // with the other's exposure is allowed; the tenant's bearer (no token) opens only the tenant's own.
+        const ownExposure = exp.text === own.exposure;
+        const tokenOpens =
+          (ownExposure && (cred === 'own' || cred === 'query')) || (exp.text === other.exposure && cred === 'other');
+        const mayOpen = tokenOpens || (ownExposure && cred === 'none');
+        return {
+          path: `/ports/${exp.text}${tail === undefined ? '' : `/${tail}`}`,
+          query: q,
+          headers,
+          cross: !mayOpen,
+          portCredential: mayOpen,
+          portToken: tokenOpens,
+        };
+      });
+}
 
 /**
  * One generator per route, keyed "METHOD url" as fastify registered it.
@@ -784,6 +841,29 @@ const GENERATORS: Record<string, Generator> = {
       .map(([key, body]) => ({ path: `/v1/store/bundles/${key}/pull`, body })),
   'DELETE /v1/store/bundles/:key': () =>
     fc.oneof(storeKeyText, hostileSegment).map((key) => ({ path: `/v1/store/bundles/${key}` })),
+  'POST /v1/sandboxes/:id/ports': underSandbox('/ports', () =>
+    // Never 8080: re-exposing the fixture's port would change its token.
+    envelope(jsonFields({ port: fc.constantFrom(0, 1, 8081, 65535, 65536, -1, 1.5, '8080') }, ['port'])).map(
+      (body) => ({ body }),
+    ),
+  ),
+  'GET /v1/sandboxes/:id/ports': underSandbox('/ports', noBody),
+  // Never the caller's own 8080 (the fixture's exposure must stay).
+  'DELETE /v1/sandboxes/:id/ports/:port': (_w, own, other) =>
+    sandboxPath(own, other, (id) =>
+      fc
+        .oneof(
+          fc.constantFrom('1', '8081', '0', '65536', '-1', '1.5', '0x1f90'),
+          id.cross ? fc.constant('8080') : fc.constant('8081'),
+          hostileSegment,
+        )
+        .map((port) => ({ path: `/v1/sandboxes/${id.text}/ports/${port}`, cross: id.cross })),
+    ),
+  ...Object.fromEntries(
+    ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'].flatMap((method) =>
+      ['/ports/:exposure', '/ports/:exposure/*'].map((url) => [`${method} ${url}`, proxyGenerator(url.endsWith('*'))]),
+    ),
+  ),
   'GET /v1/sandboxes/:id/commands': underSandbox('/commands', noBody),
   'GET /v1/sandboxes/:id/commands/:pid/output': (_w, own, other) =>
     sandboxPath(own, other, (id) =>
@@ -1137,6 +1217,16 @@ integration(test, () => {
         const api = client.as(token);
         const sandbox = (await api.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
         await api.put(`/v1/sandboxes/${sandbox}/files?path=fuzz/seed.txt`, { content: `seed of ${name}` });
+        // A port to expose, listening before the checkpoint (a fuzzed rollback restores it).
+        await api.post(`/v1/sandboxes/${sandbox}/commands`, {
+          cmd: ['httpd', '-f', '-p', '127.0.0.1:8080', '-h', '/workspace/fuzz'],
+          background: true,
+        });
+        let exposed = await api.post(`/v1/sandboxes/${sandbox}/ports`, { port: 8080 });
+        for (let i = 0; exposed.status !== 201 && i < 50; i++) {
+          await new Promise((r) => setTimeout(r, 100));
+          exposed = await api.post(`/v1/sandboxes/${sandbox}/ports`, { port: 8080 });
+        }
         const checkpoint = (await api.post(`/v1/sandboxes/${sandbox}/checkpoints`, { label: 'fixture' })).body
           .id as string;
         const effect = (
@@ -1148,8 +1238,16 @@ integration(test, () => {
         ).body.effectId as string;
         const snapshot = (await api.post('/v1/snapshots', { checkpointId: checkpoint, name: 'fixture' })).body
           .id as string;
-        t.truthy(sandbox && checkpoint && effect && snapshot, `fixture of ${name}`);
-        return { token, sandbox, checkpoint, effect, snapshot };
+        t.truthy(sandbox && checkpoint && effect && snapshot && exposed.status === 201, `fixture of ${name}`);
+        return {
+          token,
+          sandbox,
+          checkpoint,
+          effect,
+          snapshot,
+          exposure: exposed.body.id,
+          portToken: exposed.body.token,
+        };
       };
       const w: World = { a: await fixture('acme'), b: await fixture('globex') };
       const fixtures = new Set([w.a.sandbox, w.b.sandbox]);
@@ -1183,7 +1281,7 @@ integration(test, () => {
           const own = auth === 'b' ? w.b : w.a;
           const other = auth === 'b' ? w.a : w.b;
           return route.gen!(w, own, other).map((shape): FuzzRequest => {
-            const h: Record<string, string> = { ...headers, ...authHeader(w, auth) };
+            const h: Record<string, string> = { ...headers, ...authHeader(w, auth), ...shape.headers };
             if (shape.body?.contentType !== undefined) h['content-type'] = shape.body.contentType;
             return {
               route: key,
@@ -1196,6 +1294,9 @@ integration(test, () => {
               cross: shape.cross ?? false,
               authenticated: auth === 'a' || auth === 'b',
               timed: shape.timed ?? false,
+              // No token: only the caller's own bearer opens its own exposure.
+              portCredential:
+                shape.portCredential === true && (shape.portToken === true || auth === 'a' || auth === 'b'),
             };
           });
         });
@@ -1213,6 +1314,15 @@ integration(test, () => {
           byRoute.set(r.route ?? '', tally);
           const what = `${describe(r)} -> ${res.status} ${res.body.subarray(0, 400).toString('utf8')}`;
 
+          // An answer the proxy relayed from a sandbox (Via: … lockstep) is that sandbox's, not the API's:
+          // it must come from a request that could open the exposure, and is exempt from the API's error shape.
+          const proxied = /(^|, )1\.1 lockstep$/.test(String(res.headers.via ?? ''));
+          if (proxied && (r.cross || !r.portCredential))
+            throw new Error(`proxied without a credential for it: ${what}`);
+          if (proxied) {
+            counts.ok++;
+            return;
+          }
           const timedOut = res.status === 504 && r.timed && res.body.includes('COMMAND_TIMEOUT');
           if (res.status >= 500 && !timedOut) throw new Error(`5xx: ${what}`);
           if (res.status >= 400 && r.method !== 'HEAD') {

@@ -358,20 +358,24 @@ integration(test, () => {
         'GET /v1/sandboxes/{id}/observations': [['includeStale=true']],
         'POST /v1/sandboxes/{id}/verdicts': [[undefined, { path: 'secret.txt', verdict: 'fake' }]],
         'GET /v1/sandboxes/{id}/verdicts': [[]],
+        'POST /v1/sandboxes/{id}/ports': [[undefined, { port: 8000 }]],
+        'GET /v1/sandboxes/{id}/ports': [[]],
+        'DELETE /v1/sandboxes/{id}/ports/{port}': [[]],
       };
       t.deepEqual(Object.keys(table).sort(), routes, 'the table covers every route that takes a sandbox id');
 
       const db = ls.engine.catalog.db;
       const before = rowCounts(db);
-      const foreign = { id: sa, ckpt: ckA, effectId: effA, pid: String(pidA) };
+      const foreign = { id: sa, ckpt: ckA, effectId: effA, pid: String(pidA), port: '8000' };
       const missing = {
         id: 'sbx_nosuchsandbox',
         ckpt: 'ckpt_nosuchckpt00',
         effectId: 'eff_00000000000000000000',
         pid: '99999',
+        port: '8000',
       };
       const fill = (text: string, ids: Record<string, string>) =>
-        text.replace(/\{(id|ckpt|effectId|pid)\}/g, (_m, k: string) => ids[k]!);
+        text.replace(/\{(id|ckpt|effectId|pid|port)\}/g, (_m, k: string) => ids[k]!);
       const fillBody = (body: unknown, ids: Record<string, string>) =>
         body === undefined || Buffer.isBuffer(body) ? body : JSON.parse(fill(JSON.stringify(body), ids));
       for (const route of routes) {

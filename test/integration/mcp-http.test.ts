@@ -8,7 +8,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import fs from 'node:fs';
 import path from 'node:path';
-import { integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
+import { eventually, integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
 import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
 import { resolveStoreConfig } from '../../src/config.js';
 import { MAX_SESSIONS } from '../../src/http/routes/mcp.js';
@@ -62,14 +62,17 @@ integration(test, () => {
       const names = tools.map((x) => x.name).sort();
       t.deepEqual(names, [
         'checkpoint',
+        'close_port',
         'create_sandbox',
         'create_snapshot',
         'delete_snapshot',
+        'expose_port',
         'fork',
         'kill_process',
         'kill_sandbox',
         'list_checkpoints',
         'list_files',
+        'list_ports',
         'list_processes',
         'list_sandboxes',
         'list_snapshots',
@@ -108,6 +111,27 @@ integration(test, () => {
       await call(client, 'write_file', { sandboxId: b.id, path: 'notes.txt', content: 'in b\n' });
       t.is((await call(client, 'run_command', { sandboxId: a.id, cmd: 'cat notes.txt' })).stdout, 'in a\n');
       t.is((await call(client, 'read_file', { sandboxId: b.id, path: 'notes.txt' })).content, 'in b\n');
+
+      // Exposed ports: refused while nothing listens, then a URL and a token; listed without it; closed.
+      t.is(
+        (await call(client, 'expose_port', { sandboxId: b.id, port: 8080 }, { error: true })).error.code,
+        'PORT_NOT_LISTENING',
+      );
+      await call(client, 'start_process', { sandboxId: b.id, cmd: 'httpd -f -p 127.0.0.1:8080 -h /workspace' });
+      const exposed = await eventually(
+        async () => call(client, 'expose_port', { sandboxId: b.id, port: 8080 }).catch(() => undefined),
+        10_000,
+        100,
+      );
+      t.regex(exposed.token, /^lsp_/);
+      t.deepEqual(
+        (await call(client, 'list_ports', { sandboxId: b.id })).map((e: { id: string; token?: string }) => [
+          e.id,
+          e.token,
+        ]),
+        [[exposed.id, undefined]],
+      );
+      t.deepEqual(await call(client, 'close_port', { sandboxId: b.id, port: 8080 }), { port: 8080, closed: true });
 
       const context = { format: 'openai-chat', messages: [{ role: 'user', content: 'Fix the notes.' }] };
       const ck = await call(client, 'checkpoint', { sandboxId: a.id, label: 'before', context });

@@ -68,12 +68,15 @@ integration(test, () => {
       const names = tools.map((x) => x.name).sort();
       t.deepEqual(names, [
         'checkpoint',
+        'close_port',
         'create_snapshot',
         'delete_snapshot',
+        'expose_port',
         'fork',
         'kill_process',
         'list_checkpoints',
         'list_files',
+        'list_ports',
         'list_processes',
         'list_snapshots',
         'list_stored_snapshots',

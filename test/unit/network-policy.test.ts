@@ -8,7 +8,14 @@ import {
   networkInfo,
 } from '../../src/network/policy.js';
 import { slotAddresses, slotCount } from '../../src/network/addresses.js';
-import { addElementsScript, parseAllowSet, rulesetScript } from '../../src/network/nftables.js';
+import {
+  addElementsScript,
+  addUploadLimitScript,
+  deleteUploadLimitsScript,
+  parseAllowSet,
+  parseUploadLimits,
+  rulesetScript,
+} from '../../src/network/nftables.js';
 import { resolveConfig } from '../../src/config.js';
 
 test('allow entries: addresses, CIDRs, ports and domains', (t) => {
@@ -96,4 +103,36 @@ test('the ruleset denies the range and metadata before the allow set; elements r
     { sandbox: '10.9.0.3', cidr: '1.2.0.0/16', proto: 'tcp', ports: [80, 443] },
     { sandbox: '10.9.0.5', cidr: '1.2.3.4/32', proto: 'udp', ports: [53, 53] },
   ]);
+});
+
+test('upload caps: a limit object per sandbox address in uplimit, dropped past the rate; parsed back from nft -j', (t) => {
+  t.is(
+    addUploadLimitScript('lockstep_x', '10.9.0.3', 8),
+    'add limit inet lockstep_x up_10_9_0_3 { rate over 1000 kbytes/second burst 32 kbytes }\n' +
+      'add element inet lockstep_x uplimit { 10.9.0.3 : "up_10_9_0_3" }\n',
+  );
+  t.is(
+    deleteUploadLimitsScript('lockstep_x', ['10.9.0.3']),
+    'delete element inet lockstep_x uplimit { 10.9.0.3 }\ndelete limit inet lockstep_x up_10_9_0_3\n',
+  );
+  const rs = rulesetScript({ table: 'lockstep_x', ifPrefix: 'lhabc', range: '10.9.0.0/24', deny: [] });
+  t.regex(rs, /add map inet lockstep_x uplimit \{ type ipv4_addr : limit; \}/);
+  t.regex(rs, /from_sandbox limit name ip saddr map @uplimit drop/);
+  // What nft 1.0.6 prints for `nft -j list map inet T uplimit`.
+  const json = JSON.stringify({
+    nftables: [
+      { metainfo: { version: '1.0.6' } },
+      {
+        map: {
+          family: 'inet',
+          name: 'uplimit',
+          table: 'lockstep_x',
+          type: 'ipv4_addr',
+          map: 'limit',
+          elem: [['10.9.0.3', 'up_10_9_0_3']],
+        },
+      },
+    ],
+  });
+  t.deepEqual(parseUploadLimits(json), ['10.9.0.3']);
 });

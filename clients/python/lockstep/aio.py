@@ -183,6 +183,20 @@ class AsyncEffects:
         return await asyncio.to_thread(self._sbx.effects.list)
 
 
+class AsyncPorts:
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+
+    async def expose(self, port: int) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._sbx.ports.expose, port)
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.ports.list)
+
+    async def close(self, port: int) -> bool:
+        return await asyncio.to_thread(self._sbx.ports.close, port)
+
+
 class AsyncSandbox:
     """The async twin of Sandbox: ``await AsyncSandbox.create(...)``."""
 
@@ -193,6 +207,7 @@ class AsyncSandbox:
         self.pty = AsyncPty(sbx)
         self.files = AsyncFiles(sbx)
         self.effects = AsyncEffects(sbx)
+        self.ports = AsyncPorts(sbx)
 
     @classmethod
     async def create(cls, image: Optional[str] = None, **kw: Any) -> "AsyncSandbox":

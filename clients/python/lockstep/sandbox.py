@@ -358,6 +358,26 @@ class Effects:
         return self._sandbox._t.json("GET", self._sandbox._path("/effects"))
 
 
+class Ports:
+    """Ports the sandbox listens on, exposed through the server at ``/ports/<id>/``
+    (E2B's ``get_host``). The token is returned only by ``expose``; send it as
+    the ``X-Lockstep-Token`` header (or ``?lockstep_token=``)."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._sandbox = sandbox
+
+    def expose(self, port: int) -> Dict[str, Any]:
+        """``{id, sandboxId, port, path, url, token, createdAt}``; PORT_NOT_LISTENING when nothing listens there."""
+        return self._sandbox._t.json("POST", self._sandbox._path("/ports"), json_body={"port": port})
+
+    def list(self) -> List[Dict[str, Any]]:
+        return self._sandbox._t.json("GET", self._sandbox._path("/ports"))
+
+    def close(self, port: int) -> bool:
+        """Closes an exposed port; False when it was not exposed."""
+        return bool(self._sandbox._t.json("DELETE", self._sandbox._path(f"/ports/{int(port)}"))["closed"])
+
+
 class Sandbox:
     """A sandbox of the calling tenant. Get one with Sandbox.create or Sandbox.connect."""
 
@@ -368,6 +388,7 @@ class Sandbox:
         self.pty = Pty(self)
         self.files = Files(self)
         self.effects = Effects(self)
+        self.ports = Ports(self)
 
     @classmethod
     def create(

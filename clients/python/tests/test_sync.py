@@ -229,3 +229,34 @@ def test_snapshot_outlives_its_sandbox_and_its_bundle_round_trips(conn, tmp_path
     snaps.delete(copy["id"])
     snaps.delete(snap["id"])
     assert all(s["id"] not in (snap["id"], copy["id"]) for s in snaps.list())
+
+
+def test_ports_expose_reach_list_close(conn):
+    import urllib.error
+    import urllib.request
+
+    with Sandbox.create(memory_mb=64, **conn) as sbx:
+        sbx.files.write("/workspace/www/index.html", "served to python\n")
+        sbx.commands.run("httpd -f -p 127.0.0.1:8080 -h /workspace/www", background=True)
+        with pytest.raises(LockstepError) as e:
+            sbx.ports.expose(8081)
+        assert e.value.code == "PORT_NOT_LISTENING"
+        exposed = eventually(lambda: _try_expose(sbx, 8080))
+        assert exposed["url"].endswith(exposed["path"])
+        req = urllib.request.Request(exposed["url"], headers={"X-Lockstep-Token": exposed["token"]})
+        with urllib.request.urlopen(req) as res:
+            assert res.read() == b"served to python\n"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(exposed["url"])
+        assert denied.value.code == 401
+        assert [(p["id"], p["port"]) for p in sbx.ports.list()] == [(exposed["id"], 8080)]
+        assert "token" not in sbx.ports.list()[0]
+        assert sbx.ports.close(8080) is True
+        assert sbx.ports.close(8080) is False
+
+
+def _try_expose(sbx, port):
+    try:
+        return sbx.ports.expose(port)
+    except LockstepError:
+        return None
