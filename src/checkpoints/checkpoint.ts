@@ -16,7 +16,7 @@ import { shareProcessImageWith } from './id-shift.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../sandboxes/identity.js';
-import { checkCheckpointQuota, tenantOf } from '../tenants/quotas.js';
+import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import { keepChangedPagesOnly } from './page-store.js';
 
 export interface CheckpointOptions {
@@ -178,7 +178,7 @@ export async function checkpointSandbox(
     catalog.tx(() => {
       // In the commit transaction, so that two checkpoints cannot both fit the last room.
       const tenant = tenantOf(catalog.db, row.tenant);
-      if (tenant) checkCheckpointQuota(catalog.db, tenant, sizes.processImageBytes + (sizes.layerBytes ?? 0));
+      if (tenant) checkStoredQuota(catalog.db, tenant, sizes.processImageBytes + (sizes.layerBytes ?? 0));
       const fresh = catalog.sandbox(row.id)!;
       const extra = engine.agent.onCheckpoint(fresh, checkpointId, context);
       if (extra.contextBytes !== undefined) sizes.contextBytes = extra.contextBytes;

@@ -39,7 +39,7 @@ import { BUNDLE_FORMAT, BUNDLE_VERSION, type BundleHeader, type BundleRecords } 
 import { SnapshotRows, type SnapshotRow } from './snapshot-rows.js';
 import { assertNameFree, validateMetadata, validateSnapshotName } from './snapshots.js';
 import { checkSignature, hostSigningKey } from './signing.js';
-import { checkSnapshotQuota, snapshotAllowance, tenantOf } from '../tenants/quotas.js';
+import { checkStoredQuota, snapshotAllowance, tenantOf } from '../tenants/quotas.js';
 
 /** Options of an import. */
 export interface ImportOptions {
@@ -181,7 +181,7 @@ export async function importSnapshot(
       if (ev.type === 'header') {
         header = checkHeader(engine, ev.header, opts);
         const claimed = header.snapshot.sizeBytes;
-        if (tenant && Number.isSafeInteger(claimed) && claimed > 0) checkSnapshotQuota(catalog.db, tenant, claimed);
+        if (tenant && Number.isSafeInteger(claimed) && claimed > 0) checkStoredQuota(catalog.db, tenant, claimed);
         catalog.beginOperation({
           id: opId,
           kind: 'snapshot-import',
@@ -207,7 +207,7 @@ export async function importSnapshot(
         } else throw new BundleCorruptError(`it has an unknown part ${JSON.stringify(ev.name)}`);
       } else if (ev.type === 'data') {
         bytes += ev.chunk.length;
-        if (bytes > allowance) checkSnapshotQuota(catalog.db, tenant!, bytes);
+        if (bytes > allowance) checkStoredQuota(catalog.db, tenant!, bytes);
         if (ev.name === 'layer') await spooled!.write(ev.chunk);
         else if (file) await file.write(ev.chunk);
         else {
@@ -297,7 +297,7 @@ export async function importSnapshot(
     };
     catalog.tx(() => {
       assertNameFree(rows, row.name, row.tenant);
-      if (tenant) checkSnapshotQuota(catalog.db, tenant, bytes);
+      if (tenant) checkStoredQuota(catalog.db, tenant, bytes);
       if (context !== null && context !== undefined) row.context_id = engine.agent.contexts.put(context).contextId;
       rows.insert(row);
       const db = catalog.db;

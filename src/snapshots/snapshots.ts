@@ -30,7 +30,7 @@ import { freeIdBase } from '../sandboxes/id-ranges.js';
 import { abandonChild, type ForkResult } from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
 import { releaseFiles } from './holders.js';
-import { checkSnapshotQuota, tenantOf } from '../tenants/quotas.js';
+import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import {
   SnapshotRows,
   asCheckpoint,
@@ -176,7 +176,7 @@ export async function createSnapshot(
       assertNameFree(rows, name, sandbox.tenant);
       // It shares the checkpoint's files, so it adds nothing while the checkpoint lives; a tenant
       // already past its quota (lowered since) gets no snapshot that would outlive the checkpoint.
-      if (tenant) checkSnapshotQuota(catalog.db, tenant, 0);
+      if (tenant) checkStoredQuota(catalog.db, tenant, 0);
       // Its own copy of the context (items are content-addressed and shared, so this stores only a list).
       if (ckpt.context_id) {
         const context = engine.agent.contexts.get(ckpt.context_id);

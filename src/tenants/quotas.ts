@@ -114,25 +114,6 @@ export function snapshotAllowance(db: Database.Database, tenant: Tenant): number
   return Math.max(0, tenant.maxCheckpointMb * MiB - storedBytes(db, tenant.id));
 }
 
-/**
- * Throws QUOTA_EXCEEDED (maxCheckpointMb) if a snapshot of `bytes` more would
- * take the tenant past its quota (a tenant already over it gets none, even one that shares a checkpoint's files).
- */
-export function checkSnapshotQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
-  if (tenant.maxCheckpointMb === null) return;
-  const used = storedBytes(db, tenant.id);
-  const limit = tenant.maxCheckpointMb * MiB;
-  if (used + bytes > limit) {
-    throw new QuotaExceededError(
-      tenant.name,
-      'maxCheckpointMb',
-      tenant.maxCheckpointMb,
-      Math.ceil(used / MiB),
-      Math.ceil(bytes / MiB),
-    );
-  }
-}
-
 /** Bytes the tenant's checkpoints keep in the store (removed sandboxes' checkpoints go with them). */
 export function checkpointBytes(db: Database.Database, tenant: string): number {
   const r = db
@@ -183,10 +164,12 @@ export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryB
 }
 
 /**
- * Throws QUOTA_EXCEEDED (maxCheckpointMb) if a new checkpoint of `bytes` would
- * take the tenant past its checkpoint bytes.
+ * Throws QUOTA_EXCEEDED (maxCheckpointMb) if `bytes` more stored (a new
+ * checkpoint, an imported or pulled snapshot) would take the tenant past its
+ * stored bytes (checkpoints and snapshots); a tenant already over it gets
+ * nothing more, not even a snapshot that shares a checkpoint's files (0 bytes).
  */
-export function checkCheckpointQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
+export function checkStoredQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
   if (tenant.maxCheckpointMb === null) return;
   const used = storedBytes(db, tenant.id);
   if (used + bytes > tenant.maxCheckpointMb * MiB) {

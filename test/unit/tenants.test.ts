@@ -15,13 +15,7 @@ import {
   TOKEN_PREFIX,
   type TenantQuotas,
 } from '../../src/tenants/tenants.js';
-import {
-  QuotaGate,
-  checkCheckpointQuota,
-  checkQuota,
-  checkStandbyQuota,
-  tenantUsage,
-} from '../../src/tenants/quotas.js';
+import { QuotaGate, checkStoredQuota, checkQuota, checkStandbyQuota, tenantUsage } from '../../src/tenants/quotas.js';
 
 function catalog(t: { teardown: (fn: () => void) => void }, migrations = [migrateTenants]): Catalog {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
@@ -355,8 +349,8 @@ test('checkpoint bytes: a checkpoint that would take the tenant past maxCheckpoi
   c.updateSandbox(a, { cpu_weight: 200 });
   checkpointOf(c, a, { processImageBytes: 6 * 1024 * 1024 });
   const tenant = getTenant(c.db, 'acme');
-  t.notThrows(() => checkCheckpointQuota(c.db, tenant, 4 * 1024 * 1024), '6 + 4 = 10 MiB fits exactly');
-  const e = t.throws(() => checkCheckpointQuota(c.db, tenant, 4 * 1024 * 1024 + 1), { code: 'QUOTA_EXCEEDED' });
+  t.notThrows(() => checkStoredQuota(c.db, tenant, 4 * 1024 * 1024), '6 + 4 = 10 MiB fits exactly');
+  const e = t.throws(() => checkStoredQuota(c.db, tenant, 4 * 1024 * 1024 + 1), { code: 'QUOTA_EXCEEDED' });
   t.like((e as unknown as { details: object }).details, { quota: 'maxCheckpointMb', limit: 10, used: 6 });
   t.notThrows(
     () => checkQuota(c.db, tenant, { count: 1, memoryMb: 16 }),
