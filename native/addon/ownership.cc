@@ -63,16 +63,34 @@ bool ShiftEntry(int dirfd, const char* name, const std::string& path, const Shif
   return ok;
 }
 
-// A copy of src (an open file) at dest: a reflink where the filesystem can
-// (btrfs: no data copied), bytes otherwise.
-bool CopyFile(int src, int dest, const std::string& path, SystemFailure* f) {
-  if (::ioctl(dest, FICLONE, src) == 0) return true;
-  if (errno != EOPNOTSUPP && errno != EXDEV && errno != EINVAL && errno != ENOTTY)
-    return Fail(f, errno, "ioctl(FICLONE)", path, false);
+// A copy of src (an open file of `size` bytes) at dest. Small files (most of
+// a process image: a few hundred bytes each) are copied through a buffer,
+// from the page cache; a reflink on btrfs costs more than that, but is what
+// keeps a large file (pages-N.img) from being copied at all.
+constexpr off_t kSmallFile = 256 << 10;
+
+bool CopyFile(int src, int dest, off_t size, const std::string& path, SystemFailure* f) {
+  if (size > kSmallFile) {
+    if (::ioctl(dest, FICLONE, src) == 0) return true;
+    if (errno != EOPNOTSUPP && errno != EXDEV && errno != EINVAL && errno != ENOTTY)
+      return Fail(f, errno, "ioctl(FICLONE)", path, false);
+  }
+  static thread_local char buf[64 << 10];
   for (;;) {
-    ssize_t n = ::copy_file_range(src, nullptr, dest, nullptr, 1 << 30, 0);
+    ssize_t n = ::read(src, buf, sizeof(buf));
     if (n == 0) return true;
-    if (n < 0) return Fail(f, errno, "copy_file_range", path, false);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Fail(f, errno, "read", path, false);
+    }
+    for (ssize_t done = 0; done < n;) {
+      ssize_t w = ::write(dest, buf + done, static_cast<size_t>(n - done));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Fail(f, errno, "write", path, false);
+      }
+      done += w;
+    }
   }
 }
 
@@ -97,7 +115,8 @@ static Napi::Value ShiftOwners(const Napi::CallbackInfo& info) {
 }
 
 // cloneFolder(src, dest, gid, mode): a new folder dest (0750, owned root:gid)
-// holding a copy of every file of src (links followed, as cp does), each
+// holding a copy of every file of src (links followed, as cp does; small
+// files by bytes, large ones by reflink where the filesystem can), each
 // owned root:gid with `mode`. Fails with EEXIST if dest exists; on failure
 // the caller removes dest.
 static Napi::Value CloneFolder(const Napi::CallbackInfo& info) {
@@ -133,7 +152,12 @@ static Napi::Value CloneFolder(const Napi::CallbackInfo& info) {
             ok = Fail(f, errno, "openat", to, false);
             break;
           }
-          if (!CopyFile(in.get(), out.get(), to, f)) {
+          struct stat st;
+          if (::fstat(in.get(), &st) != 0) {
+            ok = Fail(f, errno, "fstat", from, false);
+            break;
+          }
+          if (!CopyFile(in.get(), out.get(), st.st_size, to, f)) {
             ok = false;
             break;
           }

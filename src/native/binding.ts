@@ -95,9 +95,10 @@ export interface NativeBinding {
   /**
    * The device nodes, links and mount points of a sandbox's /dev in `dir`
    * (the same ones the helper's create verb makes); existing entries are
-   * kept. Runs on libuv's pool.
+   * kept. A dozen syscalls, made in place (on libuv's pool they would wait
+   * behind btrfs snapshots).
    */
-  makeDevFolder(dir: string): Promise<void>;
+  makeDevFolder(dir: string): void;
   /**
    * Re-owns every entry under dir (dir included, links never followed)
    * whose uid or gid is in [from, from+count) to the same offset from `to`,
@@ -105,8 +106,8 @@ export interface NativeBinding {
    */
   shiftOwners(dir: string, from: number, to: number, count: number): Promise<void>;
   /**
-   * A new folder dest (0750, root:gid) with a copy (reflink where possible)
-   * of every file of src, each root:gid with `mode`; one job on libuv's pool.
+   * A new folder dest (0750, root:gid) with a copy (bytes for small files,
+   * a reflink for large ones where possible) of every file of src, each root:gid with `mode`; one job on libuv's pool.
    */
   cloneFolder(src: string, dest: string, gid: number, mode: number): Promise<void>;
   makeSharedMount(path: string, bind?: boolean): void;

@@ -198,7 +198,7 @@ export class SandboxRuntime {
    */
   async prepareForRestore(id: string): Promise<void> {
     try {
-      await this.native.makeDevFolder(this.paths.sandboxDev(id));
+      this.native.makeDevFolder(this.paths.sandboxDev(id));
     } catch (e) {
       if (isNativeError(e))
         throw new SystemCallError('DEV_FOLDER_FAILED', `Cannot make the /dev folder of sandbox ${id}: ${e.message}`, e);
