@@ -253,22 +253,20 @@ static Napi::Value IdmappedMounts(const Napi::CallbackInfo& info) {
 
 // makeDevFolder(dir): the device nodes, links and mount points of a
 // sandbox's /dev (native/helper/dev-folder.h, which the helper's create verb
-// uses too). A restored sandbox (fork, warm standby) needs only this folder
-// before CRIU runs; making it here rather than in a helper spawned by the
-// supervisor saves a fork and exec per restore. A dozen syscalls in a folder
-// of the manager's own that nothing else can reach yet: done in place, since
-// on libuv's pool it would queue behind forks' btrfs snapshots.
+// uses too), on a thread of its own (async_work.h, ThreadWorker). A restored
+// sandbox (fork, warm standby) needs only this folder before CRIU runs;
+// making it here rather than in a helper spawned by the supervisor saves a
+// fork and exec per restore.
 static Napi::Value MakeDevFolder(const Napi::CallbackInfo& info) {
   std::string dir = StringArg(info, 0, "dir");
-  struct lockstep_dev_failure why = {};
-  if (lockstep_prepare_dev(dir.c_str(), &why) != 0) {
-    SystemFailure f;
-    f.err = why.err;
-    f.syscall = why.syscall;
-    f.path = why.path;
-    throw MakeSystemError(info.Env(), f);
-  }
-  return info.Env().Undefined();
+  return ThreadWorker<bool>::Start(
+      info.Env(), "lockstep:makeDevFolder",
+      [dir](SystemFailure* f) -> bool {
+        struct lockstep_dev_failure why = {};
+        if (lockstep_prepare_dev(dir.c_str(), &why) != 0) return Fail(f, why.err, why.syscall, why.path, false);
+        return true;
+      },
+      [](Napi::Env env, const bool&) -> Napi::Value { return env.Undefined(); });
 }
 
 void InitMounts(Napi::Env env, Napi::Object exports) {

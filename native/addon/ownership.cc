@@ -1,10 +1,10 @@
 // Moving a fork's files into its own host id range (src/checkpoints/id-shift.ts
 // decides what moves where): re-owning its writable layer, and a copy of the
 // checkpoint's process image owned by the fork's root group. Each verb is one
-// job on libuv's pool that makes every syscall itself: done from JS, a layer
-// of N entries is 3N promise round trips and an image of 40 files 120, and
-// forks made side by side then queue behind each other on the pool's four
-// threads.
+// job on a thread of its own (async_work.h, ThreadWorker) that makes every
+// syscall itself: done from JS, a layer of N entries is 3N promise round
+// trips and an image of 40 files 120, and forks made side by side then queue
+// behind each other (and their btrfs snapshots) on libuv's four threads.
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -108,7 +108,7 @@ static Napi::Value ShiftOwners(const Napi::CallbackInfo& info) {
   Shift s{static_cast<unsigned long>(info[1].As<Napi::Number>().Int64Value()),
           static_cast<unsigned long>(info[2].As<Napi::Number>().Int64Value()),
           static_cast<unsigned long>(info[3].As<Napi::Number>().Int64Value())};
-  return PromiseWorker<bool>::Start(
+  return ThreadWorker<bool>::Start(
       env, "lockstep:shiftOwners",
       [dir, s](SystemFailure* f) -> bool { return ShiftEntry(AT_FDCWD, dir.c_str(), dir, s, f); },
       [](Napi::Env env, const bool&) -> Napi::Value { return env.Undefined(); });
@@ -127,7 +127,7 @@ static Napi::Value CloneFolder(const Napi::CallbackInfo& info) {
     throw Napi::TypeError::New(env, "arguments 'gid' and 'mode' must be numbers");
   gid_t gid = static_cast<gid_t>(info[2].As<Napi::Number>().Int64Value());
   mode_t mode = static_cast<mode_t>(info[3].As<Napi::Number>().Uint32Value()) & 0777;
-  return PromiseWorker<bool>::Start(
+  return ThreadWorker<bool>::Start(
       env, "lockstep:cloneFolder",
       [src, dest, gid, mode](SystemFailure* f) -> bool {
         if (::mkdir(dest.c_str(), 0700) != 0) return Fail(f, errno, "mkdir", dest, false);

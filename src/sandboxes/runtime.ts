@@ -198,7 +198,7 @@ export class SandboxRuntime {
    */
   async prepareForRestore(id: string): Promise<void> {
     try {
-      this.native.makeDevFolder(this.paths.sandboxDev(id));
+      await this.native.makeDevFolder(this.paths.sandboxDev(id));
     } catch (e) {
       if (isNativeError(e))
         throw new SystemCallError('DEV_FOLDER_FAILED', `Cannot make the /dev folder of sandbox ${id}: ${e.message}`, e);

@@ -269,7 +269,7 @@ export class FakeHost {
         this.record(`native.unmount ${target}`);
         return this.mounts.delete(target);
       },
-      makeDevFolder: (dir: string) => {
+      makeDevFolder: async (dir: string) => {
         this.record(`native.makeDevFolder ${dir}`);
       },
       makeSharedMount: (p: string) => {
