@@ -25,7 +25,8 @@
         "native/addon/pidwatch.cc",
         "native/addon/pidfd.cc",
         "native/addon/quota.cc",
-        "native/addon/netns.cc"
+        "native/addon/netns.cc",
+        "native/addon/ownership.cc"
       ],
       "dependencies": ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
       "include_dirs": ["<(libcriu_dir)/include"],

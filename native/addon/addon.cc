@@ -15,6 +15,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   InitPidfd(env, exports);
   InitQuota(env, exports);
   InitNetns(env, exports);
+  InitOwnership(env, exports);
   return exports;
 }
 

@@ -11,4 +11,5 @@ void InitPidWatch(Napi::Env env, Napi::Object exports);
 void InitPidfd(Napi::Env env, Napi::Object exports);
 void InitQuota(Napi::Env env, Napi::Object exports);
 void InitNetns(Napi::Env env, Napi::Object exports);
+void InitOwnership(Napi::Env env, Napi::Object exports);
 }  // namespace lockstep

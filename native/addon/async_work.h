@@ -9,6 +9,7 @@
 #include <napi.h>
 
 #include <functional>
+#include <thread>
 #include <utility>
 
 #include "system_error.h"
@@ -53,6 +54,47 @@ class PromiseWorker : public Napi::AsyncWorker {
   Done done_;
   Result result_{};
   SystemFailure failure_;
+};
+
+// The same contract on a thread of its own, for short jobs on the fork path
+// (a sandbox's /dev, a layer's owners, an image copy): on libuv's pool they
+// waited behind the btrfs snapshots of forks made side by side, and on the
+// JS thread an ext4 journal stalled by other I/O on the host stalled the
+// manager with them.
+template <typename Result>
+class ThreadWorker {
+ public:
+  using Work = std::function<Result(SystemFailure*)>;
+  using Done = std::function<Napi::Value(Napi::Env, const Result&)>;
+
+  static Napi::Promise Start(Napi::Env env, const char* name, Work work, Done done) {
+    auto* job = new Job{Napi::Promise::Deferred::New(env), std::move(work), std::move(done), Result{}, {}};
+    Napi::Promise p = job->deferred.Promise();
+    auto tsfn =
+        Napi::ThreadSafeFunction::New(env, Napi::Function::New(env, [](const Napi::CallbackInfo&) {}), name, 0, 1);
+    std::thread([job, tsfn]() mutable {
+      job->result = job->work(&job->failure);
+      tsfn.BlockingCall(job, [](Napi::Env env, Napi::Function, Job* j) {
+        Napi::HandleScope scope(env);
+        if (j->failure.failed())
+          j->deferred.Reject(MakeSystemError(env, j->failure).Value());
+        else
+          j->deferred.Resolve(j->done(env, j->result));
+        delete j;
+      });
+      tsfn.Release();
+    }).detach();
+    return p;
+  }
+
+ private:
+  struct Job {
+    Napi::Promise::Deferred deferred;
+    Work work;
+    Done done;
+    Result result;
+    SystemFailure failure;
+  };
 };
 
 // Records errno for the JS side; returns `ret` so callers can `return Fail(...)`.

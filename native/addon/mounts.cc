@@ -21,6 +21,10 @@
 #include "async_work.h"
 #include "system_error.h"
 
+extern "C" {
+#include "../helper/dev-folder.h"
+}
+
 namespace lockstep {
 
 // Overlay options are a comma-separated list and lowerdir is ':'-separated, so
@@ -242,7 +246,26 @@ static Napi::Value IdmappedMounts(const Napi::CallbackInfo& info) {
       [](Napi::Env env, const bool&) -> Napi::Value { return env.Undefined(); });
 }
 
+// makeDevFolder(dir): the device nodes, links and mount points of a
+// sandbox's /dev (native/helper/dev-folder.h, which the helper's create verb
+// uses too), on a thread of its own (async_work.h, ThreadWorker). A restored
+// sandbox (fork, warm standby) needs only this folder before CRIU runs;
+// making it here rather than in a helper spawned by the supervisor saves a
+// fork and exec per restore.
+static Napi::Value MakeDevFolder(const Napi::CallbackInfo& info) {
+  std::string dir = StringArg(info, 0, "dir");
+  return ThreadWorker<bool>::Start(
+      info.Env(), "lockstep:makeDevFolder",
+      [dir](SystemFailure* f) -> bool {
+        struct lockstep_dev_failure why = {};
+        if (lockstep_prepare_dev(dir.c_str(), &why) != 0) return Fail(f, why.err, why.syscall, why.path, false);
+        return true;
+      },
+      [](Napi::Env env, const bool&) -> Napi::Value { return env.Undefined(); });
+}
+
 void InitMounts(Napi::Env env, Napi::Object exports) {
+  exports.Set("makeDevFolder", Napi::Function::New(env, MakeDevFolder));
   exports.Set("idmappedMounts", Napi::Function::New(env, IdmappedMounts));
   exports.Set("makeSharedMount", Napi::Function::New(env, MakeSharedMount));
   exports.Set("mountOverlay", Napi::Function::New(env, MountOverlay));

@@ -21,19 +21,13 @@
 #include "helper.h"
 #include "confine.h"
 #include "userns.h"
+#include "dev-folder.h"
 
 /*
  * The create and prepare verbs: a sandbox's /dev folder, then (create) its
  * namespaces, root, /proc, /dev and loopback, pivot_root, confinement and
  * the exec of its init.
  */
-
-struct devnode {
-  const char *name;
-  unsigned maj, min;
-};
-static const struct devnode devnodes[] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
-                                          {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
 
 /* Loopback up in the calling process's (new) network namespace: a sandbox
  * has no other network. */
@@ -225,50 +219,12 @@ static void setup_sandbox_and_exec(const struct opts *o, int errfd, int devfd, i
 #undef FAIL
 }
 
-/* Device nodes for a sandbox's /dev; existing ones are left alone, so
- * preparing the same directory again (rollback) is a no-op. */
+/* A sandbox's /dev folder (dev-folder.h), errors reported on errfd. */
 static int prepare_dev(const char *dir, int errfd) {
-  char path[PATH_MAX];
-  for (size_t i = 0; i < sizeof(devnodes) / sizeof(devnodes[0]); i++) {
-    snprintf(path, sizeof(path), "%s/%s", dir, devnodes[i].name);
-    if (mknod(path, S_IFCHR | 0666, makedev(devnodes[i].maj, devnodes[i].min)) != 0 && errno != EEXIST) {
-      report_error_fd(errfd, errno, "mknod", path);
-      return -1;
-    }
-    if (chmod(path, 0666) != 0) {
-      report_error_fd(errfd, errno, "chmod", path);
-      return -1;
-    }
-  }
-  static const char *links[][2] = {{"/proc/self/fd", "fd"},
-                                   {"/proc/self/fd/0", "stdin"},
-                                   {"/proc/self/fd/1", "stdout"},
-                                   {"/proc/self/fd/2", "stderr"},
-                                   {"pts/ptmx", "ptmx"}};
-  for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++) {
-    snprintf(path, sizeof(path), "%s/%s", dir, links[i][1]);
-    if (symlink(links[i][0], path) != 0 && errno != EEXIST) {
-      report_error_fd(errfd, errno, "symlink", path);
-      return -1;
-    }
-  }
-  /* Mount points of the sandbox's /dev/shm and /dev/pts: /dev itself is
-   * read-only inside, so they must exist before. */
-  static const char *const mountpoints[] = {"shm", "pts"};
-  for (size_t i = 0; i < sizeof(mountpoints) / sizeof(mountpoints[0]); i++) {
-    struct stat st;
-    snprintf(path, sizeof(path), "%s/%s", dir, mountpoints[i]);
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-      report_error_fd(errfd, errno, "mkdir", path);
-      return -1;
-    }
-    int found = lstat(path, &st);
-    if (found != 0 || !S_ISDIR(st.st_mode)) {
-      report_error_fd(errfd, found != 0 ? errno : ENOTDIR, "lstat", path);
-      return -1;
-    }
-  }
-  return 0;
+  struct lockstep_dev_failure why;
+  if (lockstep_prepare_dev(dir, &why) == 0) return 0;
+  report_error_fd(errfd, why.err, why.syscall, why.path);
+  return -1;
 }
 
 /* What a restored (forked) sandbox needs before CRIU runs: its /dev folder. */

@@ -16,6 +16,7 @@ import fsp from 'node:fs/promises';
 import path from 'node:path';
 import protobuf from 'protobufjs';
 import { ID_RANGE_SIZE } from '../sandboxes/id-ranges.js';
+import type { NativeBinding } from '../native/binding.js';
 
 /** CRIU's images/userns.proto (MIT). */
 const UsernsEntry = protobuf.Root.fromJSON({
@@ -48,21 +49,17 @@ function shift(id: number, from: number, to: number): number {
 
 /**
  * Re-owns every entry of a writable layer from one range to the other (ids
- * outside the range, such as files the host wrote, stay as they are).
- * chown clears set-user/group-id bits, so those are put back.
+ * outside the range, such as files the host wrote, stay as they are), in
+ * one native job (the addon's shiftOwners: no link followed, set-user/group-id
+ * bits kept).
  */
-export async function shiftLayerOwners(dir: string, from: number, to: number): Promise<void> {
-  const walk = async (p: string): Promise<void> => {
-    const st = await fsp.lstat(p);
-    const uid = shift(st.uid, from, to);
-    const gid = shift(st.gid, from, to);
-    if (uid !== st.uid || gid !== st.gid) {
-      await fsp.lchown(p, uid, gid);
-      if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) await fsp.chmod(p, st.mode & 0o7777);
-    }
-    if (st.isDirectory()) for (const name of await fsp.readdir(p)) await walk(path.join(p, name));
-  };
-  await walk(dir);
+export async function shiftLayerOwners(
+  native: Pick<NativeBinding, 'shiftOwners'>,
+  dir: string,
+  from: number,
+  to: number,
+): Promise<void> {
+  await native.shiftOwners(dir, from, to, ID_RANGE_SIZE);
 }
 
 /**
@@ -106,19 +103,22 @@ export function shareProcessImageWith(dir: string, idBase: number | null): void 
 
 /**
  * A copy of a process image for a fork in range `to`, at dest (removed by
- * the caller). Off the event loop: forks made side by side copy at once.
+ * the caller): one native job reflinks every file into a folder owned by the
+ * fork's root group (see shareProcessImageWith), then the user namespace's
+ * maps are rewritten. Off the event loop: forks made side by side copy at once.
  */
-export async function processImageForRange(source: string, dest: string, from: number, to: number): Promise<void> {
-  await fsp.mkdir(dest, { mode: 0o700 });
-  await Promise.all(
-    (await fsp.readdir(source)).map(async (name) => {
-      const src = path.join(source, name);
-      if (/^userns-\d+\.img$/.test(name))
-        await fsp.writeFile(path.join(dest, name), rewriteUsernsImage(await fsp.readFile(src), from, to), {
-          mode: 0o600,
-        });
-      else await fsp.copyFile(src, path.join(dest, name), fs.constants.COPYFILE_FICLONE);
-    }),
-  );
-  shareProcessImageWith(dest, to);
+export async function processImageForRange(
+  native: Pick<NativeBinding, 'cloneFolder'>,
+  source: string,
+  dest: string,
+  from: number,
+  to: number,
+): Promise<void> {
+  await native.cloneFolder(source, dest, to, 0o640);
+  for (const name of await fsp.readdir(dest)) {
+    if (!/^userns-\d+\.img$/.test(name)) continue;
+    const file = path.join(dest, name);
+    // Written in place: the clone already has the owner and mode it needs.
+    await fsp.writeFile(file, rewriteUsernsImage(await fsp.readFile(file), from, to));
+  }
 }

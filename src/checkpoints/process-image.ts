@@ -88,8 +88,11 @@ export function processImageBytes(dir: string): number {
  * cgroup with the sandbox's limits (CPU, memory, pids, I/O), a writable
  * copy of the checkpoint's layer, the overlay root (which sets the layer's
  * disk quota), then CRIU. Forks and warm standbys are made this way; `step`
- * marks the points the crash tests stop at. Returns the restored root's host
- * pid; on failure the caller removes the instance.
+ * marks the points the crash tests stop at. A fork into another id range
+ * also needs a copy of the process image for that range (id-shift.ts): it
+ * is made while the layer and root are prepared, since neither waits for
+ * the other. Returns the restored root's host pid; on failure the caller
+ * removes the instance.
  */
 export async function restoreNewInstance(
   engine: Engine,
@@ -101,17 +104,52 @@ export async function restoreNewInstance(
   sourceIdBase?: number | null,
   opts: { standby?: boolean } = {},
 ): Promise<number> {
-  const { runtime, layers, paths } = engine;
+  const { paths } = engine;
+  // A fork has a user namespace (id range) of its own: see id-shift.ts.
+  const from = sourceIdBase !== undefined ? sourceIdBase : (engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null);
+  const rebase = from !== null && like.id_base !== null && from !== like.id_base;
+  if (!rebase) {
+    const veth = await prepareInstance(engine, key, like, ckpt, step, null, opts);
+    return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base, veth));
+  }
+  const images = path.join(paths.scratch, `images-${key}`);
+  fs.rmSync(images, { recursive: true, force: true });
+  const copied = processImageForRange(engine.native, paths.processImage(ckpt.id), images, from, like.id_base!);
+  try {
+    const [veth] = await Promise.all([prepareInstance(engine, key, like, ckpt, step, from, opts), copied]);
+    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base, veth));
+  } finally {
+    // The copy may still be running when the preparation failed: let it end first.
+    await copied.catch(() => undefined);
+    fs.rmSync(images, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Everything of a restored instance but its processes: run folder, /dev,
+ * cgroup, writable layer (its owners moved from range `from` when that is
+ * not the instance's), root, and an egress network's link.
+ */
+async function prepareInstance(
+  engine: Engine,
+  key: string,
+  like: SandboxRow,
+  ckpt: CheckpointRow,
+  step: (point: 'prepared' | 'layer-ready') => void,
+  from: number | null,
+  opts: { standby?: boolean },
+): Promise<VethConfig | undefined> {
+  const { runtime, layers } = engine;
   runtime.prepare(key, limitsOf(like), like.id_base);
   await runtime.prepareForRestore(key);
   step('prepared');
   await layers.resetUpperTo(key, ckpt.layer_id);
-  // A fork has a user namespace (id range) of its own: see id-shift.ts.
-  const from = sourceIdBase !== undefined ? sourceIdBase : (engine.catalog.sandbox(ckpt.sandbox_id)?.id_base ?? null);
-  const rebase = from !== null && like.id_base !== null && from !== like.id_base;
-  if (rebase)
-    for (const dir of [layers.upperDir(key).upper, layers.shmDir(key)])
-      if (fs.existsSync(dir)) await shiftLayerOwners(dir, from, like.id_base!);
+  if (from !== null)
+    await Promise.all(
+      [layers.upperDir(key).upper, layers.shmDir(key)]
+        .filter((dir) => fs.existsSync(dir))
+        .map((dir) => shiftLayerOwners(engine.native, dir, from, like.id_base!)),
+    );
   await runtime.mountRoot({
     id: key,
     imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs,
@@ -121,14 +159,5 @@ export async function restoreNewInstance(
     idBase: like.id_base,
   });
   step('layer-ready');
-  const veth = await prepareRestoredNetwork(engine, key, like, { standby: opts.standby ?? false });
-  if (!rebase) return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base, veth));
-  const images = path.join(paths.scratch, `images-${key}`);
-  fs.rmSync(images, { recursive: true, force: true });
-  try {
-    await processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
-    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base, veth));
-  } finally {
-    fs.rmSync(images, { recursive: true, force: true });
-  }
+  return prepareRestoredNetwork(engine, key, like, { standby: opts.standby ?? false });
 }

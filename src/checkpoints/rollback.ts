@@ -221,8 +221,12 @@ export function commitRollback(
     catalog.endOperation(opId);
     return parts;
   });
-  // The new init is watched now; the old one's exit finds the row naming this one and changes nothing.
-  engine.inits.track(catalog.sandbox(row.id)!);
+  // The new init is watched once the caller has its answer (a pidfd and a
+  // read of its start time: a tenth of a standby rollback). An exit before
+  // that is not missed: track() finds the process gone and marks the row
+  // stopped, and the old init's exit finds the row naming this one and
+  // changes nothing.
+  engine.inits.trackSoon(row.id);
   return parts;
 }
 

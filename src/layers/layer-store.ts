@@ -243,8 +243,9 @@ export class LayerStore {
    * again by setQuota once the overlay is mounted.
    */
   async resetUpperTo(sandboxId: string, layerId: string): Promise<void> {
-    await this.deleteUpper(sandboxId);
     const upper = this.paths.upper(sandboxId);
+    // A new instance (fork, standby) has none: no job on the pool for it.
+    if (fs.existsSync(upper)) await this.deleteUpper(sandboxId);
     await wrap('restoring the writable layer', () =>
       native().subvolumeSnapshot(this.paths.layer(layerId), upper, false),
     );

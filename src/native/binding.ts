@@ -92,6 +92,24 @@ export interface NativeBinding {
     count: number,
     readOnly?: boolean,
   ): Promise<void>;
+  /**
+   * The device nodes, links and mount points of a sandbox's /dev in `dir`
+   * (the same ones the helper's create verb makes); existing entries are
+   * kept. On a thread of its own (neither libuv's pool, where it would wait
+   * behind btrfs snapshots, nor the event loop).
+   */
+  makeDevFolder(dir: string): Promise<void>;
+  /**
+   * Re-owns every entry under dir (dir included, links never followed)
+   * whose uid or gid is in [from, from+count) to the same offset from `to`,
+   * keeping set-user/group-id bits; one job on a thread of its own.
+   */
+  shiftOwners(dir: string, from: number, to: number, count: number): Promise<void>;
+  /**
+   * A new folder dest (0750, root:gid) with a copy (bytes for small files,
+   * a reflink for large ones where possible) of every file of src, each root:gid with `mode`; one job on a thread of its own.
+   */
+  cloneFolder(src: string, dest: string, gid: number, mode: number): Promise<void>;
   makeSharedMount(path: string, bind?: boolean): void;
   filesystemType(path: string): number;
   /** The btrfs verbs and syncfs run on libuv's pool (they can take a while under load). */

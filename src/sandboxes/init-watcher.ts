@@ -31,6 +31,7 @@ export class InitWatcher {
   private readonly bySandbox = new Map<string, Watched>();
   private readonly byWatch = new Map<number, string>();
   private readonly settling = new Set<Promise<void>>();
+  private readonly soon = new Set<NodeJS.Immediate>();
   private closing = false;
 
   constructor(
@@ -54,6 +55,21 @@ export class InitWatcher {
     return false;
   }
 
+  /**
+   * track() of the sandbox's row as it is once the current call has
+   * answered (a rollback's new init); nothing happens after close().
+   */
+  trackSoon(sandboxId: string): void {
+    if (this.closing) return;
+    const timer = setImmediate(() => {
+      this.soon.delete(timer);
+      if (this.closing) return;
+      const row = this.catalog.sandbox(sandboxId);
+      if (row) this.track(row);
+    });
+    this.soon.add(timer);
+  }
+
   /** Stops watching a sandbox (removed, or its init replaced on purpose). */
   untrack(sandboxId: string): void {
     const w = this.bySandbox.get(sandboxId);
@@ -71,6 +87,8 @@ export class InitWatcher {
   /** Stops the watcher thread, then lets the exits already seen reach the catalog; idempotent. */
   async close(): Promise<void> {
     this.closing = true;
+    for (const timer of this.soon) clearImmediate(timer);
+    this.soon.clear();
     this.watcher?.close();
     this.watcher = undefined;
     this.bySandbox.clear();

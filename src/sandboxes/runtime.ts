@@ -9,7 +9,7 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { helperPath, initPath, relayPath } from '../native/binding.js';
 import { HostError, StoreFullError, SystemCallError, isNativeError } from '../errors.js';
-import { createArgs, parseHelperAnswer, prepareArgs } from '../host/helper-protocol.js';
+import { createArgs, parseHelperAnswer } from '../host/helper-protocol.js';
 import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgroups.js';
 import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
@@ -191,10 +191,19 @@ export class SandboxRuntime {
     return { pid, start };
   }
 
-  /** The /dev folder of a sandbox CRIU will restore into (forks); its network namespace is made by the restore. */
+  /**
+   * The /dev folder of a sandbox CRIU will restore into (forks, standbys);
+   * its network namespace is made by the restore. The addon makes it in
+   * place: no helper process is spawned for it (see dev-folder.h).
+   */
   async prepareForRestore(id: string): Promise<void> {
-    const answer = await this.supervisor.run([helperPath, ...prepareArgs(this.paths.sandboxDev(id))]);
-    parseHelperAnswer(answer, `preparing sandbox ${id}`);
+    try {
+      await this.native.makeDevFolder(this.paths.sandboxDev(id));
+    } catch (e) {
+      if (isNativeError(e))
+        throw new SystemCallError('DEV_FOLDER_FAILED', `Cannot make the /dev folder of sandbox ${id}: ${e.message}`, e);
+      throw e;
+    }
   }
 
   /** Kills every process of the sandbox (idempotent). */

@@ -269,6 +269,9 @@ export class FakeHost {
         this.record(`native.unmount ${target}`);
         return this.mounts.delete(target);
       },
+      makeDevFolder: async (dir: string) => {
+        this.record(`native.makeDevFolder ${dir}`);
+      },
       makeSharedMount: (p: string) => {
         this.mounts.add(p);
       },
@@ -296,6 +299,8 @@ export class FakeHost {
       pidfdOpen: notFaked('pidfdOpen'),
       pidfdSendSignal: notFaked('pidfdSendSignal'),
       idmappedMounts: notFaked('idmappedMounts'),
+      shiftOwners: notFaked('shiftOwners'),
+      cloneFolder: notFaked('cloneFolder'),
       attachVeth: notFaked('attachVeth'),
       setLinkUp: notFaked('setLinkUp'),
       connectInNetns: notFaked('connectInNetns'),

@@ -32,6 +32,7 @@ test('each child is built in order and starts from the checkpoint; the parent is
       m.host.since(mark).filter((c) => c.includes(r.id)),
       [
         `cgroups.create ${cg}`,
+        `native.makeDevFolder ${m.engine.paths.sandboxDev(r.id)}`,
         `layers.resetUpperTo ${r.id} ${m.ckpt.layerId}`,
         `native.mountOverlay ${m.engine.paths.sandboxRoot(r.id)}`,
       ],
@@ -43,7 +44,7 @@ test('each child is built in order and starts from the checkpoint; the parent is
     t.deepEqual(m.host.cgroupDriver.pids(cg), [r.pid]);
   }
   t.is(m.host.only('criu.restore').length, 2);
-  t.is(m.host.only('helper.prepare').length, 2);
+  t.is(m.host.only('native.makeDevFolder').length, 2);
   t.like(m.row(m.parent.id), { state: 'running', init_pid: parentBefore.init_pid, branch_id: parentBefore.branch_id });
   t.deepEqual(m.engine.catalog.operations(), []);
 });

@@ -185,3 +185,28 @@ test('close stops the watcher; exits already seen still reach the catalog; later
   t.true(inits.track(sandbox('sbx_b', 200, 6)), 'a running row is taken at its word once closing');
   t.is(fake(), watcher, 'no new watcher after close');
 });
+
+test('trackSoon watches the row as it is after the current turn; an init already gone is stopped; nothing after close', async (t) => {
+  const { catalog, inits, alive, sandbox, fake } = setup(t);
+  inits.track(sandbox('sbx_a', 100, 5));
+  alive.set(400, 9);
+  catalog.updateSandbox('sbx_a', { init_pid: 400, init_start: 9 });
+  inits.trackSoon('sbx_a');
+  t.deepEqual([...fake().watched.values()], [100]); // not yet: the caller answers first
+  await new Promise((r) => setImmediate(r));
+  t.deepEqual([...fake().watched.values()], [400]);
+  // The new init exited before its watch began: the row is stopped all the same.
+  sandbox('sbx_b', 500, 3);
+  alive.delete(500);
+  inits.trackSoon('sbx_b');
+  await new Promise((r) => setImmediate(r));
+  await inits.settled();
+  t.like(catalog.sandbox('sbx_b'), { state: 'stopped', init_pid: null });
+  // Queued, then the manager closes (and its catalog with it): nothing runs.
+  alive.set(600, 4);
+  catalog.updateSandbox('sbx_a', { init_pid: 600, init_start: 4 });
+  inits.trackSoon('sbx_a');
+  await inits.close();
+  await new Promise((r) => setImmediate(r));
+  t.deepEqual([...fake().watched.values()], [400]);
+});
