@@ -126,8 +126,8 @@ export async function restoreNewInstance(
   const images = path.join(paths.scratch, `images-${key}`);
   fs.rmSync(images, { recursive: true, force: true });
   try {
-    await processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
-    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base, veth));
+    const top = await processImageForRange(paths.processImage(ckpt.id), images, from, like.id_base!);
+    return await engine.criu.restore(restoreOptions(engine, key, top, like.id_base, veth));
   } finally {
     fs.rmSync(images, { recursive: true, force: true });
   }
