@@ -21,8 +21,8 @@
  *   node dist/bench/trajectory.js [--quick] [--page-delta on|off] [--standby on|off]
  *                                 [--durable-later on|off] [--userns on|off]
  *                                 [--standby-after-checkpoint on|off|auto] [--out FILE]
- * (the three switches set the manager's settings of those names, for A/B runs;
- * incremental images apply only to sandboxes without a user namespace yet)
+ * (the switches set the manager's settings of those names, for A/B runs; a
+ * switch not given leaves the manager's own setting)
  */
 import fs from 'node:fs';
 import os from 'node:os';
