@@ -113,7 +113,7 @@ export interface SweepResult {
   notes: string[];
 }
 
-/** Runs fn with incremental images on or off (the manager setting pageDelta): "off" stores every image whole (the default), "on" incremental. */
+/** Runs fn with incremental images on or off (the manager setting pageDelta): "off" stores every image whole, "on" incremental (opt-in). */
 function withPageDelta<T>(ctx: BenchContext, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
   return withSettings(ctx.ls, { pageDelta: value === 'on' }, fn);
 }

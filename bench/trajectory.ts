@@ -20,9 +20,9 @@
  *
  *   node dist/bench/trajectory.js [--quick] [--page-delta on|off] [--standby on|off]
  *                                 [--durable-later on|off] [--userns on|off]
- *                                 [--standby-after-checkpoint on|off] [--out FILE]
- * (the three switches set the manager's settings of those names, for A/B runs;
- * incremental images apply only to sandboxes without a user namespace yet)
+ *                                 [--standby-after-checkpoint on|off|auto] [--out FILE]
+ * (the switches set the manager's settings of those names, for A/B runs; a
+ * switch not given leaves the manager's own setting)
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -36,7 +36,7 @@ const { values: args } = parseArgs({
     quick: { type: 'boolean', default: false },
     'page-delta': { type: 'string', default: 'on' },
     standby: { type: 'string', default: 'on' },
-    'standby-after-checkpoint': { type: 'string', default: 'on' },
+    'standby-after-checkpoint': { type: 'string' },
     'durable-later': { type: 'string', default: 'on' },
     userns: { type: 'string', default: 'on' },
     out: { type: 'string' },
@@ -315,7 +315,13 @@ async function main(): Promise<void> {
     const settings = {
       pageDelta: args['page-delta'] === 'on',
       standby: args.standby !== 'off',
-      standbyAfterCheckpoint: args['standby-after-checkpoint'] !== 'off',
+      // Not given: the manager's own setting (LOCKSTEP_STANDBY_AFTER_CHECKPOINT or its default).
+      standbyAfterCheckpoint:
+        args['standby-after-checkpoint'] === undefined
+          ? ls.engine.config.standbyAfterCheckpoint
+          : args['standby-after-checkpoint'] === 'auto'
+            ? ('auto' as const)
+            : args['standby-after-checkpoint'] !== 'off',
       durableLater: args['durable-later'] !== 'off',
       userNamespaces: args.userns !== 'off',
     };

@@ -50,7 +50,7 @@ export interface LockstepConfig {
   readonly dockerSocket: string;
   /** New sandboxes get a user namespace (root inside = an unprivileged host id range). */
   readonly userNamespaces: boolean;
-  /** Store only the pages that changed since the head checkpoint (incremental process images; opt-in). */
+  /** Store only the pages that changed since the head checkpoint (incremental process images; on by default). */
   readonly pageDelta: boolean;
   /**
    * A checkpoint returns once it can be rolled back to (layer snapshot, dump
@@ -68,9 +68,12 @@ export interface LockstepConfig {
    * Prepare a standby after every checkpoint (true), or only after a
    * rollback (false: an agent that checkpoints each step and rarely rolls
    * back then pays no CRIU restore per step; its first rollback to a
-   * checkpoint restores with CRIU, later ones to the same checkpoint swap).
+   * checkpoint restores with CRIU, later ones to the same checkpoint swap),
+   * or 'auto': after a checkpoint or rollback only when most of the
+   * sandbox's recent ones were followed by a rollback to that very
+   * checkpoint (standby-policy.ts, standbyWanted).
    */
-  readonly standbyAfterCheckpoint: boolean;
+  readonly standbyAfterCheckpoint: boolean | 'auto';
   /** Origins (scheme://host:port) the HTTP API may pull snapshots from; empty: pulls over HTTP are refused. */
   readonly pullSources: readonly string[];
   /** The snapshot store push and pull use (LOCKSTEP_SNAPSHOT_STORE and the S3 settings beside it). */
@@ -186,6 +189,11 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   const storeGib = options.storeGib ?? Number(e('LOCKSTEP_STORE_GIB') ?? DEFAULTS.storeGib);
   if (!Number.isFinite(storeGib) || storeGib <= 0)
     throw invalid('storeGib', 'LOCKSTEP_STORE_GIB', 'a positive number of GiB', storeGib);
+  const afterCheckpoint = e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT');
+  if (afterCheckpoint !== undefined && !['on', 'off', 'auto'].includes(afterCheckpoint))
+    throw invalid('standbyAfterCheckpoint', 'LOCKSTEP_STANDBY_AFTER_CHECKPOINT', 'on, off or auto', afterCheckpoint);
+  const standbyAfterCheckpoint =
+    options.standbyAfterCheckpoint ?? (afterCheckpoint === 'auto' ? 'auto' : afterCheckpoint !== 'off');
   const budgetMb = e('LOCKSTEP_STANDBY_BUDGET_MB');
   const standbyBudgetBytes =
     options.standbyBudgetBytes ?? (budgetMb === undefined ? Math.floor(os.totalmem() / 4) : Number(budgetMb) * 2 ** 20);
@@ -247,7 +255,7 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     pageDelta: options.pageDelta ?? e('LOCKSTEP_PAGE_DELTA') === 'on',
     durableLater: options.durableLater ?? e('LOCKSTEP_DURABLE_LATER') !== 'off',
     standbyBudgetBytes,
-    standbyAfterCheckpoint: options.standbyAfterCheckpoint ?? e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT') !== 'off',
+    standbyAfterCheckpoint,
     pullSources: options.pullSources ?? pullSources(e('LOCKSTEP_PULL_SOURCES')),
     snapshotStore: options.snapshotStore ?? resolveStoreConfig({}, env),
     trustedBundleKeys: options.trustedBundleKeys ?? bundleKeys(e('LOCKSTEP_TRUSTED_BUNDLE_KEYS')),

@@ -102,10 +102,16 @@ export function shareProcessImageWith(dir: string, idBase: number | null): void 
 }
 
 /**
- * A copy of a process image for a fork in range `to`, at dest (removed by
- * the caller): one native job reflinks every file into a folder owned by the
- * fork's root group (see shareProcessImageWith), then the user namespace's
- * maps are rewritten. Off the event loop: forks made side by side copy at once.
+ * A copy of a process image for a fork in range `to`, under `dest` (a
+ * folder the caller removes); returns the folder to restore from. Off the
+ * event loop: forks made side by side copy at once. A whole image is one
+ * native job that reflinks every file into a folder owned by the fork's
+ * root group (see shareProcessImageWith), then the user namespace's maps
+ * are rewritten. An incremental image (page-delta.ts) links to its parent
+ * as `../<id>`: the chain is copied too, each image as a sibling under
+ * `dest`, so the link resolves to the copy, in the fork's range, and never
+ * to the parent sandbox's own files. Copies are reflinks on btrfs, so no
+ * page data is copied.
  */
 export async function processImageForRange(
   native: Pick<NativeBinding, 'cloneFolder'>,
@@ -113,12 +119,55 @@ export async function processImageForRange(
   dest: string,
   from: number,
   to: number,
-): Promise<void> {
-  await native.cloneFolder(source, dest, to, 0o640);
-  for (const name of await fsp.readdir(dest)) {
-    if (!/^userns-\d+\.img$/.test(name)) continue;
-    const file = path.join(dest, name);
-    // Written in place: the clone already has the owner and mode it needs.
-    await fsp.writeFile(file, rewriteUsernsImage(await fsp.readFile(file), from, to));
+): Promise<string> {
+  if (!fs.lstatSync(path.join(source, 'parent'), { throwIfNoEntry: false })) {
+    await native.cloneFolder(source, dest, to, 0o640);
+    for (const name of await fsp.readdir(dest)) {
+      if (!/^userns-\d+\.img$/.test(name)) continue;
+      const file = path.join(dest, name);
+      // Written in place: the clone already has the owner and mode it needs.
+      await fsp.writeFile(file, rewriteUsernsImage(await fsp.readFile(file), from, to));
+    }
+    return dest;
   }
+  await fsp.mkdir(dest, { mode: 0o700 });
+  // CRIU may follow a parent link ("../<id>") as the fork's root: it must be able to pass through here.
+  await fsp.chown(dest, 0, to);
+  await fsp.chmod(dest, 0o750);
+  const store = path.dirname(source);
+  let top: string | null = null;
+  // MAX_CHAIN_DEPTH bounds the chain (page-delta.ts); the seen set stops a loop of links.
+  const seen = new Set<string>();
+  for (let id: string | null = path.basename(source); id !== null;) {
+    if (seen.has(id)) throw new Error(`process image ${path.basename(source)} has a loop of parent links`);
+    seen.add(id);
+    const out = path.join(dest, id);
+    top ??= out;
+    id = await copyImageForRange(path.join(store, id), out, from, to);
+  }
+  return top!;
+}
+
+/** Copies one image folder for range `to`; returns the id its parent link names, or null. */
+async function copyImageForRange(source: string, dest: string, from: number, to: number): Promise<string | null> {
+  await fsp.mkdir(dest, { mode: 0o700 });
+  let parent: string | null = null;
+  await Promise.all(
+    (await fsp.readdir(source)).map(async (name) => {
+      const src = path.join(source, name);
+      if (name === 'parent') {
+        const target = await fsp.readlink(src);
+        const m = /^\.\.\/([A-Za-z0-9_-]+)$/.exec(target);
+        if (!m) throw new Error(`process image ${path.basename(source)} links outside the store`);
+        parent = m[1]!;
+        await fsp.symlink(target, path.join(dest, name));
+      } else if (/^userns-\d+\.img$/.test(name))
+        await fsp.writeFile(path.join(dest, name), rewriteUsernsImage(await fsp.readFile(src), from, to), {
+          mode: 0o600,
+        });
+      else await fsp.copyFile(src, path.join(dest, name), fs.constants.COPYFILE_FICLONE);
+    }),
+  );
+  shareProcessImageWith(dest, to);
+  return parent;
 }

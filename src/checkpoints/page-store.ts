@@ -11,6 +11,7 @@
  */
 import fs from 'node:fs';
 import { hashProcessImage, recordedChecksums } from './integrity.js';
+import { shareProcessImageWith } from './id-shift.js';
 import type { Logger } from '../log.js';
 import type { SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';
@@ -19,10 +20,8 @@ import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js
 
 /**
  * Rewrites a fresh dump to keep only the pages that differ from the head
- * checkpoint's image, when LOCKSTEP_PAGE_DELTA=on. Off by default for now:
- * with it on, checkpoint-rollback's "rollback reaches any checkpoint" test saw
- * a restored counter stop advancing in 2 of 3 runs (0 of 2 off), on a heavily
- * loaded machine; the cause is not found yet.
+ * checkpoint's image (opt-in, LOCKSTEP_PAGE_DELTA=on; by default every
+ * image is whole).
  */
 export async function keepChangedPagesOnly(
   engine: Engine,
@@ -31,9 +30,8 @@ export async function keepChangedPagesOnly(
   log: Pick<Logger, 'warn' | 'debug'>,
 ): Promise<DeltaStats | null> {
   if (!row.head_checkpoint_id || !engine.config.pageDelta) return null;
-  // Not yet with a user namespace: a fork re-owns a copy of the image for its
-  // own id range, and a parent link would name images of the parent's range.
-  if (row.id_base !== null) return null;
+  // With a user namespace too: the parent is the same sandbox's, in the same id
+  // range; a fork into another range copies the whole chain (processImageForRange).
   const stats = await storeChangedPages(imagesDir, engine.paths.processImage(row.head_checkpoint_id), (err) =>
     log.warn(
       { err, parentId: row.head_checkpoint_id },
@@ -54,6 +52,8 @@ export async function detachImagesFrom(engine: Engine, sandboxId: string, checkp
     const dir = engine.paths.processImage(c.id);
     if (c.id === checkpointId || !fs.existsSync(dir)) continue;
     if (!(await flattenOnto(dir, checkpointId))) continue;
+    // The pages files it wrote are host root's: the sandbox's root reads them at restore too.
+    shareProcessImageWith(dir, engine.catalog.sandbox(sandboxId)?.id_base ?? null);
     // Its pages and link changed on purpose: record them again. A crash between the
     // flatten and this update leaves old checksums, so that image is refused as
     // CHECKPOINT_CORRUPT (nothing restores from unverified bytes), not misread.

@@ -116,8 +116,8 @@ export async function restoreNewInstance(
   fs.rmSync(images, { recursive: true, force: true });
   const copied = processImageForRange(engine.native, paths.processImage(ckpt.id), images, from, like.id_base!);
   try {
-    const [veth] = await Promise.all([prepareInstance(engine, key, like, ckpt, step, from, opts), copied]);
-    return await engine.criu.restore(restoreOptions(engine, key, images, like.id_base, veth));
+    const [veth, top] = await Promise.all([prepareInstance(engine, key, like, ckpt, step, from, opts), copied]);
+    return await engine.criu.restore(restoreOptions(engine, key, top, like.id_base, veth));
   } finally {
     // The copy may still be running when the preparation failed: let it end first.
     await copied.catch(() => undefined);

@@ -84,3 +84,65 @@ export function evictStandby(engine: Engine, victim: StandbyUse, why: string): v
       engine.log.warn({ err, sandboxId: victim.sandboxId }, 'removing an evicted standby failed'),
     );
 }
+
+/** How many of a sandbox's recent chances for a standby the 'auto' policy looks back on. */
+export const STANDBY_HISTORY = 8;
+
+/**
+ * Whether to prepare a standby of the checkpoint a sandbox is now at, just
+ * after a checkpoint or a rollback. A standby is used only by the next
+ * rollback, and only if it goes to that same checkpoint; it costs a CRIU
+ * restore of CPU in the background either way. `history` says, for each of
+ * the sandbox's recent checkpoints and rollbacks (oldest first), whether
+ * the operation that followed was a rollback to where it had left the
+ * sandbox (a standby then would have been used).
+ * - true: after every checkpoint and every rollback;
+ * - false: after rollbacks only (agents often fail the same step again);
+ * - 'auto': when at least half of the recent chances would have been used;
+ *   with none recorded yet, after a rollback and not after a checkpoint.
+ */
+export function standbyWanted(
+  mode: boolean | 'auto',
+  after: 'checkpoint' | 'rollback',
+  history: readonly boolean[],
+): boolean {
+  if (mode !== 'auto') return after === 'rollback' || mode;
+  const recent = history.slice(-STANDBY_HISTORY);
+  if (!recent.length) return after === 'rollback';
+  return recent.filter(Boolean).length * 2 >= recent.length;
+}
+
+interface Chances {
+  /** Where the last checkpoint or rollback left the sandbox (the checkpoint a standby would be of). */
+  at: string | null;
+  history: boolean[];
+}
+
+/** Per manager (this process): what each sandbox's recent operations were. A policy input only, so not persisted. */
+const chancesByEngine = new WeakMap<Engine, Map<string, Chances>>();
+
+/**
+ * Records a checkpoint (at = the new checkpoint) or a rollback (at = its
+ * target) of a sandbox, scoring the previous chance, and returns the
+ * history standbyWanted reads.
+ */
+export function recordStandbyChance(
+  engine: Engine,
+  sandboxId: string,
+  op: 'checkpoint' | 'rollback',
+  at: string,
+): readonly boolean[] {
+  let bySandbox = chancesByEngine.get(engine);
+  if (!bySandbox) chancesByEngine.set(engine, (bySandbox = new Map()));
+  const c = bySandbox.get(sandboxId) ?? { at: null, history: [] };
+  if (c.at !== null) c.history.push(op === 'rollback' && at === c.at);
+  if (c.history.length > STANDBY_HISTORY) c.history.splice(0, c.history.length - STANDBY_HISTORY);
+  c.at = at;
+  bySandbox.set(sandboxId, c);
+  return c.history;
+}
+
+/** Forgets a removed sandbox. */
+export function forgetStandbyChances(engine: Engine, sandboxId: string): void {
+  chancesByEngine.get(engine)?.delete(sandboxId);
+}

@@ -9,6 +9,7 @@ import fs from 'node:fs';
 import type { Engine } from '../engine.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { forgetNetwork } from '../network/sandbox-network.js';
+import { forgetStandbyChances } from '../checkpoints/standby-policy.js';
 
 export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   const { catalog } = engine;
@@ -16,6 +17,7 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   catalog.updateSandbox(id, { state: 'removing' }); // closes its exposed ports
   engine.exposures.dropSandbox(id);
   engine.inits.untrack(id); // its init is about to be killed on purpose
+  forgetStandbyChances(engine, id);
   engine.fault('remove:marked');
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);

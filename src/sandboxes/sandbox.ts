@@ -23,6 +23,7 @@ import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
 import { removeSandbox } from './remove.js';
 import { prepareStandby } from '../checkpoints/standby.js';
+import { recordStandbyChance, standbyWanted } from '../checkpoints/standby-policy.js';
 import { ensureDurable, queueDurability } from '../checkpoints/durability.js';
 import { SandboxCore, type Provenance } from './sandbox-core.js';
 import { CommandHandle, SandboxCommands, type ObservedRunResult } from './sandbox-commands.js';
@@ -189,8 +190,9 @@ export class Sandbox {
     const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
     // First in the queue behind the lock: syncfs and checksums, then the standby (which verifies against them).
     if (info.durableAt === null) void queueDurability(engine, this.id, info.id);
-    // A later rollback to this checkpoint becomes a swap (unless standbys are kept for rollbacks only).
-    if (engine.config.standbyAfterCheckpoint) this.queueStandby(info.id);
+    // A later rollback to this checkpoint becomes a swap (unless the policy keeps standbys for rollbacks).
+    const history = recordStandbyChance(engine, this.id, 'checkpoint', info.id);
+    if (standbyWanted(engine.config.standbyAfterCheckpoint, 'checkpoint', history)) this.queueStandby(info.id);
     return info;
   }
 
@@ -229,7 +231,10 @@ export class Sandbox {
     const report = await engine.withSandboxLock(this.id, () =>
       rollbackSandbox(engine, this.core.row(), checkpointId, opts),
     );
-    this.queueStandby(report.checkpointId); // agents often fail the same step again
+    const history = recordStandbyChance(engine, this.id, 'rollback', report.checkpointId);
+    // Agents often fail the same step again (the 'auto' policy asks this sandbox's recent history).
+    if (standbyWanted(engine.config.standbyAfterCheckpoint, 'rollback', history))
+      this.queueStandby(report.checkpointId);
     return report;
   }
 

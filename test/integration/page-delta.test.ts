@@ -18,7 +18,7 @@ import { dropStandby } from '../../src/checkpoints/standby.js';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { hostPath } from '../fixtures/stub-workloads.js';
 
-// Opt-in for now (page-store.ts); the crash runner inherits it.
+// Set for the crash runner too.
 process.env.LOCKSTEP_PAGE_DELTA = 'on';
 const BLOB_MIB = 8;
 const CRASH_RUNNER = fileURLToPath(new URL('../../../test/fixtures/crash-runner.mjs', import.meta.url));
@@ -53,11 +53,8 @@ integration(test, () => {
   const teardowns: (() => Promise<void>)[] = [];
 
   test.before(async () => {
-    // Incremental images are not made for sandboxes with a user namespace yet (page-store.ts).
-    ls = await openTestLockstep(
-      { teardown: (fn: () => Promise<void>) => teardowns.push(fn) },
-      { images: ['dev'], open: { userNamespaces: false } },
-    );
+    // Sandboxes get a user namespace (the default); one test makes one without.
+    ls = await openTestLockstep({ teardown: (fn: () => Promise<void>) => teardowns.push(fn) }, { images: ['dev'] });
   });
   test.after.always(async () => {
     for (const fn of teardowns.reverse()) await fn();
@@ -109,8 +106,16 @@ integration(test, () => {
     ) as Promise<string>;
   }
 
-  async function pythonSandbox(t: ExecutionContext): Promise<Sandbox> {
-    const sb = await ls.create({ image: 'dev' });
+  async function pythonSandbox(t: ExecutionContext, userNamespace = true): Promise<Sandbox> {
+    const before = ls.engine.userNamespaces;
+    ls.engine.userNamespaces = userNamespace;
+    let sb: Sandbox;
+    try {
+      sb = await ls.create({ image: 'dev' });
+    } finally {
+      ls.engine.userNamespaces = before;
+    }
+    t.is(ls.engine.catalog.requireSandbox(sb.id).id_base !== null, userNamespace, 'user namespace as asked');
     t.teardown(() => ls.remove(sb.id).catch(() => undefined));
     await sb.files.write('/workspace/memory.py', PY_MEMORY);
     await sb.commands.spawn(['python3', '/workspace/memory.py'], { stderrPath: '/tmp/memory.err' });
@@ -150,9 +155,9 @@ integration(test, () => {
     t.is((await sb.files.read('/workspace/file')).content.toString(), at.file, `file of ${at.ckpt.label}`);
   }
 
-  test.serial('a 3-deep chain stores what changed and restores each checkpoint exactly', async (t) => {
+  const threeDeep = test.macro(async (t, userNamespace: boolean) => {
     t.timeout(600_000); // a busy 2-CPU machine: restores of an 8 MiB Python take seconds each
-    const sb = await pythonSandbox(t);
+    const sb = await pythonSandbox(t, userNamespace);
     const [c1, c2, c3] = await chainOfThree(sb);
     t.is(parentOf(imageDir(c1!.ckpt)), null, 'the first checkpoint is whole');
     t.is(parentOf(imageDir(c2!.ckpt)), c1!.ckpt.id);
@@ -167,6 +172,34 @@ integration(test, () => {
     await expectAt(t, sb, c1!, 'restore');
     await expectAt(t, sb, c2!, 'restore');
     await expectAt(t, sb, c3!, 'restore');
+  });
+  test.serial('a 3-deep chain stores what changed and restores each checkpoint exactly', threeDeep, true);
+  test.serial('the same without a user namespace', threeDeep, false);
+
+  test.serial('a fork of a chained checkpoint gets the chain in its own id range, and the exact memory', async (t) => {
+    t.timeout(600_000);
+    const sb = await pythonSandbox(t);
+    const [, c2] = await chainOfThree(sb);
+    t.is(chainDepth(imageDir(c2!.ckpt)), 1);
+    const before = fs.readdirSync(imageDir(c2!.ckpt)).sort();
+    const [result] = await sb.fork(c2!.ckpt.id, { count: 1 });
+    const fork = ls.get((result as { id: string }).id);
+    t.teardown(() => ls.remove(fork.id).catch(() => undefined));
+    const e = ls.engine;
+    const forkBase = e.catalog.requireSandbox(fork.id).id_base;
+    t.not(forkBase, null);
+    t.not(forkBase, e.catalog.requireSandbox(sb.id).id_base, 'a range of its own');
+    t.is(await memory(fork), c2!.mem, 'the fork holds the memory of the checkpoint it came from');
+    t.is((await fork.files.read('/workspace/file')).content.toString(), c2!.file);
+    // The parent's chain is untouched, and nothing of the copy is left behind.
+    t.deepEqual(fs.readdirSync(imageDir(c2!.ckpt)).sort(), before);
+    t.is(parentOf(imageDir(c2!.ckpt)), sb.checkpoints()[0]!.id);
+    t.deepEqual(
+      fs.readdirSync(e.paths.scratch).filter((n) => n.startsWith('images-')),
+      [],
+    );
+    // And the parent still restores through its chain.
+    await expectAt(t, sb, c2!, 'restore');
   });
 
   test.serial(

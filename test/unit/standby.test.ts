@@ -6,6 +6,7 @@
  */
 import test from 'ava';
 import { openFake } from '../fakes/manager.js';
+import { STANDBY_HISTORY, standbyWanted } from '../../src/checkpoints/standby-policy.js';
 
 test('after a checkpoint, a frozen standby restored from it is kept', async (t) => {
   const m = await openFake(t);
@@ -138,4 +139,47 @@ test('with standbyAfterCheckpoint off, a checkpoint makes no standby and a rollb
   const report = await sb.rollback(ckpt.id);
   t.is(report.path, 'standby');
   t.is(m.host.processes.get(m.row(sb.id).init_pid!)!.memory, 'counter=1');
+});
+
+test('standbyWanted: on and off as before; auto follows where the recent rollbacks went', (t) => {
+  t.true(standbyWanted(true, 'checkpoint', []));
+  t.false(standbyWanted(false, 'checkpoint', [true, true]));
+  t.true(standbyWanted(false, 'rollback', []));
+  // auto, nothing known yet: after a rollback only
+  t.false(standbyWanted('auto', 'checkpoint', []));
+  t.true(standbyWanted('auto', 'rollback', []));
+  // a tree search: rollbacks to older nodes, never to where the sandbox was
+  t.false(standbyWanted('auto', 'rollback', [false, false, false]));
+  t.false(standbyWanted('auto', 'checkpoint', [false, false, true]));
+  // an agent that undoes its last step every other time
+  t.true(standbyWanted('auto', 'checkpoint', [true, false, true, false]));
+  // only the last STANDBY_HISTORY chances count
+  t.false(standbyWanted('auto', 'checkpoint', [...Array(20).fill(true), ...Array(STANDBY_HISTORY).fill(false)]));
+});
+
+test('with standbyAfterCheckpoint auto, standbys follow the rollbacks that would have used them', async (t) => {
+  const m = await openFake(t, { open: { config: { standbyAfterCheckpoint: 'auto' } } });
+  const sb = await m.ls.create();
+  const c1 = await sb.checkpoint();
+  await sb.settled();
+  t.is(m.row(sb.id).standby_instance, null, 'nothing known: no standby after a checkpoint');
+  await sb.rollback(c1.id); // to where the checkpoint left it: a standby would have been used
+  await sb.settled();
+  t.is(m.row(sb.id).standby_checkpoint, c1.id);
+  const report = await sb.rollback(c1.id); // the same step again: the standby is used
+  t.is(report.path, 'standby');
+  await sb.settled();
+  const c2 = await sb.checkpoint(); // 2 of 2 chances used so far
+  await sb.settled();
+  t.is(m.row(sb.id).standby_checkpoint, c2.id, 'this sandbox undoes its steps: a standby after the checkpoint');
+  // Now a tree search: rollbacks to older checkpoints only.
+  for (let i = 0; i < 4; i++) {
+    await sb.checkpoint();
+    await sb.rollback(c1.id);
+  }
+  await sb.settled();
+  const restoresBefore = m.host.only('criu.restore').length;
+  await sb.checkpoint();
+  await sb.settled();
+  t.is(m.host.only('criu.restore').length, restoresBefore, 'no standby restore after a checkpoint any more');
 });
