@@ -17,6 +17,7 @@ import path from 'node:path';
 import protobuf from 'protobufjs';
 import { ID_RANGE_SIZE } from '../sandboxes/id-ranges.js';
 import type { NativeBinding } from '../native/binding.js';
+import { StoreFullError } from '../errors.js';
 
 /** CRIU's images/userns.proto (MIT). */
 const UsernsEntry = protobuf.Root.fromJSON({
@@ -59,7 +60,19 @@ export async function shiftLayerOwners(
   from: number,
   to: number,
 ): Promise<void> {
-  await native.shiftOwners(dir, from, to, ID_RANGE_SIZE);
+  await storeFullOnEnospc(`Cannot move the owners of ${dir} into the fork's id range`, () =>
+    native.shiftOwners(dir, from, to, ID_RANGE_SIZE),
+  );
+}
+
+/** ENOSPC (the store is full; btrfs needs room for new metadata too) becomes DISK_FULL, as everywhere else. */
+async function storeFullOnEnospc<T>(what: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException | undefined)?.code === 'ENOSPC') throw new StoreFullError(what, e);
+    throw e;
+  }
 }
 
 /**
@@ -113,7 +126,19 @@ export function shareProcessImageWith(dir: string, idBase: number | null): void 
  * to the parent sandbox's own files. Copies are reflinks on btrfs, so no
  * page data is copied.
  */
-export async function processImageForRange(
+export function processImageForRange(
+  native: Pick<NativeBinding, 'cloneFolder'>,
+  source: string,
+  dest: string,
+  from: number,
+  to: number,
+): Promise<string> {
+  return storeFullOnEnospc('Cannot copy the process image for the fork', () =>
+    copyChainForRange(native, source, dest, from, to),
+  );
+}
+
+async function copyChainForRange(
   native: Pick<NativeBinding, 'cloneFolder'>,
   source: string,
   dest: string,

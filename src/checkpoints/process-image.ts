@@ -114,13 +114,17 @@ export async function restoreNewInstance(
   }
   const images = path.join(paths.scratch, `images-${key}`);
   fs.rmSync(images, { recursive: true, force: true });
-  const copied = processImageForRange(engine.native, paths.processImage(ckpt.id), images, from, like.id_base!);
   try {
-    const [veth, top] = await Promise.all([prepareInstance(engine, key, like, ckpt, step, from, opts), copied]);
-    return await engine.criu.restore(restoreOptions(engine, key, top, like.id_base, veth));
+    // Both run to their end before either's failure is thrown: the caller's
+    // clean-up must not race a preparation still making the layer or mounts.
+    const [prepared, copied] = await Promise.allSettled([
+      prepareInstance(engine, key, like, ckpt, step, from, opts),
+      processImageForRange(engine.native, paths.processImage(ckpt.id), images, from, like.id_base!),
+    ]);
+    if (prepared.status === 'rejected') throw prepared.reason;
+    if (copied.status === 'rejected') throw copied.reason;
+    return await engine.criu.restore(restoreOptions(engine, key, copied.value, like.id_base, prepared.value));
   } finally {
-    // The copy may still be running when the preparation failed: let it end first.
-    await copied.catch(() => undefined);
     fs.rmSync(images, { recursive: true, force: true });
   }
 }
