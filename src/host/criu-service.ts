@@ -11,7 +11,7 @@ import { CriuError, HostError, SETUP_HINT } from '../errors.js';
 import type { StatePaths } from '../paths.js';
 import type { CriuClient, CriuDumpRequest, CriuRestoreRequest, HelperClient } from '../ports.js';
 import { DEFAULTS, envValue } from '../config.js';
-import { sleep } from './proc.js';
+import { sleep, startTime } from './proc.js';
 
 /**
  * Where scripts/provision-host.sh puts the CRIU 4.x wrapper; LOCKSTEP_CRIU
@@ -207,11 +207,16 @@ export class CriuService implements CriuClient {
       } catch {
         return;
       }
-      const orphaned = pids.some((p) => parentOf(p) === supervisor);
+      // A worker killed before it moved anything into the cgroup leaves its
+      // own forks (same argv as the service) behind, orphaned to the
+      // supervisor: a live worker's forks are its children, and the service
+      // itself is the one with that argv the supervisor started.
+      const stray = criuOrphans(supervisor, this.paths.criuSocket);
+      const orphaned = stray.length > 0 || pids.some((p) => parentOf(p) === supervisor);
       strikes = orphaned ? strikes + 1 : 0;
       if (strikes < ORPHAN_STRIKES) return;
       state.fired = true;
-      for (const p of pids) {
+      for (const p of [...pids, ...stray]) {
         try {
           process.kill(p, 'SIGKILL');
         } catch {
@@ -249,6 +254,27 @@ function servicePid(socket: string): number | undefined {
     }
   }
   return undefined;
+}
+
+/**
+ * Processes with the `criu service` argv for socket whose parent is the
+ * supervisor, other than the service: forks of a worker that died, which
+ * hold its end of the RPC socket.
+ */
+function criuOrphans(supervisor: number, socket: string): number[] {
+  const forks = childrenOf(supervisor).filter((p) => {
+    try {
+      const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+      return argv.includes('service') && argv.includes(socket);
+    } catch {
+      return false;
+    }
+  });
+  if (forks.length < 2) return [];
+  // The service is the oldest: every other one was forked from it, later.
+  const started = forks.map((p) => ({ p, at: startTime(p) ?? Infinity }));
+  const service = started.reduce((a, b) => (b.at < a.at ? b : a)).p;
+  return forks.filter((p) => p !== service);
 }
 
 function childrenOf(pid: number): number[] {

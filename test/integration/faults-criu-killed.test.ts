@@ -42,7 +42,23 @@ function childrenOf(pid: number): number[] {
   }
 }
 
-type When = 'at once' | 'once the tree is in the cgroup';
+type When = 'at once' | 'once the tree is in the cgroup' | 'once the worker has forked';
+
+/** Processes with the service's argv other than the service itself: forks of a worker that died. */
+function strayCriuForks(socket: string, service: number): number[] {
+  return fs
+    .readdirSync('/proc')
+    .filter((p) => {
+      if (!/^\d+$/.test(p) || Number(p) === service) return false;
+      try {
+        const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
+        return argv.includes('service') && argv.includes(socket);
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
 
 integration(test, () => {
   let ls: Lockstep;
@@ -90,8 +106,11 @@ integration(test, () => {
         const deadline = Date.now() + 30_000; // the test then fails on `killed`
         const poll = () => {
           if (Date.now() > deadline) return;
-          const workers = childrenOf(service);
-          const ready = when === 'at once' || ls.engine.cgroups.pids(cgroupOf!()).length > 0;
+          const workers =
+            when === 'once the worker has forked'
+              ? childrenOf(service).filter((w) => childrenOf(w).length > 0)
+              : childrenOf(service);
+          const ready = when !== 'once the tree is in the cgroup' || ls.engine.cgroups.pids(cgroupOf!()).length > 0;
           if (workers.length > 0 && ready) {
             for (const w of workers) {
               process.kill(w, 'SIGKILL');
@@ -192,4 +211,25 @@ integration(test, () => {
     t.teardown(() => ls.remove(again.id).catch(() => undefined));
     t.is((await ls.get(again.id).commands.run('cat /workspace/f')).stdout, 'fork point\n');
   });
+
+  test.serial(
+    "CRIU's worker killed once it has forked, before the tree reaches the cgroup: the fork fails, no fork of it is left holding the call",
+    async (t) => {
+      const ckpt = await sb.checkpoint({ label: 'fork point 2' });
+      await sb.settled();
+      const before = hostState(ls);
+      const service = criuServicePid(ls.engine.paths.criuSocket);
+
+      killCriuAt('fork:layer-ready', 'once the worker has forked');
+      const [result] = await sb.fork(ckpt.id, { count: 1 });
+      t.like(result, { ok: false, error: { code: 'CRIU_RESTORE_FAILED' } });
+      t.is(killed.length, 1);
+      t.deepEqual(hostState(ls), before, 'no sandbox row, upper, run folder, mount or cgroup left');
+      t.deepEqual(strayCriuForks(ls.engine.paths.criuSocket, service), []);
+
+      const [again] = await sb.fork(ckpt.id, { count: 1 });
+      t.true(again!.ok);
+      if (again!.ok) await ls.remove(again.id);
+    },
+  );
 });
