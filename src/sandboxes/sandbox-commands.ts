@@ -104,13 +104,14 @@ export class SandboxCommands {
     const wrapped = backgroundWrapper(argv, { stdin: opts.stdin });
     const pid = await spawnDetached(this.sandbox.enterTarget(), wrapped, { cwd: opts.cwd, env: opts.env });
     const handle = new CommandHandle(this.sandbox, pid, opts.signal, opts.stdin === true);
-    if (opts.stdin) {
-      const files = this.sandbox.files();
-      await relayReady(
-        () => hasInput(files, pid),
-        () => handle.isRunning(),
-      );
-    }
+    // Returns once the wrapper has made its files (its FIFO too, with stdin):
+    // a client that connects, writes or reattaches right after the start
+    // must find the command (the Python SDK's test met it without stdin too).
+    const files = this.sandbox.files();
+    await relayReady(
+      async () => (await backgroundPids(files)).includes(pid) && (!opts.stdin || (await hasInput(files, pid))),
+      () => handle.isRunning(),
+    );
     return handle;
   }
 
