@@ -360,6 +360,7 @@ export function newId(prefix: string): string {
 export class Catalog {
   readonly db: Database.Database;
   private readonly extraMigrations: ((db: Database.Database) => void)[] = [];
+  private readonly statements = new Map<string, Database.Statement>();
 
   constructor(file: string, migrations: ((db: Database.Database) => void)[] = []) {
     const existed = fs.existsSync(file);
@@ -394,6 +395,39 @@ export class Catalog {
     if (this.db.open) this.db.close();
   }
 
+  /**
+   * The prepared statement for one SQL text, compiled once per catalog:
+   * compiling is most of a small query's cost (a fork makes a dozen of
+   * them). The catalog's own statements use the default result mode only.
+   */
+  private statement(sql: string): Database.Statement {
+    let s = this.statements.get(sql);
+    if (!s) {
+      s = this.db.prepare(sql);
+      this.statements.set(sql, s);
+    }
+    return s;
+  }
+
+  /**
+   * Runs fn with its commits not fsynced (synchronous=NORMAL), for journal
+   * steps whose loss in a host crash leaves a consistent state. WAL frames
+   * are appended in order and carry chained checksums, so the next fsynced
+   * commit makes these durable too, and a host crash can only lose a suffix
+   * of the log: never a later commit without these. A manager crash loses
+   * nothing (the frames are in the page cache). Inside a transaction the
+   * setting cannot change, and fn runs as it is.
+   */
+  unsynced<T>(fn: () => T): T {
+    if (this.db.inTransaction) return fn();
+    this.db.pragma('synchronous = NORMAL');
+    try {
+      return fn();
+    } finally {
+      this.db.pragma('synchronous = FULL');
+    }
+  }
+
   /** Runs fn in one transaction (nested calls become savepoints). */
   tx<T>(fn: () => T): T {
     return this.db.transaction(fn).immediate();
@@ -401,7 +435,7 @@ export class Catalog {
 
   // ---- images
   image(name: string): ImageRow | undefined {
-    return this.db.prepare('SELECT * FROM images WHERE name = ?').get(name) as ImageRow | undefined;
+    return this.statement('SELECT * FROM images WHERE name = ?').get(name) as ImageRow | undefined;
   }
   liveImage(name: string): ImageRow {
     const row = this.image(name);
@@ -425,35 +459,33 @@ export class Catalog {
     return row;
   }
   images(): ImageRow[] {
-    return this.db.prepare('SELECT * FROM images WHERE deleted = 0 ORDER BY name').all() as ImageRow[];
+    return this.statement('SELECT * FROM images WHERE deleted = 0 ORDER BY name').all() as ImageRow[];
   }
   allImages(): ImageRow[] {
-    return this.db.prepare('SELECT * FROM images ORDER BY name').all() as ImageRow[];
+    return this.statement('SELECT * FROM images ORDER BY name').all() as ImageRow[];
   }
   putImage(row: ImageRow): void {
-    this.db
-      .prepare(
-        'INSERT OR REPLACE INTO images (name, rootfs, source, size_bytes, created_at, deleted) ' +
-          'VALUES (@name, @rootfs, @source, @size_bytes, @created_at, @deleted)',
-      )
-      .run(row);
+    this.statement(
+      'INSERT OR REPLACE INTO images (name, rootfs, source, size_bytes, created_at, deleted) ' +
+        'VALUES (@name, @rootfs, @source, @size_bytes, @created_at, @deleted)',
+    ).run(row);
   }
   markImageDeleted(name: string): void {
-    this.db.prepare('UPDATE images SET deleted = 1 WHERE name = ?').run(name);
+    this.statement('UPDATE images SET deleted = 1 WHERE name = ?').run(name);
   }
   deleteImageRow(name: string): void {
-    this.db.prepare('DELETE FROM images WHERE name = ?').run(name);
+    this.statement('DELETE FROM images WHERE name = ?').run(name);
   }
   imageReferences(name: string): number {
-    const a = this.db.prepare('SELECT COUNT(*) AS n FROM sandboxes WHERE image = ?').get(name) as { n: number };
-    const b = this.db.prepare('SELECT COUNT(*) AS n FROM checkpoints WHERE image = ?').get(name) as { n: number };
-    const c = this.db.prepare('SELECT COUNT(*) AS n FROM snapshots WHERE image = ?').get(name) as { n: number };
+    const a = this.statement('SELECT COUNT(*) AS n FROM sandboxes WHERE image = ?').get(name) as { n: number };
+    const b = this.statement('SELECT COUNT(*) AS n FROM checkpoints WHERE image = ?').get(name) as { n: number };
+    const c = this.statement('SELECT COUNT(*) AS n FROM snapshots WHERE image = ?').get(name) as { n: number };
     return a.n + b.n + c.n;
   }
 
   // ---- sandboxes
   sandbox(id: string): SandboxRow | undefined {
-    return this.db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as SandboxRow | undefined;
+    return this.statement('SELECT * FROM sandboxes WHERE id = ?').get(id) as SandboxRow | undefined;
   }
   requireSandbox(id: string, tenant?: string | null): SandboxRow {
     const row = this.sandbox(id);
@@ -465,113 +497,113 @@ export class Catalog {
   }
   sandboxes(tenant?: string | null): SandboxRow[] {
     if (tenant !== undefined && tenant !== null)
-      return this.db
-        .prepare("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at")
-        .all(tenant) as SandboxRow[];
-    return this.db
-      .prepare("SELECT * FROM sandboxes WHERE state != 'removing' ORDER BY created_at")
-      .all() as SandboxRow[];
+      return this.statement("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at").all(
+        tenant,
+      ) as SandboxRow[];
+    return this.statement(
+      "SELECT * FROM sandboxes WHERE state != 'removing' ORDER BY created_at",
+    ).all() as SandboxRow[];
   }
   allSandboxes(): SandboxRow[] {
-    return this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as SandboxRow[];
+    return this.statement('SELECT * FROM sandboxes ORDER BY created_at').all() as SandboxRow[];
   }
   insertSandbox(row: SandboxRow): void {
-    this.db
-      .prepare(
-        `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes,
+    this.statement(
+      `INSERT INTO sandboxes (id, tenant, image, runtime_layer, state, init_pid, init_start, memory_bytes,
           pids_max, hostname, lineage_id, branch_id, head_checkpoint_id, forked_from, env, metadata, created_at,
           expires_at, instance, cpu_weight, cpu_quota_us, io_weight, disk_bytes, id_base, network, net_slot)
          VALUES (@id, @tenant, @image, @runtime_layer, @state, @init_pid, @init_start, @memory_bytes,
           @pids_max, @hostname, @lineage_id, @branch_id, @head_checkpoint_id, @forked_from, @env, @metadata,
           @created_at, @expires_at, @instance, @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base, @network, @net_slot)`,
-      )
-      .run({ network: null, net_slot: null, ...row });
+    ).run({ network: null, net_slot: null, ...row });
   }
   updateSandbox(id: string, fields: Partial<SandboxRow>): void {
     const keys = Object.keys(fields);
     if (!keys.length) return;
-    this.db
-      .prepare(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`)
-      .run({ ...fields, id });
+    this.statement(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`).run({
+      ...fields,
+      id,
+    });
     // A sandbox that stops (its init exited, a failed rollback) or goes closes its exposed ports:
     // one place, whichever path stopped it (src/network/exposed-ports.ts).
     if (fields.state === 'stopped' || fields.state === 'removing') this.deleteExposuresOf(id);
   }
   /** Closes every exposed port of a sandbox (its rows; the proxy looks them up per connection). */
   deleteExposuresOf(sandboxId: string): void {
-    this.db.prepare('DELETE FROM exposures WHERE sandbox_id = ?').run(sandboxId);
+    this.statement('DELETE FROM exposures WHERE sandbox_id = ?').run(sandboxId);
   }
   /** Host id bases in use, ascending. */
   /** Network slots in use, ascending (src/network/addresses.ts). */
   netSlots(): number[] {
     return (
-      this.db.prepare('SELECT net_slot FROM sandboxes WHERE net_slot IS NOT NULL ORDER BY net_slot').all() as {
+      this.statement('SELECT net_slot FROM sandboxes WHERE net_slot IS NOT NULL ORDER BY net_slot').all() as {
         net_slot: number;
       }[]
     ).map((r) => r.net_slot);
   }
   idBases(): number[] {
     return (
-      this.db.prepare('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as {
+      this.statement('SELECT id_base FROM sandboxes WHERE id_base IS NOT NULL ORDER BY id_base').all() as {
         id_base: number;
       }[]
     ).map((r) => r.id_base);
   }
   deleteSandboxRow(id: string): void {
     this.deleteExposuresOf(id);
-    this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+    this.statement('DELETE FROM sandboxes WHERE id = ?').run(id);
   }
 
   // ---- layers
   insertLayer(id: string, kind: 'upper' | 'checkpoint', sandboxId: string): void {
-    this.db
-      .prepare('INSERT INTO layers (id, kind, sandbox_id, created_at) VALUES (?, ?, ?, ?)')
-      .run(id, kind, sandboxId, Date.now());
+    this.statement('INSERT INTO layers (id, kind, sandbox_id, created_at) VALUES (?, ?, ?, ?)').run(
+      id,
+      kind,
+      sandboxId,
+      Date.now(),
+    );
   }
   deleteLayerRow(id: string): void {
-    this.db.prepare('DELETE FROM layers WHERE id = ?').run(id);
+    this.statement('DELETE FROM layers WHERE id = ?').run(id);
   }
   layerIds(kind: 'upper' | 'checkpoint'): string[] {
-    return (this.db.prepare('SELECT id FROM layers WHERE kind = ?').all(kind) as { id: string }[]).map((r) => r.id);
+    return (this.statement('SELECT id FROM layers WHERE kind = ?').all(kind) as { id: string }[]).map((r) => r.id);
   }
 
   // ---- checkpoints
   checkpoint(id: string): CheckpointRow | undefined {
-    return this.db.prepare('SELECT * FROM checkpoints WHERE id = ?').get(id) as CheckpointRow | undefined;
+    return this.statement('SELECT * FROM checkpoints WHERE id = ?').get(id) as CheckpointRow | undefined;
   }
   checkpointsOf(sandboxId: string): CheckpointRow[] {
-    return this.db
-      .prepare('SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at, rowid')
-      .all(sandboxId) as CheckpointRow[];
+    return this.statement('SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at, rowid').all(
+      sandboxId,
+    ) as CheckpointRow[];
   }
   allCheckpoints(): CheckpointRow[] {
-    return this.db.prepare('SELECT * FROM checkpoints').all() as CheckpointRow[];
+    return this.statement('SELECT * FROM checkpoints').all() as CheckpointRow[];
   }
   insertCheckpoint(row: CheckpointRow): void {
-    this.db
-      .prepare(
-        `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label,
+    this.statement(
+      `INSERT INTO checkpoints (id, sandbox_id, parent_id, layer_id, image, runtime_layer, branch_id, label,
          ledger_cursor, context_id, sizes, timings, created_at, checksums, durable_at, boot_id, connections)
          VALUES (@id, @sandbox_id, @parent_id, @layer_id, @image, @runtime_layer, @branch_id, @label, @ledger_cursor,
            @context_id, @sizes, @timings, @created_at, @checksums, @durable_at, @boot_id, @connections)`,
-      )
-      .run({
-        checksums: null,
-        boot_id: null,
-        connections: null,
-        ...row,
-        durable_at: row.durable_at === undefined ? row.created_at : row.durable_at,
-      });
+    ).run({
+      checksums: null,
+      boot_id: null,
+      connections: null,
+      ...row,
+      durable_at: row.durable_at === undefined ? row.created_at : row.durable_at,
+    });
   }
   /** Checkpoints whose files are not durable yet (of one sandbox, or all), oldest first. */
   pendingCheckpoints(sandboxId?: string): CheckpointRow[] {
     if (sandboxId === undefined)
-      return this.db
-        .prepare('SELECT * FROM checkpoints WHERE durable_at IS NULL ORDER BY created_at, rowid')
-        .all() as CheckpointRow[];
-    return this.db
-      .prepare('SELECT * FROM checkpoints WHERE durable_at IS NULL AND sandbox_id = ? ORDER BY created_at, rowid')
-      .all(sandboxId) as CheckpointRow[];
+      return this.statement(
+        'SELECT * FROM checkpoints WHERE durable_at IS NULL ORDER BY created_at, rowid',
+      ).all() as CheckpointRow[];
+    return this.statement(
+      'SELECT * FROM checkpoints WHERE durable_at IS NULL AND sandbox_id = ? ORDER BY created_at, rowid',
+    ).all(sandboxId) as CheckpointRow[];
   }
   /** Records a pending checkpoint as durable, with its checksums; false if it is gone or was already durable. */
   markCheckpointDurable(
@@ -579,53 +611,51 @@ export class Catalog {
     fields: { checksums: string; sizes: string; timings: string; durable_at: number },
   ): boolean {
     return (
-      this.db
-        .prepare(
-          'UPDATE checkpoints SET checksums = @checksums, sizes = @sizes, timings = @timings, durable_at = @durable_at WHERE id = @id AND durable_at IS NULL',
-        )
-        .run({ ...fields, id }).changes === 1
+      this.statement(
+        'UPDATE checkpoints SET checksums = @checksums, sizes = @sizes, timings = @timings, durable_at = @durable_at WHERE id = @id AND durable_at IS NULL',
+      ).run({ ...fields, id }).changes === 1
     );
   }
   setCheckpointChecksums(id: string, checksums: string): void {
-    this.db.prepare('UPDATE checkpoints SET checksums = ? WHERE id = ?').run(checksums, id);
+    this.statement('UPDATE checkpoints SET checksums = ? WHERE id = ?').run(checksums, id);
   }
   deleteCheckpointRow(id: string): void {
-    this.db.prepare('DELETE FROM checkpoints WHERE id = ?').run(id);
+    this.statement('DELETE FROM checkpoints WHERE id = ?').run(id);
   }
   reparentCheckpoints(fromParent: string, toParent: string | null): void {
-    this.db.prepare('UPDATE checkpoints SET parent_id = ? WHERE parent_id = ?').run(toParent, fromParent);
+    this.statement('UPDATE checkpoints SET parent_id = ? WHERE parent_id = ?').run(toParent, fromParent);
   }
   /** Ids from a checkpoint up to the root of its tree, the checkpoint first. */
   ancestry(id: string): string[] {
-    const rows = this.db
-      .prepare(
-        `WITH RECURSIVE up(id, parent_id) AS (
+    const rows = this.statement(
+      `WITH RECURSIVE up(id, parent_id) AS (
            SELECT id, parent_id FROM checkpoints WHERE id = ?
            UNION ALL SELECT c.id, c.parent_id FROM checkpoints c JOIN up ON c.id = up.parent_id)
          SELECT id FROM up`,
-      )
-      .all(id) as { id: string }[];
+    ).all(id) as { id: string }[];
     return rows.map((r) => r.id);
   }
 
   // ---- operation journal
   beginOperation(op: Omit<OperationRow, 'started_at'>): void {
-    this.db
-      .prepare('INSERT INTO operations (id, kind, sandbox_id, phase, payload, started_at) VALUES (?, ?, ?, ?, ?, ?)')
-      .run(op.id, op.kind, op.sandbox_id, op.phase, op.payload, Date.now());
+    this.statement(
+      'INSERT INTO operations (id, kind, sandbox_id, phase, payload, started_at) VALUES (?, ?, ?, ?, ?, ?)',
+    ).run(op.id, op.kind, op.sandbox_id, op.phase, op.payload, Date.now());
   }
   setOperationPhase(id: string, phase: string, payload?: unknown): void {
-    if (payload === undefined) this.db.prepare('UPDATE operations SET phase = ? WHERE id = ?').run(phase, id);
+    if (payload === undefined) this.statement('UPDATE operations SET phase = ? WHERE id = ?').run(phase, id);
     else
-      this.db
-        .prepare('UPDATE operations SET phase = ?, payload = ? WHERE id = ?')
-        .run(phase, JSON.stringify(payload), id);
+      this.statement('UPDATE operations SET phase = ?, payload = ? WHERE id = ?').run(
+        phase,
+        JSON.stringify(payload),
+        id,
+      );
   }
   endOperation(id: string): void {
-    this.db.prepare('DELETE FROM operations WHERE id = ?').run(id);
+    this.statement('DELETE FROM operations WHERE id = ?').run(id);
   }
   operations(): OperationRow[] {
-    return this.db.prepare('SELECT * FROM operations ORDER BY started_at').all() as OperationRow[];
+    return this.statement('SELECT * FROM operations ORDER BY started_at').all() as OperationRow[];
   }
 }
 
