@@ -6,7 +6,8 @@
  * half-way through a restore.
  * - Process image: SHA-256 and size of every file CRIU wrote, computed while
  *   the store's `syncfs` runs (the files are still in the page cache), and
- *   read back in full before a restore. btrfs's own block checksums turn
+ *   read back in full before a restore, unless this process read the same
+ *   file unchanged before (see `verified`). btrfs's own block checksums turn
  *   media errors into EIO on that read; the digests catch everything else
  *   (a flipped byte, a truncated or replaced file, a file added or removed).
  * - Layer: the read-only snapshot's UUID and ctransid
@@ -47,21 +48,72 @@ export class CheckpointCorruptError extends LockstepError {
 }
 
 const CHUNK = 1 << 20;
+/** Files up to this size are read in one call: a stream costs a pool round trip per chunk. */
+const WHOLE_FILE_BYTES = 8 << 20;
 
-/** SHA-256 and size of one file, read in 1 MiB chunks so the event loop keeps turning between them. */
+/** SHA-256 and size of a file's bytes (a link: of what it names). */
 async function hashFile(file: string): Promise<{ size: number; sha256: string }> {
   const h = createHash('sha256');
   // An incremental image's `parent` link (page-delta.ts): what it names is what counts.
-  if (fs.lstatSync(file).isSymbolicLink()) {
-    const target = Buffer.from(fs.readlinkSync(file));
+  const st = await fs.promises.lstat(file);
+  if (st.isSymbolicLink()) {
+    const target = Buffer.from(await fs.promises.readlink(file));
     return { size: target.length, sha256: h.update(target).digest('hex') };
   }
+  return hashRegularFile(file, st.size);
+}
+
+async function hashRegularFile(file: string, knownSize?: number): Promise<{ size: number; sha256: string }> {
+  const h = createHash('sha256');
+  if (knownSize !== undefined && knownSize <= WHOLE_FILE_BYTES) {
+    const bytes = await fs.promises.readFile(file);
+    return { size: bytes.length, sha256: h.update(bytes).digest('hex') };
+  }
+  // Large files in 1 MiB chunks, so the event loop keeps turning between them.
   let size = 0;
   for await (const chunk of fs.createReadStream(file, { highWaterMark: CHUNK })) {
     h.update(chunk as Buffer);
     size += (chunk as Buffer).length;
   }
   return { size, sha256: h.digest('hex') };
+}
+
+/**
+ * Files this process has read and found as recorded, by path, with the
+ * identity they had then: device, inode, size, mtime and ctime to the
+ * nanosecond. A file whose identity is unchanged has not been written since
+ * (every write, truncate, rename over it, chmod or utimes moves its ctime,
+ * and only the kernel sets ctime), so it is not read again: a fork or
+ * rollback from the same checkpoint costs an lstat per file after the first.
+ * A file changed within the last second is never remembered (git's "racily
+ * clean" rule): timestamps come from a coarse clock, so a write right after
+ * the read could leave them as they were. Bounded; the oldest go first.
+ */
+const verified = new Map<string, string>();
+const VERIFIED_MAX = 16384;
+const SETTLE_NS = 1_000_000_000n;
+
+function identityOf(st: fs.BigIntStats): string {
+  return `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}:${st.ctimeNs}`;
+}
+
+/** A file's size and digest, from memory when its identity says it was read before and is unchanged. */
+async function checkedDigest(file: string, want: { sha256: string }): Promise<{ size: number; sha256: string }> {
+  const st = await fs.promises.lstat(file, { bigint: true });
+  if (!st.isFile()) return hashFile(file);
+  const identity = identityOf(st);
+  const remembered = verified.get(file);
+  if (remembered === `${identity}:${want.sha256}`) return { size: Number(st.size), sha256: want.sha256 };
+  const got = await hashRegularFile(file, Number(st.size));
+  const settled = BigInt(Date.now()) * 1_000_000n - (st.ctimeNs > st.mtimeNs ? st.ctimeNs : st.mtimeNs) > SETTLE_NS;
+  if (got.sha256 === want.sha256 && got.size === Number(st.size) && settled) {
+    verified.delete(file);
+    if (verified.size >= VERIFIED_MAX) verified.delete(verified.keys().next().value as string);
+    verified.set(file, `${identity}:${want.sha256}`);
+  } else {
+    verified.delete(file);
+  }
+  return got;
 }
 
 /**
@@ -92,7 +144,7 @@ export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | nu
  * Throws CheckpointCorruptError, naming the checkpoint and the first file
  * found wrong, unless the checkpoint's layer and process image are exactly
  * what was recorded. The layer is checked first (O(1)); the image is read
- * in full. A checkpoint taken before checksums were recorded passes (there
+ * in full (or found unchanged since it was). A checkpoint taken before checksums were recorded passes (there
  * is nothing to compare with).
  */
 export async function verifyCheckpoint(
@@ -123,7 +175,7 @@ export async function verifyCheckpoint(
   const dir = engine.paths.processImage(ckpt.id);
   let names: string[];
   try {
-    names = fs.readdirSync(dir);
+    names = await fs.promises.readdir(dir);
   } catch (e) {
     throw new CheckpointCorruptError(ckpt.id, 'the process image folder', `cannot be read (${(e as Error).message})`);
   }
@@ -137,7 +189,7 @@ export async function verifyCheckpoint(
       const file = `process image file ${name}`;
       let got: { size: number; sha256: string };
       try {
-        got = await hashFile(path.join(dir, name));
+        got = await checkedDigest(path.join(dir, name), want);
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code;
         return new CheckpointCorruptError(

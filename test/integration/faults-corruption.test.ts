@@ -167,6 +167,34 @@ integration(test, () => {
   );
 
   test.serial(
+    'a verified checkpoint damaged later, with its mtime put back to the nanosecond, is still refused (the verdict cache keys on ctime)',
+    async (t) => {
+      await sb.files.write('/workspace/f', 'cached\n');
+      const ckpt = await sb.checkpoint({ label: 'cached' });
+      await sb.settled();
+      // Past the settling window, so that the first verification is remembered.
+      await new Promise((r) => setTimeout(r, 1200));
+      const [first] = await sb.fork(ckpt.id, { count: 1 });
+      t.true(first!.ok, JSON.stringify(first));
+      if (first!.ok) await ls.remove(first.id);
+
+      const dir = ls.engine.paths.processImage(ckpt.id);
+      const name = biggestPagesFile(dir);
+      const before = fs.statSync(path.join(dir, name), { bigint: true });
+      const file = DAMAGES['a flipped byte in a page file']!.apply(ls, ckpt);
+      const ns = (v: bigint) => `@${v / 1_000_000_000n}.${String(v % 1_000_000_000n).padStart(9, '0')}`;
+      execFileSync('touch', ['-m', '-d', ns(before.mtimeNs), path.join(dir, name)]);
+      const after = fs.statSync(path.join(dir, name), { bigint: true });
+      t.is(after.mtimeNs, before.mtimeNs, 'the mtime is back to what it was');
+      t.is(after.size, before.size);
+      await new Promise((r) => setTimeout(r, 1200));
+
+      const err = await t.throwsAsync(sb.fork(ckpt.id, { count: 1 }), { code: 'CHECKPOINT_CORRUPT' });
+      t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file });
+    },
+  );
+
+  test.serial(
     'a checkpoint that was not damaged verifies and restores after being restored from many times',
     async (t) => {
       await sb.files.write('/workspace/f', 'stable\n');
