@@ -135,7 +135,10 @@ export async function swapInStandby(
   // big tree (waiting for its memory to be freed) happens after the answer,
   // with the rest of the old instance.
   let m = performance.now();
-  engine.catalog.setOperationPhase(opId, 'killing');
+  // Not fsynced: a swap changes no file, and a host crash ends every tree
+  // anyway, so a lost "killing" leaves a consistent sandbox; the commit
+  // below is fsynced and makes this step durable with it.
+  engine.catalog.unsynced(() => engine.catalog.setOperationPhase(opId, 'killing'));
   let parts: ReturnType<typeof commitRollback>;
   try {
     await cgroups.freeze(runtime.cgroupName(row.instance));
@@ -260,13 +263,17 @@ export async function rollbackSandbox(
   // there are checksums to verify against (durability.ts).
   if (!standby) await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
   opts.signal?.throwIfAborted();
-  catalog.beginOperation({
-    id: opId,
-    kind: 'rollback',
-    sandbox_id: row.id,
-    phase: 'prepared',
-    payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }),
-  });
+  // Not fsynced: until "killing" nothing has changed, and the fsynced commit
+  // of "killing" (restore path) or of the swap (standby path) carries it.
+  catalog.unsynced(() =>
+    catalog.beginOperation({
+      id: opId,
+      kind: 'rollback',
+      sandbox_id: row.id,
+      phase: 'prepared',
+      payload: JSON.stringify({ checkpointId: ckpt.id, branchId, standby }),
+    }),
+  );
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
   if (standby) {

@@ -152,3 +152,32 @@ test('a step that fails is rolled back whole: the catalog stays at the last good
   t.true(columns(db, 'sandboxes').includes('expires_at'));
   t.false(columns(db, 'sandboxes').includes('half_done'));
 });
+
+test('unsynced() commits without fsync, then puts synchronous=FULL back, also when fn throws; inside a transaction it changes nothing', (t) => {
+  const catalog = new Catalog(tempFile(t));
+  t.teardown(() => catalog.close());
+  const level = () => catalog.db.pragma('synchronous', { simple: true });
+  t.is(level(), 2, 'FULL');
+  let seen: unknown;
+  catalog.unsynced(() => {
+    seen = level();
+    catalog.beginOperation({ id: 'op_a', kind: 'rollback', sandbox_id: 'sbx_a', phase: 'prepared', payload: '{}' });
+  });
+  t.is(seen, 1, 'NORMAL while fn runs');
+  t.is(level(), 2);
+  t.deepEqual(
+    catalog.operations().map((o) => o.phase),
+    ['prepared'],
+    'the step was committed',
+  );
+  t.throws(
+    () =>
+      catalog.unsynced(() => {
+        throw new Error('boom');
+      }),
+    { message: 'boom' },
+  );
+  t.is(level(), 2, 'FULL again after a throw');
+  catalog.tx(() => catalog.unsynced(() => (seen = level())));
+  t.is(seen, 2, 'a transaction keeps its level');
+});
