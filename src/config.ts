@@ -148,6 +148,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_S3_SECRET_ACCESS_KEY: { reader: 'store' },
   LOCKSTEP_CRIU_SUITE: { reader: 'provisioning' },
   LOCKSTEP_KEEP_CONNTRACK_HASHSIZE: { reader: 'provisioning' },
+  LOCKSTEP_KEEP_SOCKET_HASHES: { reader: 'provisioning' },
 } as const satisfies Record<
   string,
   { reader: 'manager'; key: keyof LockstepConfig } | { reader: 'serve' | 'cli' | 'client' | 'provisioning' | 'store' }

@@ -201,6 +201,26 @@ export async function runDoctor(home = resolveHome()): Promise<Check[]> {
     /* no conntrack in this kernel: nothing to walk */
   }
 
+  try {
+    const shared = ['tcp_child_ehash_entries', 'udp_child_hash_entries'].filter(
+      (knob) => Number(fs.readFileSync(`/proc/sys/net/ipv4/${knob}`, 'utf8')) === 0,
+    );
+    checks.push({
+      name: 'socket hash tables',
+      ok: shared.length === 0,
+      optional: true,
+      detail:
+        shared.length === 0
+          ? 'each sandbox namespace gets socket tables of its own'
+          : `${shared.join(' and ')} 0: every sandbox shares the host's tables, which CRIU and socket listings walk in full`,
+      ...(shared.length === 0
+        ? {}
+        : { fix: `sysctl ${shared.map((k) => `net.ipv4.${k}=4096`).join(' ')} (scripts/provision-host.sh does)` }),
+    });
+  } catch {
+    /* a kernel without per-namespace socket tables */
+  }
+
   const docker = await new DockerEngine().ping();
   checks.push({
     name: 'docker engine',
