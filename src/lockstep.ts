@@ -4,6 +4,7 @@
  * the HTTP server and the MCP server all call these same methods.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import type net from 'node:net';
 import { createHash } from 'node:crypto';
 import { Catalog } from './catalog/catalog.js';
@@ -391,10 +392,26 @@ export class Lockstep {
 /**
  * The sandboxes' run folder is a shared mount, so that roots and network
  * namespaces mounted there later also appear in the CRIU service's mount
- * namespace (a slave of the host's).
+ * namespace (a slave of the host's). It is a tmpfs: it holds only mount
+ * points, `/dev` folders and id-mapped views, all of them gone at a reboot,
+ * and on ext4 each fork's dozens of new and deleted inodes went through the
+ * inode allocator's scan for recently deleted ones (about a seventh of the
+ * host's CPU during 16 forks: docs/ARCHITECTURE.md). A folder that is
+ * already shared (this boot's tmpfs, or an earlier version's bind mount with
+ * live sandboxes below it) is kept as it is. A folder that is no mount at
+ * all holds a previous boot's leftovers: with nothing mounted below it,
+ * they are removed first, so nothing stays hidden under the tmpfs.
  */
 function ensureSharedRunFolder(native: NativeBinding, proc: ProcessTable, dir: string): void {
   const propagation = proc.mountPropagation(dir);
   if (propagation === 'shared') return;
-  native.makeSharedMount(dir, propagation === undefined);
+  if (propagation === undefined) {
+    if (proc.mountsUnder(dir).length === 0)
+      for (const name of fs.readdirSync(dir)) fs.rmSync(path.join(dir, name), { recursive: true, force: true });
+    native.mountTmpfs(dir, `mode=0700,size=${RUN_FOLDER_BYTES}`);
+  }
+  native.makeSharedMount(dir, false);
 }
+
+/** The sandboxes' run folder's size: inodes only (folders, device nodes, links), a few KiB a sandbox. */
+const RUN_FOLDER_BYTES = 64 << 20;

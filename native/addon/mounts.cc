@@ -121,6 +121,18 @@ static Napi::Value MakeSharedMount(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// mountTmpfs(path, options): a tmpfs on path (nosuid), with mount options
+// such as "mode=0700,size=64m".
+static Napi::Value MountTmpfs(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string path = StringArg(info, 0, "path");
+  std::string options = StringArg(info, 1, "options");
+  if (::mount("tmpfs", path.c_str(), "tmpfs", MS_NOSUID, options.c_str()) != 0) {
+    ThrowSystemError(env, errno, "mount(tmpfs)", path);
+  }
+  return env.Undefined();
+}
+
 namespace {
 
 // A user namespace whose ids 0..count-1 are host ids base..base+count-1,
@@ -268,6 +280,7 @@ void InitMounts(Napi::Env env, Napi::Object exports) {
   exports.Set("makeDevFolder", Napi::Function::New(env, MakeDevFolder));
   exports.Set("idmappedMounts", Napi::Function::New(env, IdmappedMounts));
   exports.Set("makeSharedMount", Napi::Function::New(env, MakeSharedMount));
+  exports.Set("mountTmpfs", Napi::Function::New(env, MountTmpfs));
   exports.Set("mountOverlay", Napi::Function::New(env, MountOverlay));
   exports.Set("unmount", Napi::Function::New(env, Unmount));
   exports.Set("filesystemType", Napi::Function::New(env, FilesystemType));

@@ -111,6 +111,8 @@ export interface NativeBinding {
    */
   cloneFolder(src: string, dest: string, gid: number, mode: number): Promise<void>;
   makeSharedMount(path: string, bind?: boolean): void;
+  /** A tmpfs on path (nosuid), with mount options such as "mode=0700,size=64m". */
+  mountTmpfs(path: string, options: string): void;
   filesystemType(path: string): number;
   /** The btrfs verbs and syncfs run on libuv's pool (they can take a while under load). */
   subvolumeCreate(path: string): Promise<void>;

@@ -275,6 +275,9 @@ export class FakeHost {
       makeSharedMount: (p: string) => {
         this.mounts.add(p);
       },
+      mountTmpfs: (p: string) => {
+        this.record(`native.mountTmpfs ${p}`);
+      },
       flock: () => true,
       criuCgroupModes: { ignore: 0, none: 1, props: 2, soft: 3, full: 4, strict: 5 },
       criuNetworkLocks: { iptables: 1, nftables: 2, skip: 3 },
