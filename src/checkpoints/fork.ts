@@ -59,20 +59,25 @@ async function forkOne(
     id_base: null,
     net_slot: null,
   };
-  catalog.tx(() => {
-    // A fork of a sandbox with a user namespace gets a range of its own.
-    if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
-    // An egress fork gets an address of its own and a copy of the policy under it.
-    if (parent.net_slot != null) child.net_slot = freeSlot(catalog, engine.config.networkRange);
-    catalog.insertSandbox(child);
-    catalog.beginOperation({
-      id: opId,
-      kind: 'fork',
-      sandbox_id: id,
-      phase: 'started',
-      payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
-    });
-  });
+  // Not fsynced: a host crash that loses this row also ends everything made
+  // for the fork, and the reaper removes what is left as orphans (unknown
+  // instance keys); the fsynced commit below carries it to disk.
+  catalog.unsynced(() =>
+    catalog.tx(() => {
+      // A fork of a sandbox with a user namespace gets a range of its own.
+      if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
+      // An egress fork gets an address of its own and a copy of the policy under it.
+      if (parent.net_slot != null) child.net_slot = freeSlot(catalog, engine.config.networkRange);
+      catalog.insertSandbox(child);
+      catalog.beginOperation({
+        id: opId,
+        kind: 'fork',
+        sandbox_id: id,
+        phase: 'started',
+        payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
+      });
+    }),
+  );
   engine.fault('fork:begin');
   try {
     const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));

@@ -147,21 +147,32 @@ async function prepareInstance(
   runtime.prepare(key, limitsOf(like), like.id_base);
   await runtime.prepareForRestore(key);
   step('prepared');
-  await layers.resetUpperTo(key, ckpt.layer_id);
+  // Every instance made here is new (its key was just made): nothing to look for first.
+  await layers.resetUpperTo(key, ckpt.layer_id, { fresh: true });
   if (from !== null)
     await Promise.all(
-      [layers.upperDir(key).upper, layers.shmDir(key)]
-        .filter((dir) => fs.existsSync(dir))
-        .map((dir) => shiftLayerOwners(engine.native, dir, from, like.id_base!)),
+      [layers.upperDir(key).upper, layers.shmDir(key)].map(async (dir) => {
+        // A layer made before /dev/shm existed has no shm folder.
+        if (
+          await fs.promises.access(dir).then(
+            () => true,
+            () => false,
+          )
+        )
+          await shiftLayerOwners(engine.native, dir, from, like.id_base!);
+      }),
     );
-  await runtime.mountRoot({
-    id: key,
-    imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs,
-    runtimeLayer: ckpt.runtime_layer,
-    hostname: like.hostname,
-    diskBytes: like.disk_bytes,
-    idBase: like.id_base,
-  });
+  await runtime.mountRoot(
+    {
+      id: key,
+      imageRootfs: engine.catalog.liveImageOrHidden(ckpt.image).rootfs,
+      runtimeLayer: ckpt.runtime_layer,
+      hostname: like.hostname,
+      diskBytes: like.disk_bytes,
+      idBase: like.id_base,
+    },
+    { fresh: true },
+  );
   step('layer-ready');
   return prepareRestoredNetwork(engine, key, like, { standby: opts.standby ?? false });
 }

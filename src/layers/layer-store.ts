@@ -139,20 +139,22 @@ export class LayerStore {
    * from inside the restored user namespace, and no other host user may
    * reach the world-writable folder in it.
    */
-  prepareShm(sandboxId: string, owner: number | null): void {
+  async prepareShm(sandboxId: string, owner: number | null): Promise<void> {
+    // On libuv's pool: a btrfs metadata call waits while another fork's
+    // snapshot commits, and the event loop drives every fork at once.
     const base = this.paths.upper(sandboxId);
     const shm = this.shmDir(sandboxId);
-    fs.chownSync(base, 0, owner ?? 0);
-    fs.chmodSync(base, owner === null ? 0o700 : 0o750);
+    await fs.promises.chown(base, 0, owner ?? 0);
+    await fs.promises.chmod(base, owner === null ? 0o700 : 0o750);
     try {
-      fs.mkdirSync(shm, { mode: 0o1777 });
+      await fs.promises.mkdir(shm, { mode: 0o1777 });
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
     }
-    const st = fs.lstatSync(shm);
+    const st = await fs.promises.lstat(shm);
     if (!st.isDirectory()) throw new Error(`${shm} is not a directory`);
-    fs.chownSync(shm, owner ?? 0, owner ?? 0);
-    fs.chmodSync(shm, 0o1777);
+    await fs.promises.chown(shm, owner ?? 0, owner ?? 0);
+    await fs.promises.chmod(shm, 0o1777);
   }
 
   /** A new, empty writable layer for a sandbox; `owner`: host id of the sandbox's root (user namespaces). */
@@ -242,10 +244,11 @@ export class LayerStore {
    * so that overlayfs can make its work directory in a full layer, and set
    * again by setQuota once the overlay is mounted.
    */
-  async resetUpperTo(sandboxId: string, layerId: string): Promise<void> {
+  async resetUpperTo(sandboxId: string, layerId: string, opts: { fresh?: boolean } = {}): Promise<void> {
     const upper = this.paths.upper(sandboxId);
-    // A new instance (fork, standby) has none: no job on the pool for it.
-    if (fs.existsSync(upper)) await this.deleteUpper(sandboxId);
+    // A new instance (fork, standby: `fresh`) has none, and is not looked
+    // for: a lookup on the store waits while another fork's snapshot commits.
+    if (!opts.fresh && fs.existsSync(upper)) await this.deleteUpper(sandboxId);
     await wrap('restoring the writable layer', () =>
       native().subvolumeSnapshot(this.paths.layer(layerId), upper, false),
     );

@@ -121,9 +121,11 @@ export class SandboxRuntime {
    * layer holds the sandbox's host ids on disk (its top directory belongs to
    * the sandbox's root).
    */
-  async mountRoot(host: SandboxHost): Promise<void> {
+  async mountRoot(host: SandboxHost, opts: { fresh?: boolean } = {}): Promise<void> {
     const target = this.paths.sandboxRoot(host.id);
-    const mounted = this.proc.mountsUnder(this.paths.sandboxRun(host.id));
+    // A new instance (`fresh`: its key was just made) has nothing mounted yet;
+    // mountinfo grows with every sandbox on the host, so it is not read then.
+    const mounted = opts.fresh ? [] : this.proc.mountsUnder(this.paths.sandboxRun(host.id));
     if (!mounted.includes(target)) {
       const { upper, work } = this.layers.upperDir(host.id);
       try {
@@ -147,7 +149,7 @@ export class SandboxRuntime {
         throw e;
       }
     }
-    this.layers.prepareShm(host.id, host.idBase ?? null);
+    await this.layers.prepareShm(host.id, host.idBase ?? null);
     this.layers.setQuota(host.id, host.diskBytes ?? null);
   }
 

@@ -251,7 +251,9 @@ export class FakeHost {
       sync: async () => this.record('layers.sync'),
       freeBytes: () => Number.MAX_SAFE_INTEGER,
       shmDir: (id) => path.join(paths.uppers, id, 'shm'),
-      prepareShm: (id) => fs.mkdirSync(path.join(paths.uppers, id, 'shm'), { recursive: true }),
+      prepareShm: async (id) => {
+        fs.mkdirSync(path.join(paths.uppers, id, 'shm'), { recursive: true });
+      },
     };
   }
 
