@@ -164,6 +164,15 @@ static int read_start_time(int procfd, unsigned long long *start, char *state) {
  * directory opened in between is that same process; from here on nothing
  * names the init by number (setns takes the pidfd). Any mismatch is
  * reported as ESRCH with syscall "identity": the sandbox is not running. */
+/* Tells a waiting parent (a detached start's gate: see below) that the
+ * exec failed; -1: nobody waits. */
+static void exec_failed(int gate) {
+  if (gate < 0) return;
+  ssize_t n;
+  do n = write(gate, "!", 1);
+  while (n < 0 && errno == EINTR);
+}
+
 static int pin_init(pid_t pid, unsigned long long expected_start, int status_fd, struct pinned_init *out) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d", pid);
@@ -274,16 +283,16 @@ int cmd_enter(const struct opts *o) {
     signal(SIGUSR1, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    int exec_gate = -1;
     if (o->detach) {
       /* Double fork: the grandchild is adopted by the sandbox's init, so it
-       * is part of the process tree that checkpoints capture. */
-      pid_t grandchild = fork();
-      if (grandchild < 0) {
-        report_error_fd(status_fd, errno, "fork", NULL);
-        _exit(125);
-      }
-      if (grandchild > 0) _exit(0);
-      setsid();
+       * is part of the process tree that checkpoints capture. What can fail
+       * before it exists is done here (the working folder, the output
+       * files), and this child waits for its exec through a close-on-exec
+       * pipe: end of file means it runs, a byte means it failed (its reason
+       * is on the status fd) and is reaped here. So a refused start leaves
+       * no process in the sandbox once the helper has exited: the grandchild
+       * is never adopted by the init to die there later. */
       if (chdir(cwd) != 0) {
         report_error_fd(status_fd, errno, "chdir", cwd);
         _exit(125);
@@ -301,12 +310,36 @@ int cmd_enter(const struct opts *o) {
         report_error_fd(status_fd, errno, "open", in < 0 ? "/dev/null" : errp);
         _exit(125);
       }
+      int gate[2];
+      if (pipe2(gate, O_CLOEXEC) != 0) {
+        report_error_fd(status_fd, errno, "pipe2", NULL);
+        _exit(125);
+      }
+      pid_t grandchild = fork();
+      if (grandchild < 0) {
+        report_error_fd(status_fd, errno, "fork", NULL);
+        _exit(125);
+      }
+      if (grandchild > 0) {
+        close(gate[1]);
+        char failed;
+        ssize_t n;
+        do n = read(gate[0], &failed, 1);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0) _exit(0);
+        while (waitpid(grandchild, NULL, 0) < 0 && errno == EINTR) {
+        }
+        _exit(125);
+      }
+      close(gate[0]);
+      setsid();
       dup2(in, 0);
       dup2(out, 1);
       dup2(err, 2);
-      /* Nothing from the host may stay open, except the status fd, which is
-       * close-on-exec. */
-      close_fds_except(status_fd);
+      /* Nothing from the host may stay open, except the status fd and the
+       * gate, both close-on-exec. */
+      close_fds_except_two(status_fd, gate[1]);
+      exec_gate = gate[1];
       writef(status_fd, "{\"nsPid\":%d}\n", getpid());
     } else {
       setpgid(0, 0);
@@ -326,11 +359,14 @@ int cmd_enter(const struct opts *o) {
     const char *failed = NULL;
     if (confine_process(&failed) != 0) {
       report_error_fd(status_fd, errno, failed, NULL);
+      exec_failed(exec_gate);
       _exit(125);
     }
     exec_in_path(o->argv, envp);
-    report_error_fd(status_fd, errno, "execve", o->argv[0]);
-    _exit(errno == ENOENT ? 127 : 126);
+    int exec_errno = errno;
+    report_error_fd(status_fd, exec_errno, "execve", o->argv[0]);
+    exec_failed(exec_gate);
+    _exit(exec_errno == ENOENT ? 127 : 126);
   }
   fg_child = child;
   setpgid(child, child);

@@ -58,6 +58,7 @@ int drop_capabilities(void);
 int close_fds_from(int lowfd);
 /* Closes every fd from 3 up, except keep (-1: none). */
 void close_fds_except(int keep);
+void close_fds_except_two(int a, int b);
 /* Marks every fd from lowfd up close-on-exec. */
 void cloexec_fds_from(int lowfd);
 /* execve with a PATH search that uses envp's PATH; returns with errno set on failure. */

@@ -105,17 +105,26 @@ int close_fds_from(int lowfd) {
   return 0;
 }
 
-/* Closes every fd from 3 up, except `keep` (-1: none). No host fd may reach
- * a sandbox: it would be a way out, and CRIU could not dump it. */
-void close_fds_except(int keep) {
-  if (keep < 3) {
-    close_fds_from(3);
-    return;
-  }
-  if (keep > 3 && syscall(SYS_close_range, 3, keep - 1, 0) != 0)
-    for (int fd = 3; fd < keep; fd++) close(fd);
-  close_fds_from(keep + 1);
+static void close_span(int lo, int hi) {
+  if (syscall(SYS_close_range, lo, hi, 0) != 0)
+    for (int fd = lo; fd <= hi; fd++) close(fd);
 }
+
+/* Closes every fd from 3 up, except `a` and `b` (-1: none; they may be the
+ * same). No host fd may reach a sandbox: it would be a way out, and CRIU
+ * could not dump it. */
+void close_fds_except_two(int a, int b) {
+  int keep[2] = {a < b ? a : b, a < b ? b : a};
+  int from = 3;
+  for (int i = 0; i < 2; i++) {
+    if (keep[i] < from) continue;
+    if (keep[i] > from) close_span(from, keep[i] - 1);
+    from = keep[i] + 1;
+  }
+  close_fds_from(from);
+}
+
+void close_fds_except(int keep) { close_fds_except_two(keep, keep); }
 
 /* Marks every fd from 3 up close-on-exec (the foreground command must not
  * inherit the manager's descriptors, but we still report errors until exec). */

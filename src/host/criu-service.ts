@@ -257,12 +257,18 @@ function servicePid(socket: string): number | undefined {
 }
 
 /**
- * Processes with the `criu service` argv for socket whose parent is the
- * supervisor, other than the service: forks of a worker that died, which
- * hold its end of the RPC socket.
+ * CRIU processes whose parent is the supervisor, other than the `criu
+ * service` listening on socket: forks of a worker that died, which hold its
+ * end of the RPC socket. They are known by their executable (the service's:
+ * CRIU runs through the private prefix's loader), not their argv: a restore
+ * rewrites its title in place ("criu: restore --rpc"), and such orphans were
+ * missed (faults-criu-killed hung 15 min in a fresh-clone run). A live
+ * worker's forks are the worker's children; restored tasks have their own
+ * executable back by the time the worker hands them over.
  */
 function criuOrphans(supervisor: number, socket: string): number[] {
-  const forks = childrenOf(supervisor).filter((p) => {
+  const children = childrenOf(supervisor);
+  const services = children.filter((p) => {
     try {
       const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
       return argv.includes('service') && argv.includes(socket);
@@ -270,11 +276,20 @@ function criuOrphans(supervisor: number, socket: string): number[] {
       return false;
     }
   });
-  if (forks.length < 2) return [];
+  if (services.length === 0) return [];
   // The service is the oldest: every other one was forked from it, later.
-  const started = forks.map((p) => ({ p, at: startTime(p) ?? Infinity }));
-  const service = started.reduce((a, b) => (b.at < a.at ? b : a)).p;
-  return forks.filter((p) => p !== service);
+  const service = services.map((p) => ({ p, at: startTime(p) ?? Infinity })).reduce((a, b) => (b.at < a.at ? b : a)).p;
+  const exe = exeOf(service);
+  if (exe === undefined) return [];
+  return children.filter((p) => p !== service && exeOf(p) === exe);
+}
+
+function exeOf(pid: number): string | undefined {
+  try {
+    return fs.readlinkSync(`/proc/${pid}/exe`);
+  } catch {
+    return undefined;
+  }
 }
 
 function childrenOf(pid: number): number[] {

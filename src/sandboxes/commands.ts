@@ -310,7 +310,10 @@ export function spawnDetached(target: EnterTarget, argv: string[], opts: SpawnOp
   child.stderr!.on('data', (b: Buffer) => (stderr += b.toString('utf8')));
   return new Promise((resolve, reject) => {
     child.on('error', reject);
-    (child.stdio[STATUS_FD] as Readable).on('close', () => {
+    // Settled once the helper has exited and been reaped, not when its status
+    // pipe closes: the helper is in the sandbox's cgroup until then, and a
+    // refused start must leave no process there (enter.c reaps its own).
+    child.on('close', () => {
       const lines = status.split('\n').filter(Boolean);
       const failure = lines.map(parseErrorLine).find(Boolean);
       if (failure) {

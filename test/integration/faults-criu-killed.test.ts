@@ -44,20 +44,22 @@ function childrenOf(pid: number): number[] {
 
 type When = 'at once' | 'once the tree is in the cgroup' | 'once the worker has forked';
 
-/** Processes with the service's argv other than the service itself: forks of a worker that died. */
-function strayCriuForks(socket: string, service: number): number[] {
-  return fs
-    .readdirSync('/proc')
-    .filter((p) => {
-      if (!/^\d+$/.test(p) || Number(p) === service) return false;
-      try {
-        const argv = fs.readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0');
-        return argv.includes('service') && argv.includes(socket);
-      } catch {
-        return false;
-      }
-    })
-    .map(Number);
+/**
+ * CRIU processes the supervisor adopted, other than the service itself:
+ * forks of a worker that died. Known by the service's executable: a restore
+ * rewrites its argv in place.
+ */
+function strayCriuForks(supervisorPidfile: string, service: number): number[] {
+  const exe = fs.readlinkSync(`/proc/${service}/exe`);
+  const supervisor = Number(fs.readFileSync(supervisorPidfile, 'utf8').trim());
+  return childrenOf(supervisor).filter((p) => {
+    if (p === service) return false;
+    try {
+      return fs.readlinkSync(`/proc/${p}/exe`) === exe;
+    } catch {
+      return false;
+    }
+  });
 }
 
 integration(test, () => {
@@ -225,7 +227,7 @@ integration(test, () => {
       t.like(result, { ok: false, error: { code: 'CRIU_RESTORE_FAILED' } });
       t.is(killed.length, 1);
       t.deepEqual(hostState(ls), before, 'no sandbox row, upper, run folder, mount or cgroup left');
-      t.deepEqual(strayCriuForks(ls.engine.paths.criuSocket, service), []);
+      t.deepEqual(strayCriuForks(ls.engine.paths.supervisorPidfile, service), []);
 
       const [again] = await sb.fork(ckpt.id, { count: 1 });
       t.true(again!.ok);
