@@ -112,8 +112,8 @@ export async function restoreNewInstance(
     const veth = await prepareInstance(engine, key, like, ckpt, step, null, opts);
     return engine.criu.restore(restoreOptions(engine, key, paths.processImage(ckpt.id), like.id_base, veth));
   }
+  // The key was just made: nothing can be there yet.
   const images = path.join(paths.scratch, `images-${key}`);
-  fs.rmSync(images, { recursive: true, force: true });
   try {
     // Both run to their end before either's failure is thrown: the caller's
     // clean-up must not race a preparation still making the layer or mounts.
@@ -125,7 +125,9 @@ export async function restoreNewInstance(
     if (copied.status === 'rejected') throw copied.reason;
     return await engine.criu.restore(restoreOptions(engine, key, copied.value, like.id_base, prepared.value));
   } finally {
-    fs.rmSync(images, { recursive: true, force: true });
+    // On libuv's pool: a few dozen unlinks on the store, each able to wait
+    // for another fork's snapshot to commit, would stall every fork's event loop.
+    await fs.promises.rm(images, { recursive: true, force: true });
   }
 }
 
