@@ -134,11 +134,13 @@ export class CriuService implements CriuClient {
   async restore(request: CriuRestoreRequest & { workDirOwner?: number }): Promise<number> {
     const { workDirOwner, ...req } = request;
     const logFile = req.logFile ?? 'restore.log';
-    const workDir = fs.mkdtempSync(path.join(this.paths.scratch, 'restore-'));
+    // On libuv's pool, like its removal below: the store's metadata calls can
+    // wait for another fork's snapshot to commit, and forks run side by side.
+    const workDir = await fs.promises.mkdtemp(path.join(this.paths.scratch, 'restore-'));
     // A tree restored into a user namespace works in it as its own root.
     if (workDirOwner !== undefined) {
-      fs.chownSync(workDir, 0, workDirOwner);
-      fs.chmodSync(workDir, 0o770);
+      await fs.promises.chown(workDir, 0, workDirOwner);
+      await fs.promises.chmod(workDir, 0o770);
     }
     const watch = req.cgroupProcs?.[0] ? this.watchForOrphans(req.cgroupProcs[0]) : undefined;
     try {
@@ -153,7 +155,7 @@ export class CriuService implements CriuClient {
       );
     } finally {
       watch?.stop();
-      if (!this.options.keepCriuLogs) fs.rmSync(workDir, { recursive: true, force: true });
+      if (!this.options.keepCriuLogs) await fs.promises.rm(workDir, { recursive: true, force: true });
     }
   }
 
