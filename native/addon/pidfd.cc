@@ -20,7 +20,9 @@ static Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
   int pid = IntArg(info, 0, "pid");
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0) {
-    ThrowSystemError(env, errno, "pidfd_open", "/proc/" + std::to_string(pid));
+    // Every way of finding no such process is ESRCH to the caller.
+    int err = PidfdOpenFoundNoProcess(errno) ? ESRCH : errno;
+    ThrowSystemError(env, err, "pidfd_open", "/proc/" + std::to_string(pid));
     return env.Undefined();
   }
   return Napi::Number::New(env, fd);

@@ -107,7 +107,7 @@ class PidWatcher : public Napi::ObjectWrap<PidWatcher> {
     if (pid <= 0) return env.Null();
     UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     if (!pidfd.valid()) {
-      if (errno == ESRCH) return env.Null();
+      if (PidfdOpenFoundNoProcess(errno)) return env.Null();
       ThrowSystemError(env, errno, "pidfd_open");
       return env.Undefined();
     }

@@ -30,6 +30,12 @@ inline const char* ErrnoName(int err) {
 #endif
 }
 
+// pidfd_open failed because the pid names no live thread-group leader: no
+// such process (ESRCH; ENOENT once it has been reaped on recent kernels, as
+// CI met on 6.18 for a host process exiting at that moment), or not a
+// thread-group leader (EINVAL). The helper's pin_init says the same.
+inline bool PidfdOpenFoundNoProcess(int err) { return err == ESRCH || err == ENOENT || err == EINVAL; }
+
 inline Napi::Error MakeSystemError(Napi::Env env, const SystemFailure& f) {
   std::string msg = f.syscall;
   if (f.err != 0) {
