@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -208,6 +209,37 @@ static int pin_init(pid_t pid, unsigned long long expected_start, int status_fd,
   return 0;
 }
 
+/* The helper sits in the sandbox's memory cgroup with the command it
+ * relays, and a sandbox that runs out of memory must not have the kernel
+ * pick the helper: the command's output and exit status would be lost (the
+ * limits test saw a killed helper turn exit 137 into 128). Without
+ * CAP_SYS_RESOURCE a process may not lower its own oom_score_adj below what
+ * it was given, but it may raise it and lower it back. So the helper raises
+ * its own to SANDBOX_OOM_SCORE_ADJ just before the fork, which the child
+ * (and every process the command starts) inherits, and puts its own back
+ * right after. Returns the helper's own value, or INT_MIN when the file
+ * could not be used (the command then runs with the helper's value). */
+#define SANDBOX_OOM_SCORE_ADJ 500
+static int oom_score_for_child(int fd) {
+  if (fd < 0) return INT_MIN;
+  char buf[16] = {0};
+  ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  if (n <= 0) return INT_MIN;
+  int own = atoi(buf);
+  if (own >= SANDBOX_OOM_SCORE_ADJ) return own;
+  char want[16];
+  int len = snprintf(want, sizeof(want), "%d\n", SANDBOX_OOM_SCORE_ADJ);
+  if (pwrite(fd, want, (size_t)len, 0) != len) return INT_MIN;
+  return own;
+}
+
+static void oom_score_restore(int fd, int own) {
+  if (fd < 0 || own == INT_MIN) return;
+  char buf[16];
+  int len = snprintf(buf, sizeof(buf), "%d\n", own);
+  (void)!pwrite(fd, buf, (size_t)len, 0);
+}
+
 int cmd_enter(const struct opts *o) {
   int status_fd = o->status_fd >= 0 ? o->status_fd : 2;
   if (o->pid <= 0 || o->start == 0 || !o->argv || !o->argv[0]) usage();
@@ -215,6 +247,9 @@ int cmd_enter(const struct opts *o) {
 
   struct pinned_init init;
   if (pin_init(o->pid, o->start, status_fd, &init) != 0) return 125;
+  /* Opened while this is still host root with the host's /proc: written
+   * around the fork below (see oom_score_for_child). */
+  int oomfd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
   int bad = join_cgroups((char **)o->cgroups, o->ncgroups);
   if (bad >= 0) {
     report_error_fd(status_fd, errno, "write(cgroup.procs)", o->cgroups[bad]);
@@ -269,7 +304,9 @@ int cmd_enter(const struct opts *o) {
   signal(SIGPIPE, SIG_IGN);
 
   pid_t parent = getpid();
+  int own_oom_score = oom_score_for_child(oomfd);
   pid_t child = fork(); /* the child is the first process we put in the sandbox's pid namespace */
+  if (child != 0) oom_score_restore(oomfd, own_oom_score);
   if (child < 0) {
     report_error_fd(status_fd, errno, "fork", NULL);
     return 125;

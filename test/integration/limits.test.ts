@@ -114,4 +114,31 @@ integration(test, () => {
     t.is(fits.stdout.trim(), String(200 * 1024 * 1024));
     t.is(ls.engine.cgroups.oomKills(ls.engine.runtime.cgroupName(roomy.id)), 0);
   });
+
+  test.serial(
+    "a sandbox's commands are the OOM killer's first choice, not the helper that relays them (oom_score_adj 500 against the helper's own)",
+    async (t) => {
+      const ls = await openTestLockstep(t);
+      const sb = await ls.create();
+      const own = fs.readFileSync('/proc/self/oom_score_adj', 'utf8').trim();
+      // A foreground command, and what it starts.
+      const r = await sb.commands.run([
+        'sh',
+        '-c',
+        'cat /proc/self/oom_score_adj; sh -c "cat /proc/self/oom_score_adj"',
+      ]);
+      t.is(r.stdout, '500\n500\n');
+      // A detached one.
+      await sb.commands.spawn(['sleep', '300']);
+      const cg = ls.engine.runtime.cgroupName(sb.id);
+      const comm = (pid: number) => fs.readFileSync(`/proc/${pid}/comm`, 'utf8').trim();
+      const sleeper = await eventually(() => ls.engine.cgroups.pids(cg).find((p) => comm(p) === 'sleep'));
+      t.is(fs.readFileSync(`/proc/${sleeper}/oom_score_adj`, 'utf8').trim(), '500');
+      // The helper of a command still running keeps the manager's value.
+      const running = sb.commands.run(['sh', '-c', 'sleep 1']);
+      const helper = await eventually(() => ls.engine.cgroups.pids(cg).find((p) => comm(p) === 'lockstep-helper'));
+      t.is(fs.readFileSync(`/proc/${helper}/oom_score_adj`, 'utf8').trim(), own);
+      t.is((await running).exitCode, 0);
+    },
+  );
 });
