@@ -32,9 +32,13 @@ function othersHolding(file: string): number[] {
 /** This process's children that are not in its user namespace. */
 function childrenInOtherUserns(): number[] {
   const own = fs.readlinkSync('/proc/self/ns/user');
-  const children = fs
-    .readdirSync(`/proc/self/task`)
-    .flatMap((tid) => fs.readFileSync(`/proc/self/task/${tid}/children`, 'utf8').split(' ').filter(Boolean));
+  const children = fs.readdirSync(`/proc/self/task`).flatMap((tid) => {
+    try {
+      return fs.readFileSync(`/proc/self/task/${tid}/children`, 'utf8').split(' ').filter(Boolean);
+    } catch {
+      return []; // a thread of this process that ended meanwhile (one of the addon's own)
+    }
+  });
   return children.map(Number).filter((pid) => {
     try {
       return fs.readlinkSync(`/proc/${pid}/ns/user`) !== own;
