@@ -53,12 +53,11 @@ const WHOLE_FILE_BYTES = 8 << 20;
 
 /** SHA-256 and size of a file's bytes (a link: of what it names). */
 async function hashFile(file: string): Promise<{ size: number; sha256: string }> {
-  const h = createHash('sha256');
   // An incremental image's `parent` link (page-delta.ts): what it names is what counts.
   const st = await fs.promises.lstat(file);
   if (st.isSymbolicLink()) {
     const target = Buffer.from(await fs.promises.readlink(file));
-    return { size: target.length, sha256: h.update(target).digest('hex') };
+    return { size: target.length, sha256: createHash('sha256').update(target).digest('hex') };
   }
   return hashRegularFile(file, st.size);
 }
@@ -144,8 +143,9 @@ export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | nu
  * Throws CheckpointCorruptError, naming the checkpoint and the first file
  * found wrong, unless the checkpoint's layer and process image are exactly
  * what was recorded. The layer is checked first (O(1)); the image is read
- * in full (or found unchanged since it was). A checkpoint taken before checksums were recorded passes (there
- * is nothing to compare with).
+ * in full, or found unchanged since this process last read it. A checkpoint
+ * taken before checksums were recorded passes (there is nothing to compare
+ * with).
  */
 export async function verifyCheckpoint(
   engine: Pick<Engine, 'paths' | 'log' | 'native'>,

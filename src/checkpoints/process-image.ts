@@ -153,15 +153,9 @@ async function prepareInstance(
   await layers.resetUpperTo(key, ckpt.layer_id, { fresh: true });
   if (from !== null)
     await Promise.all(
+      // A layer made before /dev/shm existed has no shm folder.
       [layers.upperDir(key).upper, layers.shmDir(key)].map(async (dir) => {
-        // A layer made before /dev/shm existed has no shm folder.
-        if (
-          await fs.promises.access(dir).then(
-            () => true,
-            () => false,
-          )
-        )
-          await shiftLayerOwners(engine.native, dir, from, like.id_base!);
+        if (await exists(dir)) await shiftLayerOwners(engine.native, dir, from, like.id_base!);
       }),
     );
   await runtime.mountRoot(
@@ -177,4 +171,12 @@ async function prepareInstance(
   );
   step('layer-ready');
   return prepareRestoredNetwork(engine, key, like, { standby: opts.standby ?? false });
+}
+
+/** Whether file exists, asked on libuv's pool (a lookup on the store can wait for a snapshot's commit). */
+function exists(file: string): Promise<boolean> {
+  return fs.promises.access(file).then(
+    () => true,
+    () => false,
+  );
 }
