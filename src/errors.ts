@@ -24,6 +24,8 @@ export const ERROR_CODES = [
   'UNSUPPORTED_MEDIA_TYPE',
   'LIMIT_UNSUPPORTED',
   'QUOTA_EXCEEDED',
+  // Too much in flight at once for one tenant or for the manager (Retry-After says when to try again)
+  'RATE_LIMITED',
   'UNAUTHENTICATED',
   // Not found
   'SANDBOX_NOT_FOUND',
@@ -275,6 +277,25 @@ export class StoreFullError extends LockstepError {
       `${what}: the layer store is full (free room there, e.g. by removing sandboxes or checkpoints)`,
       { cause },
     );
+  }
+}
+
+/**
+ * Refused because too much of one kind is in flight at once, for the caller's
+ * tenant or for the whole manager: `retryAfterS` is when to try again (HTTP's
+ * Retry-After). Nothing was started.
+ */
+export class RateLimitedError extends LockstepError {
+  readonly retryAfterS: number;
+  constructor(what: string, limit: number, scope: 'tenant' | 'manager' | 'sandbox', retryAfterS = 1) {
+    super(
+      'RATE_LIMITED',
+      `Too many ${what} in flight for this ${scope} (at most ${limit}); try again in ${retryAfterS} s`,
+      {
+        details: { what, limit, scope, retryAfterS },
+      },
+    );
+    this.retryAfterS = retryAfterS;
   }
 }
 

@@ -102,6 +102,7 @@ export const EXIT_CODE = {
   LANGGRAPH_SANDBOX_DIVERGED: EXIT.conflict,
   LANGGRAPH_CONTEXT_MISSING: EXIT.conflict,
   QUOTA_EXCEEDED: EXIT.conflict,
+  RATE_LIMITED: EXIT.conflict,
 
   // 5: the host (not set up, CRIU, the kernel, privileges, the supervisor and helper)
   NOT_ROOT: EXIT.host,

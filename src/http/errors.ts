@@ -40,6 +40,7 @@ export const HTTP_STATUS = {
   // The request is well-formed but names a limit this host cannot enforce.
   LIMIT_UNSUPPORTED: 422,
   QUOTA_EXCEEDED: 429,
+  RATE_LIMITED: 429,
   UNAUTHENTICATED: 401,
 
   SANDBOX_NOT_FOUND: 404,
@@ -362,5 +363,7 @@ export function errorHandler(err: FastifyError, request: FastifyRequest, reply: 
   // Logged on the request's one log line (request-log.ts), with the error itself when internal.
   noteRequestError(request, body.error.code, internal ? err : undefined);
   if (status === 401) reply.header('www-authenticate', 'Bearer realm="lockstep"');
+  const retryAfterS = err instanceof LockstepError ? err.details.retryAfterS : undefined;
+  if (typeof retryAfterS === 'number') reply.header('retry-after', String(Math.max(1, Math.ceil(retryAfterS))));
   void reply.code(status).type('application/json; charset=utf-8').send(body);
 }
