@@ -181,6 +181,67 @@ integration(test, () => {
     },
   );
 
+  test.serial(
+    'no Lockstep credential reaches the sandbox: the port token with the tenant’s bearer token too, a token in Basic or a cookie, over HTTP and an upgrade',
+    async (t) => {
+      const a = api.as(tokenA);
+      const id: string = (await a.post('/v1/sandboxes', { image: 'dev', memoryMb: 256 })).body.id;
+      t.teardown(() => ls.remove(id).catch(() => undefined));
+      await serve(ls.get(id), 8001, 'sandbox-creds');
+      const exposed = await a.post(`/v1/sandboxes/${id}/ports`, { port: 8001 });
+      t.is(exposed.status, 201, exposed.text);
+      const { url, token, path: p } = exposed.body as { url: string; token: string; path: string };
+      const basicOf = (user: string, pw: string) => `Basic ${Buffer.from(`${user}:${pw}`).toString('base64')}`;
+
+      // As API clients do: the port token in its header and the tenant's bearer token as well.
+      const both = await proxied(url, { 'x-lockstep-token': token, authorization: `Bearer ${tokenA}` });
+      t.is(both.status, 200, both.text);
+      t.is(both.body.who, 'sandbox-creds');
+      t.is(both.body.headers.authorization, undefined, 'the tenant token is not forwarded');
+      // Another tenant's token, or the exposure's own, in Authorization beside the token query: dropped too.
+      for (const auth of [`Bearer ${tokenB}`, `Bearer ${token}`, basicOf('x', tokenA)]) {
+        const r = await proxied(`${url}?lockstep_token=${token}`, { authorization: auth });
+        t.is(r.status, 200, r.text);
+        t.is(r.body.headers.authorization, undefined, auth.slice(0, 12));
+      }
+      // Cookies: Lockstep's (reserved lockstep* names, or a token as the value) dropped, the application's kept.
+      const cookied = await proxied(url, {
+        'x-lockstep-token': token,
+        cookie: `app=1; lockstep_session=abc; stolen=${tokenA}; theme=dark`,
+      });
+      t.is(cookied.body.headers.cookie, 'app=1; theme=dark');
+      const onlyOurs = await proxied(url, { 'x-lockstep-token': token, cookie: `lockstep=1; t=${token}` });
+      t.is(onlyOurs.body.headers.cookie, undefined);
+      // The application's own Authorization still reaches it.
+      const app = await proxied(url, { 'x-lockstep-token': token, authorization: basicOf('app', 'pw') });
+      t.is(app.body.headers.authorization, basicOf('app', 'pw'));
+
+      // An upgrade with the token, the tenant's bearer token and a Lockstep cookie: the sandbox sees none of them.
+      const upgraded = await new Promise<string>((resolve, reject) => {
+        const s = net.connect({ host: '127.0.0.1', port: Number(new URL(base).port) });
+        let got = '';
+        const timer = setTimeout(() => reject(new Error(`no upgrade answer within 10 s: ${got}`)), 10_000);
+        s.on('data', (d) => {
+          got += d.toString();
+          if (got.includes('\r\n\r\n')) {
+            clearTimeout(timer);
+            s.destroy();
+            resolve(got);
+          }
+        });
+        s.on('error', reject);
+        s.write(
+          `GET ${p}ws HTTP/1.1\r\nHost: x\r\nUpgrade: echo\r\nConnection: Upgrade\r\nX-Lockstep-Token: ${token}\r\n` +
+            `Authorization: Bearer ${tokenA}\r\nCookie: lockstep_s=1; app=2\r\n\r\n`,
+        );
+      });
+      t.regex(upgraded, /^HTTP\/1\.1 101 /);
+      t.regex(upgraded, /X-Saw-Token: no\r\n/);
+      t.regex(upgraded, /X-Saw-Authorization: -\r\n/);
+      t.regex(upgraded, /X-Saw-Cookie: app=2\r\n/);
+    },
+  );
+
   test.serial('bad ports and silent ports are typed errors; nothing is recorded for them', async (t) => {
     const sb = await ls.create({ image: 'dev', memoryMb: 256, tenant: tenantId(ls, 'ports-a') });
     t.teardown(() => sb.kill().catch(() => undefined));

@@ -107,12 +107,65 @@ function upstreamPath(rawUrl: string, url: URL): string {
   return `${slash < 0 ? '/' : below.slice(slash)}${q ? `?${q}` : ''}`;
 }
 
-function forwardedHeaders(req: http.IncomingMessage, p: Presented, prefix: string): http.OutgoingHttpHeaders {
+/** A Lockstep token anywhere in a value: a tenant's (lst_) or an exposure's (lsp_). */
+const LOCKSTEP_TOKEN = /ls[tp]_[A-Za-z0-9_-]{8,}/;
+
+/**
+ * Whether a header the client sent carries a Lockstep credential, in any
+ * form: a tenant's or an exposure's token in the value (Bearer, Basic's
+ * decoded user:password, anything else), or a bearer value that
+ * authenticates as a tenant whatever it looks like. Such a header never
+ * reaches the sandbox, whichever credential admitted the request.
+ */
+function carriesCredential(ctx: ApiContext, value: string): boolean {
+  if (LOCKSTEP_TOKEN.test(value)) return true;
+  const basic = /^Basic[ \t]+([A-Za-z0-9+/=]+)[ \t]*$/i.exec(value)?.[1];
+  if (basic !== undefined && LOCKSTEP_TOKEN.test(Buffer.from(basic, 'base64').toString('latin1'))) return true;
+  const bearer = /^Bearer[ \t]+([^\s]+)[ \t]*$/i.exec(value)?.[1];
+  return bearer !== undefined && ctx.tenants.authenticate(bearer) !== undefined;
+}
+
+/**
+ * The Cookie header without Lockstep's own: a cookie named lockstep* (the
+ * API sets none, the name is reserved) or whose value is a Lockstep token.
+ * Undefined when none is left.
+ */
+function cookiesWithoutCredentials(value: string): string | undefined {
+  const kept = value
+    .split(';')
+    .map((c) => c.trim())
+    .filter((c) => c !== '' && !/^lockstep/i.test(c) && !LOCKSTEP_TOKEN.test(c));
+  return kept.length ? kept.join('; ') : undefined;
+}
+
+/**
+ * What of a client's header goes on to the sandbox: undefined to drop it.
+ * Dropped: hop-by-hop headers, the exposure token's header, an
+ * Authorization that admitted the request or carries any Lockstep
+ * credential, and Lockstep's cookies. An application's own Authorization
+ * (Basic with its own password, a bearer of its own) goes through.
+ */
+function forwardedValue(ctx: ApiContext, p: Presented, name: string, value: string): string | undefined {
+  if (HOP_BY_HOP.has(name) || name === TOKEN_HEADER) return undefined;
+  if (name === 'authorization') return p.usedAuthorization || carriesCredential(ctx, value) ? undefined : value;
+  if (name === 'cookie') return cookiesWithoutCredentials(value);
+  return value;
+}
+
+function forwardedHeaders(
+  ctx: ApiContext,
+  req: http.IncomingMessage,
+  p: Presented,
+  prefix: string,
+): http.OutgoingHttpHeaders {
   const out: http.OutgoingHttpHeaders = {};
   for (const [k, v] of Object.entries(req.headers)) {
-    if (v === undefined || HOP_BY_HOP.has(k) || k === TOKEN_HEADER) continue;
-    if (k === 'authorization' && p.usedAuthorization) continue;
-    out[k] = v;
+    if (v === undefined) continue;
+    const kept = Array.isArray(v)
+      ? v.map((one) => forwardedValue(ctx, p, k, one)).filter((one) => one !== undefined)
+      : forwardedValue(ctx, p, k, v);
+    if (kept === undefined || (Array.isArray(kept) && kept.length === 0)) continue;
+    out[k] = kept;
   }
   out['x-forwarded-for'] = req.socket.remoteAddress ?? '';
   out['x-forwarded-prefix'] = prefix;
@@ -196,7 +249,7 @@ export async function proxyRoutes(
       const up = http.request({
         method: req.method,
         path: upstreamPath(req.raw.url ?? '/', url),
-        headers: forwardedHeaders(req.raw, p, `/ports/${params.exposure}`),
+        headers: forwardedHeaders(ctx, req.raw, p, `/ports/${params.exposure}`),
         createConnection: () => socket,
         maxHeaderSize: MAX_ANSWER_HEAD_BYTES,
       });
@@ -308,9 +361,11 @@ async function upgrade(ctx: ApiContext, req: http.IncomingMessage, client: Duple
   const lines = [`${req.method ?? 'GET'} ${upstreamPath(req.url ?? '/', url)} HTTP/1.1`];
   for (let i = 0; i < req.rawHeaders.length; i += 2) {
     const k = req.rawHeaders[i]!;
+    const kept = forwardedValue(ctx, p, k.toLowerCase(), req.rawHeaders[i + 1]!);
+    // Hop-by-hop headers are the upgrade's own here: Connection and Upgrade go through.
     const lk = k.toLowerCase();
-    if (lk === TOKEN_HEADER || (lk === 'authorization' && p.usedAuthorization)) continue;
-    lines.push(`${k}: ${req.rawHeaders[i + 1]}`);
+    if (kept !== undefined) lines.push(`${k}: ${kept}`);
+    else if (HOP_BY_HOP.has(lk)) lines.push(`${k}: ${req.rawHeaders[i + 1]}`);
   }
   const end = () => {
     socket.destroy();
