@@ -93,6 +93,11 @@ export class SandboxResolver {
   /** Queries refused at once (rate or in-flight bound), for tests and logs. */
   refused = 0;
 
+  /** Forwarded queries in flight, for one sandbox address or in total. */
+  inFlightCount(address?: string): number {
+    return this.inFlight.inFlight(address);
+  }
+
   constructor(
     private readonly network: HostNetwork,
     private readonly upstream: () => string | undefined,
