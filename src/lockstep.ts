@@ -234,7 +234,7 @@ export class Lockstep {
     // already stopped the ones that died while no manager was open).
     for (const row of catalog.allSandboxes()) {
       engine.inits.track(row);
-      if (row.state === 'running') dns.open(row);
+      if (row.state === 'running') void dns.open(row);
     }
     const ls = new Lockstep(engine, lockFd, reaped);
     if (exclusive) await ls.sweepExpired();
@@ -349,7 +349,8 @@ export class Lockstep {
     this.closed = true;
     await this.engine.inits.close();
     await this.engine.drainLocks(); // background standby work needs the catalog
-    this.engine.dns.closeAll();
+    await this.engine.dns.closeAll();
+    this.engine.network.close();
     this.engine.catalog.close();
     if (this.lockFd !== null) {
       fs.closeSync(this.lockFd);

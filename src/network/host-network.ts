@@ -26,9 +26,12 @@ import {
   deleteUploadLimitsScript,
   parseAllowSet,
   parseUploadLimits,
+  resolverElementScript,
   rulesetScript,
   type AllowElement,
 } from './nftables.js';
+import { ElementBatcher } from './learned.js';
+import { NftSession } from './nft-session.js';
 import type { NetworkPolicy } from './policy.js';
 
 export interface NetworkSettings {
@@ -95,6 +98,9 @@ export class HostNetwork {
   private ready: Promise<void> | undefined;
   readonly table: string;
   readonly ifPrefix: string;
+  /** The one nft the resolver's changes go through (started on first use). */
+  readonly session: NftSession;
+  private readonly learnedBatches: ElementBatcher;
 
   constructor(
     readonly settings: NetworkSettings,
@@ -103,9 +109,17 @@ export class HostNetwork {
     /** Written when the table is first made: the reaper and destroyAll run nft only when it exists. */
     readonly markerFile: string,
     private readonly run: ToolRunner = runTool,
+    session?: NftSession,
   ) {
     this.table = `lockstep_${homeTag}`;
     this.ifPrefix = `lh${homeTag.slice(0, 3)}`;
+    this.session = session ?? new NftSession();
+    this.learnedBatches = new ElementBatcher((elements) => this.session.apply(addElementsScript(this.table, elements)));
+  }
+
+  /** Ends the long-lived nft (manager close); changes still pending fail. */
+  close(): void {
+    this.session.close();
   }
 
   /** Host and sandbox side names of an instance's veth pair. */
@@ -229,10 +243,19 @@ export class HostNetwork {
     return parseUploadLimits(out);
   }
 
-  /** Adds elements the resolver learned (with their timeouts). */
-  async addLearned(elements: AllowElement[]): Promise<void> {
-    const script = addElementsScript(this.table, elements);
-    if (script) await this.run('nft', ['-f', '-'], script);
+  /**
+   * Adds elements the resolver learned (with their timeouts): gathered with
+   * the other answers of the same few ms into one transaction of the
+   * long-lived nft. Resolves when they are in.
+   */
+  addLearned(elements: readonly AllowElement[]): Promise<void> {
+    return this.learnedBatches.add(elements);
+  }
+
+  /** Opens or closes UDP 53 on the gateway of the sandbox at `address` (its resolver bound or closed). */
+  async setResolver(address: string, open: boolean): Promise<void> {
+    await this.ensureHost();
+    await this.session.apply(resolverElementScript(this.table, address, open));
   }
 
   /** Every allow element of the table. */
@@ -244,10 +267,14 @@ export class HostNetwork {
   /** Removes every allow element of the given sandbox addresses (remove, failed create, the reaper). */
   async removePolicies(addresses: ReadonlySet<string>): Promise<number> {
     if (addresses.size === 0 || !(await this.tableExists())) return 0;
+    await this.ensureHost(); // a table an older manager made may lack dns4
     const mine = (await this.listAllow()).filter((e) => addresses.has(e.sandbox));
     const capped = (await this.uploadLimited().catch(() => [] as string[])).filter((a) => addresses.has(a));
-    const script = deleteElementsScript(this.table, mine) + deleteUploadLimitsScript(this.table, capped);
-    if (script) await this.run('nft', ['-f', '-'], script);
+    const script =
+      deleteElementsScript(this.table, mine) +
+      deleteUploadLimitsScript(this.table, capped) +
+      [...addresses].map((a) => resolverElementScript(this.table, a, false)).join('');
+    await this.run('nft', ['-f', '-'], script);
     return mine.length;
   }
 

@@ -12,15 +12,24 @@
  * - chains that, for packets entering from a sandbox's host-side veth, drop
  *   IPv6, drop spoofed sources (reverse-path lookup: a source address must
  *   route back out of the interface it came in on, and may not be one of
- *   the host's), refuse everything addressed to the host itself except DNS
- *   to the sandbox's own gateway, then let through only `allow4` after
+ *   the host's), refuse everything addressed to the host itself except
+ *   UDP DNS to the sandbox's own gateway while a resolver serves it (see
+ *   `dns4`), then let through only `allow4` after
  *   `deny4`; new connections into a sandbox are dropped (exposed ports are
  *   proxied by the manager from the host, whose output only root may send);
  *   sandbox traffic leaving for the outside is masqueraded;
+ * - `dns4`: sandbox addresses whose resolver is open (dns.ts adds one when
+ *   it binds the sandbox's gateway:53, removes it when it closes). UDP 53 to
+ *   the gateway is accepted only for those, and only when the socket it
+ *   reaches is bound to the gateway address itself (`socket wildcard 0`):
+ *   a host resolver on all addresses is never reachable, nor one left
+ *   bound after a manager died, and TCP 53 is refused always (the
+ *   resolver speaks UDP only);
  * - `uplimit`: sandbox address → a named `limit` object (`up_<address>`),
- *   the cap on what a sandbox with `bandwidthMbit` sends (tc's ingress
- *   policer needs a classifier, which kernels without cls_* modules lack;
- *   what it receives is capped by tbf on the host side, a qdisc).
+ *   the cap on what a sandbox with `bandwidthMbit` sends, to the outside
+ *   and to its gateway (DNS) alike (tc's ingress policer needs a
+ *   classifier, which kernels without cls_* modules lack; what it receives
+ *   is capped by tbf on the host side, a qdisc).
  * The ruleset text is pure (unit-tested); applying it is HostNetwork's job.
  */
 import { parseCidr } from './policy.js';
@@ -57,6 +66,7 @@ export function rulesetScript(r: RulesetInput): string {
 add set ${t} deny4 { type ipv4_addr; flags interval; auto-merge; }
 add set ${t} allow4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval, timeout; }
 add map ${t} uplimit { type ipv4_addr : limit; }
+add set ${t} dns4 { type ipv4_addr; }
 add chain ${t} forward { type filter hook forward priority filter - 5; policy accept; }
 add chain ${t} input { type filter hook input priority filter - 5; policy accept; }
 add chain ${t} output { type filter hook output priority filter - 5; policy accept; }
@@ -91,9 +101,9 @@ add rule ${t} to_sandbox ct state established,related accept
 add rule ${t} to_sandbox drop
 add rule ${t} input iifname ${ifs} jump sandbox_to_host
 add rule ${t} sandbox_to_host jump antispoof
+add rule ${t} sandbox_to_host limit name ip saddr map @uplimit drop
 add rule ${t} sandbox_to_host ct state established,related accept
-add rule ${t} sandbox_to_host udp dport 53 fib daddr . iif type local accept
-add rule ${t} sandbox_to_host tcp dport 53 fib daddr . iif type local accept
+add rule ${t} sandbox_to_host ip saddr @dns4 udp dport 53 fib daddr . iif type local socket wildcard 0 accept
 add rule ${t} sandbox_to_host reject with icmpx admin-prohibited
 add rule ${t} output oifname ${ifs} meta skuid != 0 reject with icmpx admin-prohibited
 add rule ${t} postrouting ip saddr ${parseCidr(r.range)!.text} oifname != ${ifs} masquerade
@@ -120,6 +130,16 @@ function elementText(e: AllowElement, withTimeout: boolean): string {
 export function addElementsScript(table: string, elements: readonly AllowElement[]): string {
   if (elements.length === 0) return '';
   return `add element inet ${table} allow4 { ${elements.map((e) => elementText(e, true)).join(', ')} }\n`;
+}
+
+/**
+ * Opens (or closes) UDP 53 on the gateway for a sandbox address. The close
+ * adds before it deletes, in the same transaction, so it succeeds whether
+ * or not the element was there (nft 1.0.6 has no `destroy`).
+ */
+export function resolverElementScript(table: string, address: string, open: boolean): string {
+  const add = `add element inet ${table} dns4 { ${address} }`;
+  return open ? `${add}\n` : `${add}\ndelete element inet ${table} dns4 { ${address} }\n`;
 }
 
 export function deleteElementsScript(table: string, elements: readonly AllowElement[]): string {

@@ -18,7 +18,7 @@ export async function attachNewSandbox(engine: Engine, row: SandboxRow, pid: num
   const veth = await engine.network.addLinks(row.instance, row.net_slot, policy, { up: true });
   await engine.native.attachVeth(pid, veth);
   await engine.network.addPolicy(row.net_slot, policy);
-  engine.dns.open(row);
+  await engine.dns.open(row);
   await pointResolverAt(engine, row);
 }
 
@@ -63,7 +63,7 @@ export async function addForkPolicy(engine: Engine, child: SandboxRow): Promise<
   const policy = policyOf(child.network ?? null);
   if (!policy || child.net_slot == null) return;
   await engine.network.addPolicy(child.net_slot, policy);
-  engine.dns.open(child);
+  await engine.dns.open(child);
   await pointResolverAt(engine, child);
 }
 
@@ -85,6 +85,6 @@ export async function forgetNetwork(
   row: Pick<SandboxRow, 'id' | 'network' | 'net_slot'>,
 ): Promise<void> {
   if (row.net_slot == null) return;
-  engine.dns.close(row.id);
+  await engine.dns.close(row.id);
   await engine.network.removePolicies(new Set([engine.network.addresses(row.net_slot).address]));
 }
