@@ -17,6 +17,7 @@ import type { AgentState } from './agent-state/agent-state.js';
 import type { LockstepConfig } from './config.js';
 import type { Clock, CriuClient, HelperClient, LayerPort, NativeBinding, ProcessTable } from './ports.js';
 import { InvalidStateError } from './errors.js';
+import type { Admission } from './admission.js';
 import type { HostNetwork } from './network/host-network.js';
 import type { SandboxResolver } from './network/dns.js';
 import type { ExposedPorts } from './network/exposed-ports.js';
@@ -46,6 +47,8 @@ export interface Engine {
   dns: SandboxResolver;
   /** Exposed ports: their rows, and connections into sandboxes' namespaces (src/network/exposed-ports.ts). */
   exposures: ExposedPorts;
+  /** Directory listings in flight, per tenant and in total (each reads a whole directory; see dir-page.ts). */
+  listings: Admission;
   /** New sandboxes get a user namespace (OpenOptions.userNamespaces / LOCKSTEP_USERNS, on by default). */
   userNamespaces: boolean;
   /** Serialises operations on one sandbox, within this process and across processes. */

@@ -18,6 +18,8 @@ import { StatePaths } from './paths.js';
 import { SandboxRuntime } from './sandboxes/runtime.js';
 import { InitWatcher } from './sandboxes/init-watcher.js';
 import { SandboxLocks, type Engine } from './engine.js';
+import { Admission } from './admission.js';
+import { LISTING_LIMITS } from './sandboxes/observed-files.js';
 import { envFaultHook, type FaultHook } from './faults.js';
 import { createLogger, type Logger } from './log.js';
 import { assertSupportedPlatform, native as loadNative } from './native/binding.js';
@@ -215,6 +217,7 @@ export class Lockstep {
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       inits: new InitWatcher(catalog, runtime, withSandboxLock, log, (onExit) => new native.PidWatcher(onExit)),
       userNamespaces,
+      listings: new Admission(LISTING_LIMITS),
       network,
       dns,
       exposures: undefined as unknown as ExposedPorts,

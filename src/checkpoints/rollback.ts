@@ -366,7 +366,7 @@ async function agentReport(
   const fresh = engine.catalog.sandbox(row.id)!;
   const files = new SandboxFiles(() => engine.paths.sandboxRoot(fresh.instance));
   const hashes = new Map<string, string | null>();
-  for (const p of engine.agent.verdictPaths(row.id)) hashes.set(p, await files.hash(p).catch(() => null));
+  for (const p of engine.agent.verdictPaths(row.id)) hashes.set(p, await files.verdictHash(p).catch(() => null));
   return engine.agent.report(fresh, ckpt, { ...parts, warnings }, hashes, opts);
 }
 

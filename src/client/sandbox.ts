@@ -11,7 +11,7 @@ import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
 import type { SandboxInfo, ObservedRunResult } from '../sandboxes/sandbox.js';
 import type { CreateOptions } from '../sandboxes/create.js';
-import type { FileEntry } from '../sandboxes/files.js';
+import type { FileEntry, FilePage } from '../sandboxes/files.js';
 import type { OutputChunk, OutputOffsets } from '../sandboxes/background-output.js';
 import { RemotePty } from './pty.js';
 import type { CheckpointInfo } from '../checkpoints/checkpoint.js';
@@ -26,6 +26,9 @@ import type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
 import { errorFromWire, type WireError, ConnectionError, RequestAbortedError } from './errors.js';
 import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
+
+/** The most entries the server returns in one page (LIST_MAX_LIMIT in src/sandboxes/files.ts). */
+const LIST_MAX_LIMIT = 10_000;
 
 /** A sandbox as the API shows it: the library's fields, with the tenant's name and id. */
 export type RemoteSandboxInfo = SandboxInfo & { tenantId: string | null };
@@ -583,17 +586,51 @@ export class RemoteFiles {
     });
   }
 
+  /**
+   * Every entry of a directory, sorted by name: pages through listPage
+   * (LIST_MAX_LIMIT entries a request) and holds them all here. Each page is
+   * recorded as an observation; observationId is the first page's.
+   */
   async list(
     path: string,
     opts: { toolCallId?: string | undefined } & CallOptions = {},
   ): Promise<FileEntry[] & { observationId?: string }> {
-    const r = await this.t.json<{ entries: FileEntry[]; observationId?: string }>({
+    const all: FileEntry[] = [];
+    let observationId: string | undefined;
+    let cursor: string | null = null;
+    do {
+      const page: FilePage & { observationId?: string } = await this.listPage(path, {
+        ...opts,
+        limit: LIST_MAX_LIMIT,
+        cursor,
+      });
+      observationId ??= page.observationId;
+      for (const e of page.entries) all.push(e);
+      cursor = page.nextCursor;
+    } while (cursor !== null);
+    return Object.assign(all, observationId !== undefined ? { observationId } : {});
+  }
+
+  /**
+   * One page of a directory, sorted by name: at most `limit` entries (server
+   * default 1000, at most 10000) after `cursor`, the previous page's
+   * nextCursor; nextCursor is null on the last page.
+   */
+  async listPage(
+    path: string,
+    opts: { toolCallId?: string | undefined; limit?: number; cursor?: string | null } & CallOptions = {},
+  ): Promise<FilePage & { observationId?: string }> {
+    const r = await this.t.json<FilePage & { observationId?: string }>({
       method: 'GET',
       path: this.sandbox.path('/files/list'),
-      query: { path, toolCallId: opts.toolCallId },
+      query: { path, toolCallId: opts.toolCallId, limit: opts.limit?.toString(), cursor: opts.cursor ?? undefined },
       signal: opts.signal,
     });
-    return Object.assign(r.entries, r.observationId !== undefined ? { observationId: r.observationId } : {});
+    return {
+      entries: r.entries,
+      nextCursor: r.nextCursor ?? null,
+      ...(r.observationId !== undefined ? { observationId: r.observationId } : {}),
+    };
   }
 
   async exists(path: string, opts: CallOptions = {}): Promise<boolean> {

@@ -8,7 +8,7 @@ import { InvalidArgumentError } from '../errors.js';
 import type { EffectRecord, EffectStatus, Reversibility } from '../effects/effect-ledger.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import type { Observation } from '../provenance/observations.js';
-import type { Verdict } from '../provenance/verdicts.js';
+import { IDENTITY_HASH_PREFIX, type Verdict } from '../provenance/verdicts.js';
 
 /** What buildRecoverySummary() works from. */
 export interface RecoveryInput {
@@ -163,7 +163,7 @@ function renderText(s: RecoveryStructured): string {
       s.staleVerdicts,
       (v) =>
         `verdict "${v.verdict}" on ${v.path} no longer applies: the file ` +
-        `${v.currentHash === null ? 'is gone' : 'has different content now'}`,
+        `${v.currentHash === null ? 'is gone' : changedHow(v)}`,
     );
   }
 
@@ -228,4 +228,12 @@ function json(v: JsonValue): string {
 function oneLine(s: string): string {
   const t = s.replace(/\s+/g, ' ').trim();
   return t.length > MAX_JSON ? `${t.slice(0, MAX_JSON)}…` : t;
+}
+
+/** How a stale verdict's file changed: files over 64 MiB are compared by identity, not by content. */
+function changedHow(v: { contentHash: string; currentHash: string | null }): string {
+  const byIdentity = [v.contentHash, v.currentHash].some((h) => h?.startsWith(IDENTITY_HASH_PREFIX));
+  return byIdentity
+    ? 'was written or replaced since (over 64 MiB: compared by size, times and inode, not by content)'
+    : 'has different content now';
 }

@@ -7,6 +7,7 @@ import { CONTEXT_FORMATS } from '../context/formats.js';
 import { LIMITS } from '../sandboxes/create.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
 import { MAX_SNAPSHOT_STARTS } from '../snapshots/snapshots.js';
+import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../sandboxes/files.js';
 
 type Schema = Record<string, unknown>;
 
@@ -44,7 +45,9 @@ const STATUS_TEXT: Record<number, string> = {
   422:
     'A requested limit this host cannot enforce (LIMIT_UNSUPPORTED; `field` names it), ' +
     'or a bundle it cannot run or does not trust (SNAPSHOT_INCOMPATIBLE, BUNDLE_UNTRUSTED)',
-  429: 'A tenant quota would be exceeded (QUOTA_EXCEEDED)',
+  429:
+    'A tenant quota would be exceeded (QUOTA_EXCEEDED), or too many of these requests are in flight ' +
+    '(RATE_LIMITED; retry after Retry-After seconds)',
   501: 'No snapshot store is configured on this server (STORE_NOT_CONFIGURED)',
   503: 'The server is shutting down, or the snapshot store cannot be reached (STORE_UNAVAILABLE)',
   507: "A write past the sandbox's disk quota (DISK_QUOTA_EXCEEDED) or a full layer store (DISK_FULL)",
@@ -251,6 +254,16 @@ export const readQuery = pathQuery({
     enum: ['utf8', 'base64'],
     description: 'Default: utf8 when the bytes are valid UTF-8, else base64',
   },
+});
+/** A directory page: entries sorted by name, at most `limit`, after `cursor` (src/sandboxes/dir-page.ts). */
+export const listQuery = pathQuery({
+  // A query string is text (no coercion here): the range is checked by the library.
+  limit: {
+    type: 'string',
+    pattern: '^[1-9][0-9]{0,5}$',
+    description: `Entries in this page (default ${LIST_DEFAULT_LIMIT}, at most ${LIST_MAX_LIMIT})`,
+  },
+  cursor: str(4096, { description: "The previous page's nextCursor: the entries whose names sort after it" }),
 });
 export const existsQuery = obj({ path: str(4096) }, ['path']);
 

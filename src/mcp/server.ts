@@ -24,6 +24,7 @@ import type { CreateOptions } from '../sandboxes/create.js';
 import type { ForkResult } from '../checkpoints/fork.js';
 import { CONTEXT_FORMATS } from '../context/formats.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
+import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../sandboxes/files.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import { contextFromWire, rollbackToWire } from '../wire.js';
@@ -377,14 +378,28 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
   server.registerTool(
     'list_files',
     {
-      description: 'List a directory of the sandbox.',
-      inputSchema: { path: path.default('/workspace'), toolCallId, ...target },
+      description:
+        'List a directory of the sandbox, one page at a time, sorted by name. ' +
+        'When nextCursor is not null, call again with it as cursor for the rest.',
+      inputSchema: {
+        path: path.default('/workspace'),
+        limit: z
+          .number()
+          .int()
+          .min(1)
+          .max(LIST_MAX_LIMIT)
+          .optional()
+          .describe(`Entries in this page (default ${LIST_DEFAULT_LIMIT})`),
+        cursor: z.string().min(1).max(4096).optional().describe("The previous page's nextCursor"),
+        toolCallId,
+        ...target,
+      },
       annotations: hints(true, false, true),
     },
-    ({ path: p, toolCallId: tc, ...a }) =>
+    ({ path: p, limit, cursor, toolCallId: tc, ...a }) =>
       tool(async () => {
-        const entries = await sandbox(a).files.list(p, { toolCallId: tc });
-        return { path: p, entries: [...entries], observationId: entries.observationId };
+        const page = await sandbox(a).files.listPage(p, { limit, cursor, toolCallId: tc });
+        return { path: p, entries: page.entries, nextCursor: page.nextCursor, observationId: page.observationId };
       }),
   );
 

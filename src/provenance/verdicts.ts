@@ -22,6 +22,13 @@ import { memo } from './memo.js';
 
 type Database = BetterSqlite3.Database;
 
+/**
+ * How a verdict's contentHash starts when it is about a file too large to
+ * hash (over VERDICT_HASH_MAX_BYTES, 64 MiB): the file's size, mtime, ctime
+ * and inode stand for its content (SandboxFiles.verdictHash).
+ */
+export const IDENTITY_HASH_PREFIX = 'identity:';
+
 /** What record() needs. */
 export interface VerdictInput {
   sandboxId: string;

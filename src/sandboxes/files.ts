@@ -22,6 +22,8 @@ import { promisify } from 'node:util';
 import { createHash, randomBytes, type Hash } from 'node:crypto';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { native, type OpenedFile } from '../native/binding.js';
+import { readDirPage } from './dir-page.js';
+import { IDENTITY_HASH_PREFIX } from '../provenance/verdicts.js';
 import { InvalidArgumentError, LockstepError, SystemCallError, isNativeError } from '../errors.js';
 
 /** A caller's path would leave the sandbox root. */
@@ -82,6 +84,21 @@ export interface FileEntry {
   mtimeMs: number;
 }
 
+/** Options of listPage. */
+export interface ListPageOptions {
+  /** At most this many entries (default LIST_DEFAULT_LIMIT, at most LIST_MAX_LIMIT). */
+  limit?: number | undefined;
+  /** The previous page's nextCursor: entries whose names sort after it. */
+  cursor?: string | null | undefined;
+}
+
+/** One page of a directory listing. */
+export interface FilePage {
+  entries: FileEntry[];
+  /** Pass as cursor for the next page; null when this page is the last. */
+  nextCursor: string | null;
+}
+
 /** A file being read as a stream. */
 export interface FileReadStream {
   stream: Readable;
@@ -109,6 +126,15 @@ export interface WriteOptions {
 }
 
 const MAX_PATH = 4096;
+
+/** Entries of one listPage when the caller names no limit. */
+export const LIST_DEFAULT_LIMIT = 1000;
+/** The most entries one listPage returns (about 2 MB of JSON). */
+export const LIST_MAX_LIMIT = 10_000;
+/** lstat calls of one listing in flight at once (each is a pool job). */
+const LSTAT_CONCURRENCY = 8;
+/** Files larger than this are bound to verdicts by identity, not by hashing their bytes (verdictHash). */
+export const VERDICT_HASH_MAX_BYTES = 64 * 1024 * 1024;
 /** I/O goes in chunks of this size: no single read or write holds a pool thread long. */
 export const CHUNK_BYTES = 1024 * 1024;
 
@@ -117,6 +143,7 @@ const write = promisify(fs.write);
 const close = promisify(fs.close);
 const fchmod = promisify(fs.fchmod);
 const fchown = promisify(fs.fchown);
+const fstat = promisify(fs.fstat);
 
 /** Validates a sandbox path and returns it relative to the root ("" for "/"). */
 export function sandboxRelative(p: unknown, field = 'path'): string {
@@ -316,19 +343,57 @@ export class SandboxFiles {
     return { stream: hasher, size, done: hasher.done };
   }
 
-  /** Content hash of a file, or null when it does not exist (for bound verdicts). */
+  /** sha256 of a file's content, or null when it does not exist. */
   async hash(p: string): Promise<string | null> {
-    let fd: number;
+    return this.hashUpTo(p, Infinity);
+  }
+
+  /**
+   * What a verdict is bound to, or null when the file does not exist: the
+   * sha256 of its content up to VERDICT_HASH_MAX_BYTES; past that, its
+   * identity (size, mtime, ctime and inode, as `identity:` + their values)
+   * instead of its bytes. Every rollback asks this for every file a verdict
+   * is about: a 40 GB sparse file must cost a stat, not 40 GB of hashing.
+   * The identity changes with any write (ctime cannot be set from inside the
+   * sandbox), so a changed large file is stale; an unchanged one is fresh as
+   * long as the restore keeps its inode and times.
+   */
+  async verdictHash(p: string): Promise<string | null> {
+    return this.hashUpTo(p, VERDICT_HASH_MAX_BYTES);
+  }
+
+  private async hashUpTo(p: string, maxBytes: number): Promise<string | null> {
+    let opened: OpenedFile;
     try {
-      fd = (await this.openChecked(p, fs.constants.O_RDONLY)).fd;
+      opened = await this.openChecked(p, fs.constants.O_RDONLY);
     } catch (e) {
       if (e instanceof FileNotFoundError) return null;
       throw e;
     }
+    const { fd } = opened;
     try {
+      if (opened.size > maxBytes) return await identityOf(fd, p);
+      // Read in chunks on the pool; each chunk is hashed between them, so the
+      // event loop runs on (at most maxBytes of hashing in all).
       const hash = createHash('sha256');
-      await this.drain(fd, p, (b) => hash.update(b));
-      return hash.digest('hex');
+      let bytes = 0;
+      let grew = false;
+      try {
+        for (;;) {
+          const buf = Buffer.allocUnsafe(CHUNK_BYTES);
+          const { bytesRead } = await read(fd, buf, 0, CHUNK_BYTES, null);
+          if (bytesRead === 0) break;
+          bytes += bytesRead;
+          if (bytes > maxBytes) {
+            grew = true; // it grew past the bound while read: judged like any large file
+            break;
+          }
+          hash.update(buf.subarray(0, bytesRead));
+        }
+      } catch (e) {
+        mapError(e, p);
+      }
+      return grew ? await identityOf(fd, p) : hash.digest('hex');
     } finally {
       await closeQuietly(fd);
     }
@@ -443,16 +508,41 @@ export class SandboxFiles {
     }
   }
 
+  /** Every entry of a directory, sorted by name (the caller holds them all; listPage bounds what one call holds). */
   async list(p: string): Promise<FileEntry[]> {
+    return (await this.listEntries(p, Infinity)).entries;
+  }
+
+  /**
+   * One page of a directory, sorted by name: at most `limit` entries
+   * (default LIST_DEFAULT_LIMIT, at most LIST_MAX_LIMIT) after the name
+   * `cursor`. `nextCursor` is the last name of the page when more follow
+   * (pass it as the next call's cursor), else null. See dir-page.ts for why
+   * by name.
+   */
+  async listPage(p: string, opts: ListPageOptions = {}): Promise<FilePage> {
+    const limit = opts.limit ?? LIST_DEFAULT_LIMIT;
+    if (!Number.isInteger(limit) || limit < 1 || limit > LIST_MAX_LIMIT)
+      throw new InvalidArgumentError('limit', `an integer from 1 to ${LIST_MAX_LIMIT}`, opts.limit);
+    const cursor = opts.cursor ?? undefined;
+    if (cursor !== undefined && (typeof cursor !== 'string' || cursor.length === 0 || cursor.length > MAX_PATH))
+      throw new InvalidArgumentError('cursor', 'the nextCursor of the previous page (a name)', cursor);
+    return this.listEntries(p, limit, cursor);
+  }
+
+  private async listEntries(p: string, limit: number, after?: string): Promise<FilePage> {
     const { fd } = await this.openChecked(p, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
     try {
       const base = viaFd(fd);
       const abs = '/' + sandboxRelative(p);
-      const names = (await fs.promises.readdir(base)).sort();
+      const { names, more } = await readDirPage(base, limit, after);
+      const stats = await mapBounded(names, LSTAT_CONCURRENCY, (name) =>
+        fs.promises.lstat(`${base}/${name}`).catch(() => undefined),
+      );
       const entries: FileEntry[] = [];
-      for (const name of names) {
-        const st = await fs.promises.lstat(`${base}/${name}`).catch(() => undefined);
-        if (!st) continue; // removed by the sandbox while we listed
+      names.forEach((name, i) => {
+        const st = stats[i];
+        if (!st) return; // removed by the sandbox while we listed
         const type = st.isFile() ? 'file' : st.isDirectory() ? 'directory' : st.isSymbolicLink() ? 'symlink' : 'other';
         entries.push({
           name,
@@ -462,8 +552,8 @@ export class SandboxFiles {
           mode: st.mode & 0o7777,
           mtimeMs: st.mtimeMs,
         });
-      }
-      return entries;
+      });
+      return { entries, nextCursor: more ? names.at(-1)! : null };
     } catch (e) {
       mapError(e, p);
     } finally {
@@ -500,6 +590,30 @@ export class SandboxFiles {
       await closeQuietly(dirFd);
     }
   }
+}
+
+/** A large file's identity for verdicts: what changes when it is written, without reading it. */
+async function identityOf(fd: number, p: string): Promise<string> {
+  try {
+    const st = await fstat(fd, { bigint: true });
+    return `${IDENTITY_HASH_PREFIX}size=${st.size},mtime=${st.mtimeNs},ctime=${st.ctimeNs},ino=${st.ino}`;
+  } catch (e) {
+    mapError(e, p);
+  }
+}
+
+/** fn over items, at most `width` at once, results in order. */
+async function mapBounded<T, R>(items: T[], width: number, fn: (item: T) => Promise<R>): Promise<R[]> {
+  const out = new Array<R>(items.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const i = next++;
+      out[i] = await fn(items[i]!);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(width, items.length) }, worker));
+  return out;
 }
 
 /** A buffer as a sequence of chunks (so one code path writes both buffers and streams). */

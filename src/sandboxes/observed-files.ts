@@ -1,7 +1,22 @@
 /** sandbox.files: the sandbox's files, with every read, write and listing recorded as an observation. */
-import { SandboxFiles, type FileEntry, type FileReadStream, type WriteOptions } from './files.js';
+import {
+  SandboxFiles,
+  type FileEntry,
+  type FilePage,
+  type FileReadStream,
+  type ListPageOptions,
+  type WriteOptions,
+} from './files.js';
+import type { AdmissionLimits } from '../admission.js';
 import type { Readable } from 'node:stream';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
+
+/**
+ * Listings in flight at once: each reads its whole directory (on the pool,
+ * holding only a page), so these bound the I/O and CPU a caller can make the
+ * manager spend; past them RATE_LIMITED.
+ */
+export const LISTING_LIMITS: AdmissionLimits = { what: 'directory listings', perKey: 4, total: 16, scope: 'tenant' };
 
 /** Files of a sandbox, with every read, write and listing recorded as an observation. */
 export class ObservedFiles {
@@ -85,21 +100,29 @@ export class ObservedFiles {
     return { ...r, observationId: this.record('file-write', path, { contentHash: r.sha256 }, opts) };
   }
 
+  /** Every entry of a directory, sorted by name (all of them in memory: listPage for a bounded answer). */
   async list(path: string, p: Provenance = {}): Promise<FileEntry[] & { observationId?: string }> {
-    const entries = await this.raw.list(path);
-    return Object.assign(entries, {
-      observationId: this.record(
-        'file-list',
-        path,
-        {
-          summary: entries
-            .map((e) => e.name)
-            .join(' ')
-            .slice(0, 500),
-        },
-        p,
-      ),
-    });
+    const entries = await this.admitted(() => this.raw.list(path));
+    return Object.assign(entries, { observationId: this.recordList(path, entries, p) });
+  }
+
+  /** One page of a directory, sorted by name (see SandboxFiles.listPage); the page is the observation. */
+  async listPage(
+    path: string,
+    opts: ListPageOptions & Provenance = {},
+  ): Promise<FilePage & { observationId: string | undefined }> {
+    validateToolCallId(opts.toolCallId);
+    const page = await this.admitted(() => this.raw.listPage(path, { limit: opts.limit, cursor: opts.cursor }));
+    return { ...page, observationId: this.recordList(path, page.entries, opts) };
+  }
+
+  private admitted<T>(fn: () => Promise<T>): Promise<T> {
+    const engine = this.sandbox.engine;
+    return engine.listings.run(this.sandbox.row().tenant ?? '', fn);
+  }
+
+  private recordList(path: string, entries: FileEntry[], p: Provenance): string | undefined {
+    return this.record('file-list', path, { summary: namesUpTo(entries, 500) }, p);
   }
 
   async exists(path: string): Promise<boolean> {
@@ -119,4 +142,14 @@ export class ObservedFiles {
   async hash(path: string): Promise<string | null> {
     return this.raw.hash(path);
   }
+}
+
+/** The entries' names, space-separated, cut at `max` characters (without joining a whole directory first). */
+function namesUpTo(entries: FileEntry[], max: number): string {
+  let s = '';
+  for (const e of entries) {
+    s += (s ? ' ' : '') + e.name;
+    if (s.length >= max) break;
+  }
+  return s.slice(0, max);
 }

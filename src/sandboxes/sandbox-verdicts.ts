@@ -16,7 +16,7 @@ export class SandboxVerdicts {
     if (typeof input.verdict !== 'string' || !input.verdict || input.verdict.length > 500)
       throw new InvalidArgumentError('verdict', 'a string of 1-500 characters', input.verdict);
     const row = this.sandbox.row();
-    const hash = await this.files.hash(input.path);
+    const hash = await this.files.verdictHash(input.path);
     if (hash === null) throw new InvalidArgumentError('path', 'an existing file in the sandbox', input.path);
     const toolCallId = validateToolCallId(input.toolCallId);
     return this.sandbox.engine.agent.verdicts.record({
@@ -37,7 +37,7 @@ export class SandboxVerdicts {
   async stale(): Promise<StaleVerdict[]> {
     const hashes = new Map<string, string | null>();
     for (const p of this.sandbox.engine.agent.verdictPaths(this.sandbox.id))
-      hashes.set(p, await this.files.hash(p).catch(() => null));
+      hashes.set(p, await this.files.verdictHash(p).catch(() => null));
     return this.sandbox.engine.agent.verdicts.staleVerdicts(this.sandbox.id, (p) => hashes.get(p) ?? null);
   }
 }

@@ -17,7 +17,7 @@ from .errors import (
     QuotaExceededError,
 )
 from .pty import PtyExit, PtyHandle, PtyOutput
-from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, list_images
 from .snapshots import Snapshots
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "CommandOutput",
     "CommandResult",
     "EntryInfo",
+    "FilePage",
     "InvalidArgumentError",
     "InvalidStateError",
     "LockstepConnectionError",

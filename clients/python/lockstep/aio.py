@@ -13,7 +13,7 @@ import functools
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
 
 from .pty import PtyExit, PtyHandle, PtyOutput
-from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, Sandbox, SandboxInfo, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, list_images
 
 
 class AsyncCommandHandle:
@@ -109,6 +109,11 @@ class AsyncFiles:
 
     async def list(self, path: str = "/workspace") -> List[EntryInfo]:
         return await asyncio.to_thread(self._sbx.files.list, path)
+
+    async def list_page(
+        self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> FilePage:
+        return await asyncio.to_thread(functools.partial(self._sbx.files.list_page, path, limit=limit, cursor=cursor))
 
     async def exists(self, path: str) -> bool:
         return await asyncio.to_thread(self._sbx.files.exists, path)

@@ -237,6 +237,18 @@ class EntryInfo:
     size: int
 
 
+@dataclass
+class FilePage:
+    """One page of a directory listing: pass ``next_cursor`` to ``list_page`` for the next (None: the last)."""
+
+    entries: List[EntryInfo]
+    next_cursor: Optional[str]
+
+
+# The most entries the server returns in one page (LIST_MAX_LIMIT in src/sandboxes/files.ts).
+_LIST_MAX_LIMIT = 10000
+
+
 class Files:
     """Files of a sandbox; the agent's reads and writes are recorded as observations."""
 
@@ -269,8 +281,28 @@ class Files:
         return self._sandbox._t.json("PUT", self._sandbox._path("/files"), query={"path": path}, body=iter(chunks))
 
     def list(self, path: str = "/workspace") -> List[EntryInfo]:
-        r = self._sandbox._t.json("GET", self._sandbox._path("/files/list"), query={"path": path})
-        return [EntryInfo(e["name"], e["path"], e["type"], e["size"]) for e in r["entries"]]
+        """Every entry of a directory, sorted by name (pages through list_page, 10000 entries a request)."""
+        entries: List[EntryInfo] = []
+        cursor: Optional[str] = None
+        while True:
+            page = self.list_page(path, limit=_LIST_MAX_LIMIT, cursor=cursor)
+            entries.extend(page.entries)
+            cursor = page.next_cursor
+            if cursor is None:
+                return entries
+
+    def list_page(self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None) -> "FilePage":
+        """One page of a directory, sorted by name: at most ``limit`` entries (server default 1000, at most
+        10000) after ``cursor``, the previous page's ``next_cursor``; ``next_cursor`` is None on the last page."""
+        query: Dict[str, str] = {"path": path}
+        if limit is not None:
+            query["limit"] = str(limit)
+        if cursor is not None:
+            query["cursor"] = cursor
+        r = self._sandbox._t.json("GET", self._sandbox._path("/files/list"), query=query)
+        return FilePage(
+            [EntryInfo(e["name"], e["path"], e["type"], e["size"]) for e in r["entries"]], r.get("nextCursor")
+        )
 
     def exists(self, path: str) -> bool:
         return bool(self._sandbox._t.json("GET", self._sandbox._path("/files/exists"), query={"path": path})["exists"])

@@ -75,6 +75,11 @@ def test_files_checkpoint_effect_rollback_replay_fork(conn):
         sbx.files.write("notes.txt", "version 1\n")
         assert sbx.files.read("/workspace/data/blob.bin") == blob
         assert sorted(e.name for e in sbx.files.list("/workspace")) == ["data", "notes.txt"]
+        # A page at a time, sorted by name: the cursor is the last name of the page.
+        first = sbx.files.list_page("/workspace", limit=1)
+        assert [e.name for e in first.entries] == ["data"] and first.next_cursor == "data"
+        rest = sbx.files.list_page("/workspace", limit=1, cursor=first.next_cursor)
+        assert [e.name for e in rest.entries] == ["notes.txt"] and rest.next_cursor is None
 
         # Streams both ways (3 MiB: past the 1 MiB the server buffers).
         chunk = os.urandom(1 << 20)

@@ -30,6 +30,13 @@ interface PathQuery {
   encoding?: 'utf8' | 'base64';
 }
 
+interface ListQuery {
+  path: string;
+  toolCallId?: string;
+  limit?: string;
+  cursor?: string;
+}
+
 interface WriteJson {
   content: string;
   encoding?: 'utf8' | 'base64';
@@ -184,24 +191,29 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
     },
   );
 
-  app.get<{ Params: { id: string }; Querystring: PathQuery }>(
+  app.get<{ Params: { id: string }; Querystring: ListQuery }>(
     '/sandboxes/:id/files/list',
     {
       schema: {
         tags,
-        summary: 'List a directory',
+        summary: 'List a directory, one page at a time (sorted by name; nextCursor is null on the last page)',
         params: S.sandboxParams,
-        querystring: S.pathQuery(),
+        querystring: S.listQuery,
         response: {
-          200: S.anyObject('{path, entries: [{name, path, type, size, mode, mtimeMs}], observationId}'),
-          ...S.errors(),
+          200: S.anyObject('{path, entries: [{name, path, type, size, mode, mtimeMs}], nextCursor, observationId}'),
+          ...S.errors(429),
         },
       },
     },
     async (req) => {
       const sb = ctx.sandbox(req);
-      const entries = await sb.files.list(req.query.path, { toolCallId: req.query.toolCallId });
-      return { path: req.query.path, entries: [...entries], observationId: entries.observationId };
+      const { path, toolCallId, limit, cursor } = req.query;
+      const page = await sb.files.listPage(path, {
+        toolCallId,
+        limit: limit === undefined ? undefined : Number(limit),
+        cursor,
+      });
+      return { path, entries: page.entries, nextCursor: page.nextCursor, observationId: page.observationId };
     },
   );
 
