@@ -20,6 +20,8 @@ export const DEFAULTS = {
   criuLogLevel: 2,
   dockerSocket: '/var/run/docker.sock',
   networkRange: '10.213.0.0/16',
+  /** Disk limit of a sandbox's writable layer when its create names none (MiB). */
+  diskMb: 2048,
 } as const;
 
 export const DEFAULT_HOME = DEFAULTS.home;
@@ -34,8 +36,20 @@ export interface LockstepConfig {
   readonly logLevel: string;
   /** Size of the sparse btrfs image holding the layers, when the state directory is not on btrfs. */
   readonly storeGib: number;
-  /** "on": quotas from the start; "off": refuse diskMb; "auto": on with the first sandbox that asks. */
+  /**
+   * "off": no btrfs quotas, diskMb refused, no default disk limit. Otherwise
+   * ("on", or unset: "auto") quotas are on from the moment the store is
+   * opened, on Lockstep's own loop-mounted store, so every writable layer
+   * has a limit and every checkpoint's layer bytes are counted; a state
+   * directory on a host btrfs has them if its administrator enabled them.
+   */
   readonly diskQuota: 'on' | 'off' | 'auto';
+  /**
+   * Disk limit (MiB) of a writable layer whose create names none
+   * (LOCKSTEP_DEFAULT_DISK_MB; default 2048): no sandbox can fill the store
+   * that every tenant shares. Applied wherever quotas can be had.
+   */
+  readonly defaultDiskMb: number;
   /** Build cache of recipe images. */
   readonly cacheDir: string;
   /** The criu binary (a 4.x wrapper). */
@@ -111,6 +125,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_LOG_LEVEL: { reader: 'manager', key: 'logLevel' },
   LOCKSTEP_STORE_GIB: { reader: 'manager', key: 'storeGib' },
   LOCKSTEP_DISK_QUOTA: { reader: 'manager', key: 'diskQuota' },
+  LOCKSTEP_DEFAULT_DISK_MB: { reader: 'manager', key: 'defaultDiskMb' },
   LOCKSTEP_CACHE: { reader: 'manager', key: 'cacheDir' },
   LOCKSTEP_CRIU: { reader: 'manager', key: 'criuBinary' },
   LOCKSTEP_CRIU_LOG_LEVEL: { reader: 'manager', key: 'criuLogLevel' },
@@ -190,6 +205,14 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   const storeGib = options.storeGib ?? Number(e('LOCKSTEP_STORE_GIB') ?? DEFAULTS.storeGib);
   if (!Number.isFinite(storeGib) || storeGib <= 0)
     throw invalid('storeGib', 'LOCKSTEP_STORE_GIB', 'a positive number of GiB', storeGib);
+  const defaultDiskMb = options.defaultDiskMb ?? Number(e('LOCKSTEP_DEFAULT_DISK_MB') ?? DEFAULTS.diskMb);
+  if (!Number.isInteger(defaultDiskMb) || defaultDiskMb < 1 || defaultDiskMb > 1 << 24)
+    throw invalid(
+      'defaultDiskMb',
+      'LOCKSTEP_DEFAULT_DISK_MB',
+      'an integer number of MiB from 1 to 16777216',
+      defaultDiskMb,
+    );
   const afterCheckpoint = e('LOCKSTEP_STANDBY_AFTER_CHECKPOINT');
   if (afterCheckpoint !== undefined && !['on', 'off', 'auto'].includes(afterCheckpoint))
     throw invalid('standbyAfterCheckpoint', 'LOCKSTEP_STANDBY_AFTER_CHECKPOINT', 'on, off or auto', afterCheckpoint);
@@ -246,6 +269,7 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     logLevel: options.logLevel ?? e('LOCKSTEP_LOG_LEVEL') ?? DEFAULTS.logLevel,
     storeGib,
     diskQuota,
+    defaultDiskMb,
     cacheDir: options.cacheDir ?? e('LOCKSTEP_CACHE') ?? DEFAULTS.cacheDir,
     criuBinary: options.criuBinary ?? e('LOCKSTEP_CRIU') ?? DEFAULTS.criuBinary,
     criuLogLevel,

@@ -14,6 +14,8 @@ import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';
 import { freeSlot } from '../network/addresses.js';
 import { addForkPolicy, forgetNetwork } from '../network/sandbox-network.js';
+import { diskBytesFor } from '../sandboxes/create.js';
+import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
 
 export const MAX_FORKS = 64;
 
@@ -58,26 +60,36 @@ async function forkOne(
     standby_start: null,
     id_base: null,
     net_slot: null,
+    // A parent made before every layer had a limit: its forks get the default.
+    disk_bytes: diskBytesFor(engine, parent.disk_bytes),
   };
   // Not fsynced: a host crash that loses this row also ends everything made
   // for the fork, and the reaper removes what is left as orphans (unknown
   // instance keys); the fsynced commit below carries it to disk.
-  catalog.unsynced(() =>
-    catalog.tx(() => {
-      // A fork of a sandbox with a user namespace gets a range of its own.
-      if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
-      // An egress fork gets an address of its own and a copy of the policy under it.
-      if (parent.net_slot != null) child.net_slot = freeSlot(catalog, engine.config.networkRange);
-      catalog.insertSandbox(child);
-      catalog.beginOperation({
-        id: opId,
-        kind: 'fork',
-        sandbox_id: id,
-        phase: 'started',
-        payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
-      });
-    }),
-  );
+  // A fork the quota refuses is that fork's result; nothing was made for it.
+  try {
+    catalog.unsynced(() =>
+      catalog.tx(() => {
+        // Each fork's writable layer counts against the tenant's disk quota from its row on.
+        checkLayerQuota(catalog.db, tenantOf(catalog.db, parent.tenant), child.disk_bytes);
+        // A fork of a sandbox with a user namespace gets a range of its own.
+        if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
+        // An egress fork gets an address of its own and a copy of the policy under it.
+        if (parent.net_slot != null) child.net_slot = freeSlot(catalog, engine.config.networkRange);
+        catalog.insertSandbox(child);
+        catalog.beginOperation({
+          id: opId,
+          kind: 'fork',
+          sandbox_id: id,
+          phase: 'started',
+          payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
+        });
+      }),
+    );
+  } catch (e) {
+    if (e instanceof LockstepError) return { ok: false, error: { code: e.code, message: e.message } };
+    throw e;
+  }
   engine.fault('fork:begin');
   try {
     const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));

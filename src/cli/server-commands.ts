@@ -25,7 +25,7 @@ export const SERVER_HELP = `server
                                   settings: flag > LOCKSTEP_* environment > config file (${DEFAULT_CONFIG_FILE})
   mcp [--sandbox ID] [--image NAME] [--memory MIB]
                                   MCP server on stdio for one sandbox (created and removed if not given)
-  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--network none|egress] [--max-network none|egress] [--json]
+  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--max-disk-mb MIB] [--network none|egress] [--max-network none|egress] [--json]
                                   prints the tenant's bearer token (shown once)
   tenant ls [--json]
   tenant rm NAME [--force] [--json]
@@ -124,13 +124,13 @@ export const serverCommands: Record<string, Handler> = {
     const [sub, ...rest] = argv;
     const usage =
       'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight ' +
-      'W] [--max-checkpoint-mb MIB] [--network none|egress] [--max-network none|egress] [--json] | ls [--json] | ' +
+      'W] [--max-checkpoint-mb MIB] [--max-disk-mb MIB] [--network none|egress] [--max-network none|egress] [--json] | ls [--json] | ' +
       'rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
         const u =
           'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] ' +
-          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--network none|egress] ' +
+          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--max-disk-mb MIB] [--network none|egress] ' +
           '[--max-network none|egress] [--json]';
         const opts = {
           'max-sandboxes': { type: 'string' },
@@ -138,6 +138,7 @@ export const serverCommands: Record<string, Handler> = {
           'cpu-weight': { type: 'string' },
           'max-cpu-weight': { type: 'string' },
           'max-checkpoint-mb': { type: 'string' },
+          'max-disk-mb': { type: 'string' },
           network: { type: 'string' },
           'max-network': { type: 'string' },
           json: { type: 'boolean' },
@@ -151,6 +152,7 @@ export const serverCommands: Record<string, Handler> = {
             cpuWeight: intFlag(values['cpu-weight'], 'cpu-weight'),
             maxCpuWeight: intFlag(values['max-cpu-weight'], 'max-cpu-weight'),
             maxCheckpointMb: intFlag(values['max-checkpoint-mb'], 'max-checkpoint-mb'),
+            maxDiskMb: intFlag(values['max-disk-mb'], 'max-disk-mb'),
             network: values.network as NetworkMode | undefined,
             maxNetwork: values['max-network'] as NetworkMode | undefined,
           });
@@ -179,11 +181,14 @@ export const serverCommands: Record<string, Handler> = {
               `${t.usage.memoryMb}+${t.usage.standbyMemoryMb}/${lim(t.maxMemoryMb)}`,
               `${t.usage.cpuWeight}/${lim(t.maxCpuWeight)}`,
               `${t.usage.checkpointMb + t.usage.snapshotMb}/${lim(t.maxCheckpointMb)}`,
+              `${t.usage.diskMb}/${lim(t.maxDiskMb)}`,
               t.createdAt,
             ]);
             process.stdout.write(
-              table(['NAME', 'SANDBOXES', 'MEMORY+STANDBY MIB', 'CPU WEIGHT', 'CHECKPOINT MIB', 'CREATED'], cells) +
-                '\n',
+              table(
+                ['NAME', 'SANDBOXES', 'MEMORY+STANDBY MIB', 'CPU WEIGHT', 'CHECKPOINT MIB', 'DISK MIB', 'CREATED'],
+                cells,
+              ) + '\n',
             );
           }
           return EXIT.ok;

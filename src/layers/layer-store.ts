@@ -64,8 +64,12 @@ export class LayerStore {
     for (const dir of [paths.uppers, paths.layers, paths.processImages, paths.scratch]) {
       fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     }
-    // Quotas on from the start: checkpoint sizes then always include their layers.
-    if (config.diskQuota === 'on' && store.ownsFilesystem() && !store.quotasEnabled()) store.enableQuotas();
+    // Quotas on from the start (unless turned off): every writable layer then
+    // gets a disk limit (the default one if its create names none), and every
+    // checkpoint's size includes the layer bytes it pins. Without them one
+    // sandbox could fill the store every tenant shares (issue 23, finding 9),
+    // and checkpoints could pin bytes no quota counts (finding 10).
+    if (config.diskQuota !== 'off' && store.ownsFilesystem() && !store.quotasEnabled()) store.enableQuotas();
     return store;
   }
 
@@ -170,9 +174,9 @@ export class LayerStore {
    * Why a disk quota cannot be had here, or undefined when it can. Quotas
    * are btrfs qgroups, which cost every snapshot of the filesystem a
    * transaction commit (docs/ARCHITECTURE.md, "Disk quota"): they are turned
-   * on only on Lockstep's own loop-mounted store, the first time a sandbox
-   * asks for a quota; on a state directory that is itself on btrfs, only if
-   * an administrator has enabled them.
+   * on, when the store is opened, only on Lockstep's own loop-mounted store;
+   * on a state directory that is itself on btrfs, only if an administrator
+   * has enabled them.
    */
   quotaUnavailable(): string | undefined {
     if (this.config.diskQuota === 'off') return 'disk quotas are turned off (LOCKSTEP_DISK_QUOTA=off)';
@@ -201,7 +205,8 @@ export class LayerStore {
 
   /**
    * Sets the writable layer's quota (a btrfs qgroup "max referenced" limit),
-   * enabling quotas on the store first if needed. A snapshot's qgroup starts
+   * enabling quotas on the store first if needed (a store opened before
+   * they came on at open). A snapshot's qgroup starts
    * with no limit, so every new copy of a layer needs this again. Call it
    * after the overlay is mounted: overlayfs makes its work directory at mount
    * time and, if a full layer refused that, would mount read-only.

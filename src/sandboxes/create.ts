@@ -9,7 +9,7 @@ import { freeIdBase } from './id-ranges.js';
 import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../network/policy.js';
 import { freeSlot } from '../network/addresses.js';
 import { attachNewSandbox, forgetNetwork } from '../network/sandbox-network.js';
-import { tenantOf } from '../tenants/quotas.js';
+import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
 
 export interface CreateOptions extends NetworkOptions {
   image?: string | undefined;
@@ -28,7 +28,11 @@ export interface CreateOptions extends NetworkOptions {
   cpus?: number | undefined;
   /** Relative I/O weight, 1-1000; refused (LIMIT_UNSUPPORTED) on a host where no weight would take effect. */
   ioWeight?: number | undefined;
-  /** Disk quota of the writable layer in MiB: a write past it fails with EDQUOT inside the sandbox. Default: none. */
+  /**
+   * Disk quota of the writable layer in MiB: a write past it fails with
+   * EDQUOT inside the sandbox. Default: the manager's defaultDiskMb
+   * (LOCKSTEP_DEFAULT_DISK_MB, 2048) wherever the store can have quotas.
+   */
   diskMb?: number | undefined;
   /** Environment every command in the sandbox gets. */
   envs?: Record<string, string> | undefined;
@@ -179,6 +183,17 @@ function checkEnforceable(engine: Engine, opts: CreateOptions): void {
   }
 }
 
+/**
+ * The disk limit (bytes) of a new writable layer: the create's diskMb, else
+ * the manager's default, wherever the store can have quotas (null: none can
+ * be had, LOCKSTEP_DISK_QUOTA=off or a host btrfs without them). Forks and
+ * starts from a snapshot made without one get the default too.
+ */
+export function diskBytesFor(engine: Engine, diskBytes: number | null | undefined): number | null {
+  if (diskBytes !== undefined && diskBytes !== null) return diskBytes;
+  return engine.layers.quotaUnavailable() === undefined ? engine.config.defaultDiskMb * 1024 * 1024 : null;
+}
+
 /** The CPU weight a tenant's sandbox gets when the request names none. */
 function defaultCpuWeight(engine: Engine, tenant: string | null | undefined): number {
   if (!tenant) return LIMITS.cpuWeight.default;
@@ -228,7 +243,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     cpu_weight: opts.cpuWeight ?? defaultCpuWeight(engine, opts.tenant),
     cpu_quota_us: cpuQuota(opts.cpus) ?? null,
     io_weight: opts.ioWeight ?? null,
-    disk_bytes: opts.diskMb === undefined ? null : opts.diskMb * 1024 * 1024,
+    disk_bytes: diskBytesFor(engine, opts.diskMb === undefined ? undefined : opts.diskMb * 1024 * 1024),
     hostname: opts.hostname ?? id.replace(/_/g, '-'),
     lineage_id: newId('lin'),
     branch_id: newId('br'),
@@ -249,7 +264,11 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
   };
   // The row goes in first, marked "creating": after a crash the reaper finds
   // it and removes whatever part of the sandbox exists.
+  // The disk quota is checked here, in the verb, so that SDK callers are bounded as HTTP
+  // ones are, and in the transaction that inserts the row, which then counts for the next.
+  const tenant = tenantOf(engine.catalog.db, opts.tenant ?? null);
   engine.catalog.tx(() => {
+    checkLayerQuota(engine.catalog.db, tenant, row.disk_bytes);
     if (engine.userNamespaces) row.id_base = freeIdBase(engine.catalog);
     if (policy) row.net_slot = freeSlot(engine.catalog, engine.config.networkRange);
     engine.catalog.insertSandbox(row);

@@ -10,8 +10,11 @@
  *   (BUNDLE_CORRUPT naming what was wrong);
  * - its signature, after the digest (signing.ts: BUNDLE_UNTRUSTED unless a
  *   trusted host signed it);
- * - the tenant's quota, on the header's size, as bytes arrive and when the
- *   snapshot is recorded (QUOTA_EXCEEDED).
+ * - the tenant's quotas (maxCheckpointMb, maxDiskMb), on the header's size,
+ *   as bytes arrive and when the snapshot is recorded (QUOTA_EXCEEDED). What
+ *   has arrived is reserved against them while it spools (StoreReservation),
+ *   so concurrent imports (and checkpoints) together cannot pass them; the
+ *   reservation goes when the snapshot's row counts instead, or on failure.
  * Meanwhile the layer's send stream is spooled to a scratch file and the
  * image files are written into a new image folder, none of it parsed: only
  * once the signature has verified does `btrfs receive` (chrooted into a
@@ -39,7 +42,7 @@ import { BUNDLE_FORMAT, BUNDLE_VERSION, type BundleHeader, type BundleRecords } 
 import { SnapshotRows, type SnapshotRow } from './snapshot-rows.js';
 import { assertNameFree, validateMetadata, validateSnapshotName } from './snapshots.js';
 import { checkSignature, hostSigningKey } from './signing.js';
-import { checkStoredQuota, snapshotAllowance, tenantOf } from '../tenants/quotas.js';
+import { checkStoredQuota, StoreReservation, tenantOf } from '../tenants/quotas.js';
 
 /** Options of an import. */
 export interface ImportOptions {
@@ -173,15 +176,15 @@ export async function importSnapshot(
   let digest = '';
   let signature: unknown;
   const tenant = tenantOf(catalog.db, opts.tenant ?? null);
-  // How many bytes the tenant's quota leaves for this snapshot (checked again when it is recorded).
-  const allowance = tenant ? snapshotAllowance(catalog.db, tenant) : Infinity;
+  const reservation = tenant ? new StoreReservation(catalog.db, tenant) : null;
   try {
     for await (const ev of readBundle(source)) {
       opts.signal?.throwIfAborted();
       if (ev.type === 'header') {
         header = checkHeader(engine, ev.header, opts);
         const claimed = header.snapshot.sizeBytes;
-        if (tenant && Number.isSafeInteger(claimed) && claimed > 0) checkStoredQuota(catalog.db, tenant, claimed);
+        // The header's size, reserved before anything is written (the bytes themselves are checked as they come).
+        if (reservation && Number.isSafeInteger(claimed) && claimed > 0) reservation.grow(claimed);
         catalog.beginOperation({
           id: opId,
           kind: 'snapshot-import',
@@ -207,7 +210,7 @@ export async function importSnapshot(
         } else throw new BundleCorruptError(`it has an unknown part ${JSON.stringify(ev.name)}`);
       } else if (ev.type === 'data') {
         bytes += ev.chunk.length;
-        if (bytes > allowance) checkStoredQuota(catalog.db, tenant!, bytes);
+        reservation?.grow(bytes);
         if (ev.name === 'layer') await spooled!.write(ev.chunk);
         else if (file) await file.write(ev.chunk);
         else {
@@ -297,7 +300,8 @@ export async function importSnapshot(
     };
     catalog.tx(() => {
       assertNameFree(rows, row.name, row.tenant);
-      if (tenant) checkStoredQuota(catalog.db, tenant, bytes);
+      // Its own reservation is not counted: the row about to go in counts these bytes instead.
+      if (tenant) checkStoredQuota(catalog.db, tenant, bytes, reservation ?? undefined);
       if (context !== null && context !== undefined) row.context_id = engine.agent.contexts.put(context).contextId;
       rows.insert(row);
       const db = catalog.db;
@@ -321,6 +325,7 @@ export async function importSnapshot(
       const view = db.prepare('INSERT OR IGNORE INTO agent_effect_views(sandbox_id, effect_id) VALUES (?, ?)');
       for (const e of records.effects) view.run(id, e.id);
       catalog.endOperation(opId);
+      reservation?.release();
     });
     committed = true;
     engine.fault('importSnapshot:committed');
@@ -345,5 +350,8 @@ export async function importSnapshot(
       if (journalled) catalog.endOperation(opId);
     }
     throw e;
+  } finally {
+    // After the cleanup above: the spool and image files it reserved room for are gone by now.
+    reservation?.release();
   }
 }

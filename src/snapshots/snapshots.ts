@@ -30,7 +30,8 @@ import { freeIdBase } from '../sandboxes/id-ranges.js';
 import { abandonChild, type ForkResult } from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
 import { releaseFiles } from './holders.js';
-import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
+import { checkLayerQuota, checkStoredQuota, tenantOf } from '../tenants/quotas.js';
+import { diskBytesFor } from '../sandboxes/create.js';
 import {
   SnapshotRows,
   asCheckpoint,
@@ -256,7 +257,7 @@ async function startOne(
     cpu_weight: tmpl.cpu_weight,
     cpu_quota_us: tmpl.cpu_quota_us,
     io_weight: tmpl.io_weight,
-    disk_bytes: tmpl.disk_bytes,
+    disk_bytes: diskBytesFor(engine, tmpl.disk_bytes),
     hostname: tmpl.hostname,
     lineage_id: snap.lineage_id,
     branch_id: newId('br'),
@@ -273,19 +274,26 @@ async function startOne(
     standby_start: null,
     id_base: null,
   };
-  catalog.tx(() => {
-    // The image's user-namespace maps name the source's range: a new sandbox gets one of its own.
-    if (tmpl.id_base !== null) child.id_base = freeIdBase(catalog);
-    catalog.insertSandbox(child);
-    // The fork journal: the reaper removes a sandbox whose start did not commit.
-    catalog.beginOperation({
-      id: opId,
-      kind: 'fork',
-      sandbox_id: id,
-      phase: 'started',
-      payload: JSON.stringify({ snapshotId: snap.id }),
+  // A start the quota refuses is that start's result; nothing was made for it.
+  try {
+    catalog.tx(() => {
+      checkLayerQuota(catalog.db, tenantOf(catalog.db, tenant), child.disk_bytes);
+      // The image's user-namespace maps name the source's range: a new sandbox gets one of its own.
+      if (tmpl.id_base !== null) child.id_base = freeIdBase(catalog);
+      catalog.insertSandbox(child);
+      // The fork journal: the reaper removes a sandbox whose start did not commit.
+      catalog.beginOperation({
+        id: opId,
+        kind: 'fork',
+        sandbox_id: id,
+        phase: 'started',
+        payload: JSON.stringify({ snapshotId: snap.id }),
+      });
     });
-  });
+  } catch (e) {
+    if (e instanceof LockstepError) return { ok: false, error: { code: e.code, message: e.message } };
+    throw e;
+  }
   try {
     const pid = await restoreNewInstance(engine, id, child, ckpt, () => undefined, tmpl.id_base);
     catalog.tx(() => {

@@ -4,20 +4,30 @@
  * sum of their memory limits, which is what the host has promised them);
  * the sum of its sandboxes' CPU weights; and the bytes its checkpoints and
  * snapshots keep in the store (maxCheckpointMb counts both: snapshots
- * outlive their sandboxes, so their bytes must not escape the quota).
+ * outlive their sandboxes, so their bytes must not escape the quota); and
+ * everything it may hold in the layer store (maxDiskMb: its writable
+ * layers' disk limits, what they may grow to, plus those stored bytes).
+ *
+ * The checks run inside the verbs (create, fork, checkpoint, import, start
+ * from a snapshot), in the catalog transaction that records what they make,
+ * so that SDK callers are bounded as HTTP ones are and two concurrent verbs
+ * cannot both fit the last room. An import's bytes are not in the catalog
+ * until it commits: while it spools, they are held as a reservation
+ * (StoreReservation), which every check counts.
  */
 import type Database from 'better-sqlite3';
-import { LockstepError } from '../errors.js';
+import { LimitUnsupportedError, LockstepError } from '../errors.js';
 import { tenantById, type Tenant } from './tenants.js';
 
 /** The quota a refusal names. */
-export type QuotaName = 'maxSandboxes' | 'maxMemoryMb' | 'maxCpuWeight' | 'maxCheckpointMb';
+export type QuotaName = 'maxSandboxes' | 'maxMemoryMb' | 'maxCpuWeight' | 'maxCheckpointMb' | 'maxDiskMb';
 
 const UNITS: Record<QuotaName, string> = {
   maxSandboxes: 'sandboxes',
   maxMemoryMb: 'MiB of memory',
   maxCpuWeight: 'CPU weight in total',
   maxCheckpointMb: 'MiB of checkpoints and snapshots',
+  maxDiskMb: "MiB of disk (writable layers' limits, checkpoints and snapshots)",
 };
 
 /** The request would take a tenant past one of its quotas. */
@@ -51,6 +61,10 @@ export interface TenantUsage {
    * exists shares its files and adds nothing until the checkpoint goes), MiB, rounded up.
    */
   snapshotMb: number;
+  /** Bytes imports of it now spooling have reserved, MiB, rounded up. */
+  importingMb: number;
+  /** What maxDiskMb counts: its writable layers' disk limits, checkpoints, snapshots and imports, MiB, rounded up. */
+  diskMb: number;
 }
 
 const MiB = 1024 * 1024;
@@ -80,7 +94,116 @@ export function tenantUsage(db: Database.Database, tenant: string /* the tenant'
     cpuWeight: r.cpu,
     checkpointMb: Math.ceil(checkpointBytes(db, tenant) / MiB),
     snapshotMb: Math.ceil(snapshotBytes(db, tenant) / MiB),
+    importingMb: Math.ceil(reservedBytes(db, tenant) / MiB),
+    diskMb: Math.ceil(diskBytes(db, tenant) / MiB),
   };
+}
+
+/**
+ * Bytes in the store that an import still spooling holds for a tenant: its
+ * bundle's claimed size at first, grown as more arrives, released when the
+ * import commits (its snapshot's row counts from then on) or fails. One per
+ * import; every quota check of the tenant counts all of them but the
+ * caller's own.
+ */
+export class StoreReservation {
+  private held = 0;
+  private released = false;
+
+  constructor(
+    private readonly db: Database.Database,
+    readonly tenant: Tenant,
+  ) {}
+
+  /** Bytes held now. */
+  get bytes(): number {
+    return this.held;
+  }
+
+  /**
+   * Grows the reservation to `bytes`, in steps of at least RESERVE_STEP (so
+   * that the check runs once a MiB, not once a chunk); throws QUOTA_EXCEEDED
+   * (and keeps what it held) when even `bytes` would not fit.
+   */
+  grow(bytes: number): void {
+    if (this.released) throw new Error('the reservation was released');
+    if (bytes <= this.held) return;
+    checkStoredQuota(this.db, this.tenant, bytes, this);
+    let want = Math.max(bytes, this.held + RESERVE_STEP);
+    try {
+      checkStoredQuota(this.db, this.tenant, want, this);
+    } catch {
+      want = bytes; // the step does not fit, the bytes themselves do
+    }
+    this.held = want;
+    held(this.db, this.tenant.id).set(this, want);
+  }
+
+  /** Lets go of the bytes (idempotent). */
+  release(): void {
+    this.released = true;
+    this.held = 0;
+    const m = reservations.get(this.db)?.get(this.tenant.id);
+    m?.delete(this);
+    if (m?.size === 0) reservations.get(this.db)!.delete(this.tenant.id);
+  }
+}
+
+const RESERVE_STEP = MiB;
+
+/** Per catalog, per tenant id: the reservations of imports in flight (this process: imports run in it). */
+const reservations = new WeakMap<Database.Database, Map<string, Map<StoreReservation, number>>>();
+
+function held(db: Database.Database, tenant: string): Map<StoreReservation, number> {
+  let byTenant = reservations.get(db);
+  if (!byTenant) reservations.set(db, (byTenant = new Map()));
+  let m = byTenant.get(tenant);
+  if (!m) byTenant.set(tenant, (m = new Map()));
+  return m;
+}
+
+/** Bytes the tenant's imports in flight hold, but for `except` (the caller's own). */
+export function reservedBytes(db: Database.Database, tenant: string, except?: StoreReservation): number {
+  let n = 0;
+  for (const [r, bytes] of reservations.get(db)?.get(tenant) ?? []) if (r !== except) n += bytes;
+  return n;
+}
+
+/**
+ * The disk limits of the tenant's writable layers (a sandbox's layer may
+ * grow to its limit, so that is what it holds of the store). A sandbox
+ * without one (made before every sandbox had a limit) counts nothing: a
+ * tenant with maxDiskMb gets no new sandbox without a limit (create.ts).
+ */
+export function layerLimitBytes(db: Database.Database, tenant: string): number {
+  const r = db
+    .prepare(`SELECT COALESCE(SUM(disk_bytes), 0) AS bytes FROM sandboxes WHERE tenant = ? AND state != 'removing'`)
+    .get(tenant) as { bytes: number };
+  return r.bytes;
+}
+
+/** Everything maxDiskMb counts: writable layers' limits, checkpoints, snapshots, imports in flight. */
+export function diskBytes(db: Database.Database, tenant: string, except?: StoreReservation): number {
+  return layerLimitBytes(db, tenant) + storedBytes(db, tenant) + reservedBytes(db, tenant, except);
+}
+
+/**
+ * Throws QUOTA_EXCEEDED (maxDiskMb) if `bytes` more of the store (new
+ * writable layers' limits, a checkpoint, an import) would take the tenant
+ * past maxDiskMb.
+ */
+export function checkDiskQuota(db: Database.Database, tenant: Tenant, bytes: number, own?: StoreReservation): void {
+  if (tenant.maxDiskMb === null) return;
+  const used = diskBytes(db, tenant.id, own);
+  if (used + bytes > tenant.maxDiskMb * MiB) {
+    throw new QuotaExceededError(
+      tenant.name,
+      'maxDiskMb',
+      tenant.maxDiskMb,
+      Math.ceil(used / MiB),
+      Math.ceil(bytes / MiB),
+    );
+  }
 }
 
 /**
@@ -106,12 +229,6 @@ export function snapshotBytes(db: Database.Database, tenant: string): number {
 /** Everything maxCheckpointMb counts: checkpoints and snapshots. */
 export function storedBytes(db: Database.Database, tenant: string): number {
   return checkpointBytes(db, tenant) + snapshotBytes(db, tenant);
-}
-
-/** Bytes a new snapshot of the tenant may still hold (Infinity without a quota). */
-export function snapshotAllowance(db: Database.Database, tenant: Tenant): number {
-  if (tenant.maxCheckpointMb === null) return Infinity;
-  return Math.max(0, tenant.maxCheckpointMb * MiB - storedBytes(db, tenant.id));
 }
 
 /** Bytes the tenant's checkpoints keep in the store (removed sandboxes' checkpoints go with them). */
@@ -164,14 +281,36 @@ export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryB
 }
 
 /**
- * Throws QUOTA_EXCEEDED (maxCheckpointMb) if `bytes` more stored (a new
- * checkpoint, an imported or pulled snapshot) would take the tenant past its
- * stored bytes (checkpoints and snapshots); a tenant already over it gets
- * nothing more, not even a snapshot that shares a checkpoint's files (0 bytes).
+ * Throws QUOTA_EXCEEDED (maxDiskMb) if `count` new writable layers of
+ * `diskBytes` each would not fit; LIMIT_UNSUPPORTED when the tenant has
+ * maxDiskMb and the layers would have no limit (a store without quotas):
+ * such a layer could fill the store, so it cannot be counted.
  */
-export function checkStoredQuota(db: Database.Database, tenant: Tenant, bytes: number): void {
-  if (tenant.maxCheckpointMb === null) return;
-  const used = storedBytes(db, tenant.id);
+export function checkLayerQuota(
+  db: Database.Database,
+  tenant: Tenant | undefined,
+  diskBytes: number | null,
+  count = 1,
+): void {
+  if (!tenant || tenant.maxDiskMb === null) return;
+  if (diskBytes === null)
+    throw new LimitUnsupportedError(
+      'diskMb',
+      `tenant ${tenant.name} has a disk quota (maxDiskMb), and this store cannot limit a writable layer`,
+    );
+  checkDiskQuota(db, tenant, count * diskBytes);
+}
+
+/**
+ * Throws QUOTA_EXCEEDED (maxCheckpointMb, then maxDiskMb) if `bytes` more
+ * stored (a new checkpoint, an imported or pulled snapshot) would take the
+ * tenant past its stored bytes (checkpoints, snapshots and the reservations
+ * of imports in flight but `own`) or its disk; a tenant already over either
+ * gets nothing more, not even a snapshot that shares a checkpoint's files (0 bytes).
+ */
+export function checkStoredQuota(db: Database.Database, tenant: Tenant, bytes: number, own?: StoreReservation): void {
+  if (tenant.maxCheckpointMb === null) return checkDiskQuota(db, tenant, bytes, own);
+  const used = storedBytes(db, tenant.id) + reservedBytes(db, tenant.id, own);
   if (used + bytes > tenant.maxCheckpointMb * MiB) {
     throw new QuotaExceededError(
       tenant.name,
@@ -181,6 +320,7 @@ export function checkStoredQuota(db: Database.Database, tenant: Tenant, bytes: n
       Math.ceil(bytes / MiB),
     );
   }
+  checkDiskQuota(db, tenant, bytes, own);
 }
 
 /**

@@ -4,7 +4,13 @@
  * and what it answered. The table lives in the catalog beside the tenants,
  * so that removing a tenant removes its replies in the same transaction
  * (tenants.ts). The rules of replaying (how long, what counts as the same
- * request, a key still in use) are the HTTP layer's (src/http/idempotency.ts).
+ * request, a key still in use, how many bytes are kept) are the HTTP layer's
+ * (src/http/idempotency.ts).
+ *
+ * Each row records the bytes it costs (body, key and hash), so that the
+ * bytes a tenant's replies keep, and all tenants' together, can be bounded
+ * without reading the bodies. A row may hold no body ("not kept"): the
+ * request ran, but its reply was too large to keep.
  */
 import type Database from 'better-sqlite3';
 
@@ -20,6 +26,17 @@ export interface StoredResponse {
 export interface StoredReply extends StoredResponse {
   requestHash: string;
   createdAt: number;
+  /** False: the request ran, its reply was not kept (body is empty); replayBytes is how large it was. */
+  kept: boolean;
+  replyBytes: number;
+}
+
+/** What a row costs beside its body: the key, the hash, and SQLite's own bytes of a row (about). */
+export const ROW_OVERHEAD = 64;
+
+/** The bytes a row costs: its body (none when not kept), key and hash, and the row's own. */
+export function rowBytes(key: string, requestHash: string, bodyBytes: number): number {
+  return bodyBytes + Buffer.byteLength(key) + requestHash.length + ROW_OVERHEAD;
 }
 
 /** Creates the replies table (idempotent). */
@@ -36,6 +53,16 @@ CREATE TABLE IF NOT EXISTS http_idempotency (
   PRIMARY KEY (tenant, key)
 );
 CREATE INDEX IF NOT EXISTS http_idempotency_created ON http_idempotency(created_at);`);
+  // Byte accounting (issue 23, finding 11) came later: older rows are measured once.
+  const cols = db.prepare('PRAGMA table_info(http_idempotency)').all() as { name: string }[];
+  if (!cols.some((c) => c.name === 'bytes')) {
+    db.exec(`ALTER TABLE http_idempotency ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE http_idempotency ADD COLUMN kept INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE http_idempotency ADD COLUMN reply_bytes INTEGER NOT NULL DEFAULT 0;
+UPDATE http_idempotency SET reply_bytes = length(CAST(body AS BLOB)),
+  bytes = length(CAST(body AS BLOB)) + length(key) + length(request_hash) + ${ROW_OVERHEAD};`);
+  }
+  db.exec('CREATE INDEX IF NOT EXISTS http_idempotency_tenant ON http_idempotency(tenant, created_at)');
 }
 
 /** The replies table of one catalog. */
@@ -48,10 +75,20 @@ export class StoredReplies {
   find(tenant: string, key: string): StoredReply | undefined {
     const row = this.db
       .prepare(
-        'SELECT request_hash, status, body, streamed, created_at FROM http_idempotency WHERE tenant = ? AND key = ?',
+        'SELECT request_hash, status, body, streamed, created_at, kept, reply_bytes ' +
+          'FROM http_idempotency WHERE tenant = ? AND key = ?',
       )
       .get(tenant, key) as
-      { request_hash: string; status: number; body: string; streamed: number; created_at: number } | undefined;
+      | {
+          request_hash: string;
+          status: number;
+          body: string;
+          streamed: number;
+          created_at: number;
+          kept: number;
+          reply_bytes: number;
+        }
+      | undefined;
     if (!row) return undefined;
     return {
       requestHash: row.request_hash,
@@ -59,17 +96,58 @@ export class StoredReplies {
       body: row.body,
       streamed: row.streamed === 1,
       createdAt: row.created_at,
+      kept: row.kept === 1,
+      replyBytes: row.reply_bytes,
     };
   }
 
-  /** Stores (or replaces) the reply for (tenant, key). */
-  put(tenant: string, key: string, requestHash: string, res: StoredResponse, createdAt: number): void {
+  /**
+   * Stores (or replaces) the reply for (tenant, key); with `kept` false only
+   * that the request ran (and how large its reply was), not the reply.
+   */
+  put(tenant: string, key: string, requestHash: string, res: StoredResponse, createdAt: number, kept = true): number {
+    const replyBytes = Buffer.byteLength(res.body);
+    const body = kept ? res.body : '';
+    const bytes = rowBytes(key, requestHash, kept ? replyBytes : 0);
+    const old = this.db.prepare('SELECT bytes FROM http_idempotency WHERE tenant = ? AND key = ?').get(tenant, key) as
+      { bytes: number } | undefined;
     this.db
       .prepare(
         'INSERT OR REPLACE INTO http_idempotency (tenant, key, request_hash, ' +
-          'status, body, streamed, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+          'status, body, streamed, created_at, bytes, kept, reply_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
       )
-      .run(tenant, key, requestHash, res.status, res.body, res.streamed ? 1 : 0, createdAt);
+      .run(
+        tenant,
+        key,
+        requestHash,
+        res.status,
+        body,
+        res.streamed ? 1 : 0,
+        createdAt,
+        bytes,
+        kept ? 1 : 0,
+        replyBytes,
+      );
+    return bytes - (old?.bytes ?? 0);
+  }
+
+  /** Bytes the rows keep, per tenant id (one pass over the table: callers keep the sums). */
+  usage(): Map<string, number> {
+    const rows = this.db.prepare('SELECT tenant, SUM(bytes) AS n FROM http_idempotency GROUP BY tenant').all() as {
+      tenant: string;
+      n: number;
+    }[];
+    return new Map(rows.map((r) => [r.tenant, r.n]));
+  }
+
+  /** When the oldest row of a tenant (or of all, without one) was stored (ms), or null. */
+  oldest(tenant?: string): number | null {
+    const r = (
+      tenant === undefined
+        ? this.db.prepare('SELECT MIN(created_at) AS t FROM http_idempotency').get()
+        : this.db.prepare('SELECT MIN(created_at) AS t FROM http_idempotency WHERE tenant = ?').get(tenant)
+    ) as { t: number | null };
+    return r.t;
   }
 
   /** Deletes the replies created at or before `createdAt`; returns how many. */

@@ -33,6 +33,11 @@ export interface Tenant {
   maxCpuWeight: number | null;
   /** Most MiB its checkpoints may keep in the store (null: no limit). */
   maxCheckpointMb: number | null;
+  /**
+   * Most MiB of the layer store it may hold in all: its writable layers' disk
+   * limits plus its checkpoints' and snapshots' bytes (null: no limit).
+   */
+  maxDiskMb: number | null;
   /** Network mode of its sandboxes that name none (null: "none"). */
   network: NetworkMode | null;
   /** The widest network mode its sandboxes may have: "none" refuses egress (null: no limit). */
@@ -46,6 +51,7 @@ export interface TenantQuotas {
   cpuWeight?: number | null | undefined;
   maxCpuWeight?: number | null | undefined;
   maxCheckpointMb?: number | null | undefined;
+  maxDiskMb?: number | null | undefined;
   network?: NetworkMode | null | undefined;
   maxNetwork?: NetworkMode | null | undefined;
 }
@@ -60,6 +66,7 @@ interface TenantRow {
   default_cpu_weight: number | null;
   max_cpu_weight: number | null;
   max_checkpoint_mb: number | null;
+  max_disk_mb?: number | null;
   default_network?: string | null;
   max_network?: string | null;
 }
@@ -98,7 +105,8 @@ CREATE TABLE IF NOT EXISTS tenants (
 );`);
     // CPU and checkpoint quotas came later: tables made before lack them.
     const cols = db.prepare('PRAGMA table_info(tenants)').all() as { name: string }[];
-    for (const col of ['default_cpu_weight', 'max_cpu_weight', 'max_checkpoint_mb']) {
+    // maxDiskMb (issue 23) later still.
+    for (const col of ['default_cpu_weight', 'max_cpu_weight', 'max_checkpoint_mb', 'max_disk_mb']) {
       if (!cols.some((c) => c.name === col)) db.exec(`ALTER TABLE tenants ADD COLUMN ${col} INTEGER`);
     }
     // Network modes (issue 13) came later still.
@@ -155,6 +163,7 @@ function toTenant(r: TenantRow): Tenant {
     cpuWeight: r.default_cpu_weight ?? null,
     maxCpuWeight: r.max_cpu_weight ?? null,
     maxCheckpointMb: r.max_checkpoint_mb ?? null,
+    maxDiskMb: r.max_disk_mb ?? null,
     network: (r.default_network as NetworkMode | null | undefined) ?? null,
     maxNetwork: (r.max_network as NetworkMode | null | undefined) ?? null,
   };
@@ -180,6 +189,7 @@ export function addTenant(
   const cpuWeight = quota(quotas.cpuWeight, 'cpuWeight', 10_000, 1);
   const maxCpuWeight = quota(quotas.maxCpuWeight, 'maxCpuWeight', 1 << 30);
   const maxCheckpointMb = quota(quotas.maxCheckpointMb, 'maxCheckpointMb', 1 << 30);
+  const maxDiskMb = quota(quotas.maxDiskMb, 'maxDiskMb', 1 << 30);
   const network = networkMode(quotas.network, 'network');
   const maxNetwork = networkMode(quotas.maxNetwork, 'maxNetwork');
   if (network === 'egress' && maxNetwork === 'none')
@@ -195,15 +205,16 @@ export function addTenant(
     default_cpu_weight: cpuWeight,
     max_cpu_weight: maxCpuWeight,
     max_checkpoint_mb: maxCheckpointMb,
+    max_disk_mb: maxDiskMb,
     default_network: network,
     max_network: maxNetwork,
   };
   try {
     db.prepare(
       `INSERT INTO tenants (id, name, token_hash, created_at, max_sandboxes, max_memory_mb, default_cpu_weight,
-       max_cpu_weight, max_checkpoint_mb, default_network, max_network)
+       max_cpu_weight, max_checkpoint_mb, max_disk_mb, default_network, max_network)
        VALUES (@id, @name, @token_hash, @created_at, @max_sandboxes, @max_memory_mb, @default_cpu_weight,
-         @max_cpu_weight, @max_checkpoint_mb, @default_network, @max_network)`,
+         @max_cpu_weight, @max_checkpoint_mb, @max_disk_mb, @default_network, @max_network)`,
     ).run(row);
   } catch (e) {
     if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new AlreadyExistsError('tenant', name);

@@ -15,7 +15,15 @@ import {
   TOKEN_PREFIX,
   type TenantQuotas,
 } from '../../src/tenants/tenants.js';
-import { QuotaGate, checkStoredQuota, checkQuota, checkStandbyQuota, tenantUsage } from '../../src/tenants/quotas.js';
+import {
+  QuotaGate,
+  StoreReservation,
+  checkLayerQuota,
+  checkStoredQuota,
+  checkQuota,
+  checkStandbyQuota,
+  tenantUsage,
+} from '../../src/tenants/quotas.js';
 
 function catalog(t: { teardown: (fn: () => void) => void }, migrations = [migrateTenants]): Catalog {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
@@ -57,6 +65,7 @@ test('a token is shown once: only its sha256 is stored, and it authenticates its
     cpuWeight: null,
     maxCpuWeight: null,
     maxCheckpointMb: null,
+    maxDiskMb: null,
     network: null,
     maxNetwork: null,
   });
@@ -156,6 +165,8 @@ test('a tenant added again under a removed name gets a new id and none of the ol
     cpuWeight: 0,
     checkpointMb: 0,
     snapshotMb: 0,
+    importingMb: 0,
+    diskMb: 0,
   });
   t.is(c.sandbox(orphan)!.tenant, first.id);
 });
@@ -202,6 +213,8 @@ test('catalogs from before tenant ids: each tenant gets an id and its rows are r
     cpuWeight: 0,
     checkpointMb: 0,
     snapshotMb: 0,
+    importingMb: 0,
+    diskMb: 0,
   });
 });
 
@@ -220,6 +233,8 @@ test('usage counts existing sandboxes, and the memory of running and creating on
     cpuWeight: 200,
     checkpointMb: 0,
     snapshotMb: 0,
+    importingMb: 0,
+    diskMb: 0,
   });
   t.deepEqual(tenantUsage(c.db, 'nobody'), {
     sandboxes: 0,
@@ -228,6 +243,8 @@ test('usage counts existing sandboxes, and the memory of running and creating on
     cpuWeight: 0,
     checkpointMb: 0,
     snapshotMb: 0,
+    importingMb: 0,
+    diskMb: 0,
   });
 });
 
@@ -324,6 +341,9 @@ test('usage counts warm standbys, CPU weights and checkpoint bytes (process imag
     cpuWeight: 450,
     checkpointMb: 9,
     snapshotMb: 0,
+    importingMb: 0,
+    // maxDiskMb counts the checkpoint bytes too (these sandboxes have no disk limit).
+    diskMb: 9,
   });
 });
 
@@ -383,3 +403,50 @@ for (const [field, quotas] of badTenantQuotas) {
     t.deepEqual(listTenants(c.db), []);
   });
 }
+
+test("maxDiskMb counts writable layers' limits, checkpoint bytes and imports in flight; a reservation is released whole", (t) => {
+  const c = catalog(t);
+  const MiB = 1024 * 1024;
+  const acme = addTenant(c.db, 'acme', { maxDiskMb: 100, maxCheckpointMb: 50 });
+  const a = sandbox(c, acme.tenant.id, 64);
+  c.updateSandbox(a, { disk_bytes: 60 * MiB });
+  checkpointOf(c, a, { processImageBytes: 4 * MiB, layerBytes: 6 * MiB });
+  const tenant = getTenant(c.db, 'acme');
+  t.is(tenantUsage(c.db, tenant.id).diskMb, 70);
+  t.notThrows(() => checkLayerQuota(c.db, tenant, 30 * MiB), '60 + 10 + 30 = 100 MiB fits exactly');
+  const e = t.throws(() => checkLayerQuota(c.db, tenant, 30 * MiB + 1), { code: 'QUOTA_EXCEEDED' });
+  t.like((e as unknown as { details: object }).details, { quota: 'maxDiskMb', limit: 100, used: 70 });
+  t.throws(
+    () => checkLayerQuota(c.db, tenant, null),
+    { code: 'LIMIT_UNSUPPORTED' },
+    'an unlimited layer cannot be counted',
+  );
+  t.notThrows(() => checkLayerQuota(c.db, undefined, null), 'no tenant, no quota');
+
+  // Two imports: each reservation counts against the other and against checkpoints.
+  const r1 = new StoreReservation(c.db, tenant);
+  const r2 = new StoreReservation(c.db, tenant);
+  r1.grow(20 * MiB);
+  t.is(tenantUsage(c.db, tenant.id).importingMb, 20);
+  const e2 = t.throws(() => r2.grow(20 * MiB + 1), { code: 'QUOTA_EXCEEDED' });
+  t.like((e2 as unknown as { details: object }).details, { quota: 'maxCheckpointMb', limit: 50, used: 30 });
+  t.is(r2.bytes, 0, 'a refused growth holds nothing');
+  t.throws(() => checkStoredQuota(c.db, tenant, 20 * MiB + 1), { code: 'QUOTA_EXCEEDED' });
+  t.notThrows(() => checkStoredQuota(c.db, tenant, 20 * MiB + 1, r1), 'its own reservation is not counted twice');
+  r1.release();
+  r1.release();
+  t.is(tenantUsage(c.db, tenant.id).importingMb, 0);
+  const e3 = t.throws(() => r2.grow(40 * MiB), { code: 'QUOTA_EXCEEDED' });
+  t.like(
+    (e3 as unknown as { details: object }).details,
+    { quota: 'maxDiskMb', limit: 100, used: 70 },
+    '60 + 10 + 40 > 100',
+  );
+  t.notThrows(() => r2.grow(30 * MiB), 'released: 60 + 10 + 30 = 100 MiB fits');
+  t.throws(
+    () => checkLayerQuota(c.db, tenant, 1),
+    { code: 'QUOTA_EXCEEDED' },
+    'the reservation counts against layers too',
+  );
+  r2.release();
+});

@@ -157,8 +157,8 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'The calling tenant: its quotas and what it uses',
         response: {
           200: S.anyObject(
-            '{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, ' +
-              'usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb, snapshotMb}}',
+            '{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, maxDiskMb, ' +
+              'usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb, snapshotMb, diskMb, importingMb}}',
           ),
           ...S.errors(),
         },
