@@ -194,12 +194,20 @@ export function diskBytesFor(engine: Engine, diskBytes: number | null | undefine
   return engine.layers.quotaUnavailable() === undefined ? engine.config.defaultDiskMb * 1024 * 1024 : null;
 }
 
-/** The CPU weight a tenant's sandbox gets when the request names none. */
-function defaultCpuWeight(engine: Engine, tenant: string | null | undefined): number {
-  if (!tenant) return LIMITS.cpuWeight.default;
-  const row = engine.catalog.db.prepare('SELECT default_cpu_weight AS w FROM tenants WHERE name = ?').get(tenant) as
-    { w: number | null } | undefined;
-  return row?.w ?? LIMITS.cpuWeight.default;
+/** The CPU weight a tenant's sandbox gets when the request names none (its tenant's default). */
+function defaultCpuWeight(engine: Engine, tenantId: string | null | undefined): number {
+  return tenantOf(engine.catalog.db, tenantId ?? null)?.cpuWeight ?? LIMITS.cpuWeight.default;
+}
+
+/**
+ * The disk limit of a new sandbox that names none: the manager's default,
+ * but never more than its tenant's whole maxDiskMb (a tenant capped below
+ * the default still creates sandboxes, each as large as its cap allows).
+ */
+function defaultDiskBytes(engine: Engine, tenantId: string | null | undefined): number | null {
+  const bytes = diskBytesFor(engine, undefined);
+  const cap = tenantOf(engine.catalog.db, tenantId ?? null)?.maxDiskMb;
+  return bytes !== null && cap != null ? Math.min(bytes, cap * 1024 * 1024) : bytes;
 }
 
 /**
@@ -243,7 +251,7 @@ export async function createSandbox(engine: Engine, options: CreateOptions): Pro
     cpu_weight: opts.cpuWeight ?? defaultCpuWeight(engine, opts.tenant),
     cpu_quota_us: cpuQuota(opts.cpus) ?? null,
     io_weight: opts.ioWeight ?? null,
-    disk_bytes: diskBytesFor(engine, opts.diskMb === undefined ? undefined : opts.diskMb * 1024 * 1024),
+    disk_bytes: opts.diskMb === undefined ? defaultDiskBytes(engine, opts.tenant) : opts.diskMb * 1024 * 1024,
     hostname: opts.hostname ?? id.replace(/_/g, '-'),
     lineage_id: newId('lin'),
     branch_id: newId('br'),

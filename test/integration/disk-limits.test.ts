@@ -296,4 +296,24 @@ integration(test, () => {
       t.is(ls.list(tenant).length, 1 + made, 'refused forks left nothing');
     },
   );
+
+  test.serial(
+    'a tenant capped below the default disk limit still creates: its sandbox gets the cap; its CPU weight default applies',
+    async (t) => {
+      const ls = await openTestLockstep(t, { open: { config: { defaultDiskMb: 64 } } });
+      tenantToken(ls, 'small', { maxDiskMb: 32, cpuWeight: 300 });
+      const tenant = tenantId(ls, 'small');
+      const sb = await ls.create({ image: 'base', memoryMb: 64, tenant });
+      t.teardown(() => ls.remove(sb.id).catch(() => undefined));
+      const info = sb.info();
+      t.is(info.diskMb, 32, 'the default is clamped to the tenant cap');
+      t.is(info.cpuWeight, 300, "the tenant's default CPU weight");
+      const fill = await sb.commands.run(
+        'dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1; wc -c < /workspace/fill',
+      );
+      const written = Number(fill.stdout.trim().split('\n').pop());
+      t.true(written <= 32 * MiB, `dd wrote ${written} bytes, within the 32 MiB cap`);
+      await t.throwsAsync(ls.create({ image: 'base', memoryMb: 64, tenant }), { code: 'QUOTA_EXCEEDED' });
+    },
+  );
 });
