@@ -11,6 +11,7 @@ import type { ImageStore } from './images/image-store.js';
 import type { StatePaths } from './paths.js';
 import type { SandboxRuntime, SandboxHost } from './sandboxes/runtime.js';
 import type { InitWatcher } from './sandboxes/init-watcher.js';
+import type { ProcessExits } from './sandboxes/process-exits.js';
 import type { FaultHook } from './faults.js';
 import type { Logger } from './log.js';
 import type { AgentState } from './agent-state/agent-state.js';
@@ -41,6 +42,8 @@ export interface Engine {
   agent: AgentState;
   /** Watches every running sandbox's init; marks the sandbox stopped when it exits. */
   inits: InitWatcher;
+  /** Waits for host processes (background commands) to exit, on one pidfd watcher thread. */
+  exits: ProcessExits;
   /** Egress sandboxes' veths, nftables table and bandwidth caps (src/network/). */
   network: HostNetwork;
   /** Egress sandboxes' resolvers, one socket per sandbox on its gateway. */

@@ -16,6 +16,7 @@ import { ImageStore } from './images/image-store.js';
 import { LayerStore } from './layers/layer-store.js';
 import { StatePaths } from './paths.js';
 import { SandboxRuntime } from './sandboxes/runtime.js';
+import { ProcessExits } from './sandboxes/process-exits.js';
 import { InitWatcher } from './sandboxes/init-watcher.js';
 import { SandboxLocks, type Engine } from './engine.js';
 import { Admission } from './admission.js';
@@ -216,6 +217,7 @@ export class Lockstep {
       fault,
       agent: new AgentState(catalog.db, catalog, { owner: exclusive }),
       inits: new InitWatcher(catalog, runtime, withSandboxLock, log, (onExit) => new native.PidWatcher(onExit)),
+      exits: new ProcessExits((onExit) => new native.PidWatcher(onExit)),
       userNamespaces,
       listings: new Admission(LISTING_LIMITS),
       network,
@@ -351,6 +353,7 @@ export class Lockstep {
     if (this.closed) return;
     this.closed = true;
     await this.engine.inits.close();
+    this.engine.exits.close();
     await this.engine.drainLocks(); // background standby work needs the catalog
     await this.engine.dns.closeAll();
     this.engine.network.close();

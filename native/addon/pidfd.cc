@@ -1,9 +1,17 @@
 // pidfds for signalling a sandbox's processes: a pidfd names one process for
 // as long as the fd is open, so a signal sent through it can never reach a
 // process that got the same pid later.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "addon.h"
 #include "system_error.h"
@@ -12,7 +20,100 @@
 #define PIDFD_SIGNAL_PROCESS_GROUP (1U << 2)  // Linux >= 6.9
 #endif
 
+// nsfs ioctls that translate a pid of a pid namespace into the caller's (Linux >= 6.11).
+#ifndef NS_GET_PID_FROM_PIDNS
+#define NS_GET_PID_FROM_PIDNS _IOR(0xb7, 0x6, int)
+#endif
+#ifndef NS_GET_TGID_FROM_PIDNS
+#define NS_GET_TGID_FROM_PIDNS _IOR(0xb7, 0x7, int)
+#endif
+
 namespace lockstep {
+
+namespace {
+
+// Start time (field 22 of /proc/<pid>/stat, clock ticks since boot); false if pid is gone.
+bool StartTimeOf(int pid, unsigned long long* start) {
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  char buf[1024];
+  ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  char* p = strrchr(buf, ')');  // the command name may hold spaces and ')'
+  if (!p || p[1] != ' ') return false;
+  p += 2;
+  for (int field = 3; field < 22; field++) {
+    p = strchr(p, ' ');
+    if (!p) return false;
+    p++;
+  }
+  *start = strtoull(p, nullptr, 10);
+  return true;
+}
+
+bool Exited(int pidfd) {
+  struct pollfd p = {pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
+}  // namespace
+
+// hostPidsIn(initPid, initStart, nsPids) -> for each of nsPids, the host pid
+// of the live process that has it in the pid namespace of the init (initPid,
+// started at initStart), or null (no such process, a zombie, or a thread's
+// id); null instead of the array when that init is gone. A constant number
+// of system calls per pid, whatever the sandbox runs: the alternative,
+// reading NSpid of every process of its cgroup, costs as many /proc reads as
+// the sandbox has processes. The init is pinned by a pidfd while its
+// namespace is opened, so the namespace is that init's even if its pid is
+// reused. ENOTTY/EINVAL: a kernel before 6.11 (no nsfs pid translation).
+static Napi::Value HostPidsIn(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  int init = IntArg(info, 0, "initPid");
+  if (env.IsExceptionPending()) return env.Undefined();
+  if (info.Length() < 3 || !info[1].IsNumber() || !info[2].IsArray()) {
+    Napi::TypeError::New(env, "hostPidsIn(initPid, initStart, nsPids[])").ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  unsigned long long expected = static_cast<unsigned long long>(info[1].As<Napi::Number>().Int64Value());
+  Napi::Array nsPids = info[2].As<Napi::Array>();
+  if (init <= 0) return env.Null();
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, init, 0)));
+  if (!pidfd.valid()) {
+    if (PidfdOpenFoundNoProcess(errno)) return env.Null();
+    ThrowSystemError(env, errno, "pidfd_open", "/proc/" + std::to_string(init));
+    return env.Undefined();
+  }
+  unsigned long long start = 0;
+  if (!StartTimeOf(init, &start) || start != expected) return env.Null();
+  std::string nsPath = "/proc/" + std::to_string(init) + "/ns/pid";
+  UniqueFd ns(::open(nsPath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns.valid()) return env.Null();
+  if (Exited(pidfd.get())) return env.Null();  // the init exited: the namespace may be another's
+  Napi::Array out = Napi::Array::New(env, nsPids.Length());
+  for (uint32_t i = 0; i < nsPids.Length(); i++) {
+    out.Set(i, env.Null());
+    Napi::Value v = nsPids.Get(i);
+    if (!v.IsNumber()) continue;
+    int64_t nsPid = v.As<Napi::Number>().Int64Value();
+    if (nsPid <= 0 || nsPid > INT32_MAX) continue;
+    int pid = ::ioctl(ns.get(), NS_GET_PID_FROM_PIDNS, static_cast<unsigned long>(nsPid));
+    if (pid < 0 && errno == ESRCH) continue;
+    if (pid < 0) {
+      ThrowSystemError(env, errno, "ioctl(NS_GET_PID_FROM_PIDNS)", nsPath);
+      return env.Undefined();
+    }
+    int tgid = ::ioctl(ns.get(), NS_GET_TGID_FROM_PIDNS, static_cast<unsigned long>(nsPid));
+    if (tgid != pid) continue;  // a thread of some process, or gone since
+    // A pidfd is readable once its process has exited (a zombie too).
+    UniqueFd proc(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (!proc.valid() || Exited(proc.get())) continue;
+    out.Set(i, Napi::Number::New(env, pid));
+  }
+  return out;
+}
 
 // pidfdOpen(pid) -> fd (close it with fs.closeSync). ESRCH when pid is gone.
 static Napi::Value PidfdOpen(const Napi::CallbackInfo& info) {
@@ -46,6 +147,7 @@ static Napi::Value PidfdSendSignal(const Napi::CallbackInfo& info) {
 void InitPidfd(Napi::Env env, Napi::Object exports) {
   exports.Set("pidfdOpen", Napi::Function::New(env, PidfdOpen));
   exports.Set("pidfdSendSignal", Napi::Function::New(env, PidfdSendSignal));
+  exports.Set("hostPidsIn", Napi::Function::New(env, HostPidsIn));
 }
 
 }  // namespace lockstep

@@ -254,8 +254,14 @@ export async function rollbackSandbox(
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
   const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
-  // Read before the tree is replaced (a file read; egress sandboxes only).
-  const connectionsReset = row.network ? outsideConnections(row.init_pid) : [];
+  // Read before the tree is replaced (a bounded file read on libuv's pool; egress sandboxes only).
+  const table = row.network ? await outsideConnections(row.init_pid) : { connections: [], truncated: false };
+  const connectionsReset = table.connections;
+  if (table.truncated)
+    engine.log.warn(
+      { sandboxId: row.id, listed: connectionsReset.length },
+      'the sandbox holds more TCP sockets than a rollback lists: the connections reset are listed in part',
+    );
   // The restore path reads the checkpoint's files: verify them while the
   // sandbox is untouched. A standby was restored from verified files when it
   // was made, and a swap reads none.

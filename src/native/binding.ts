@@ -158,6 +158,14 @@ export interface NativeBinding {
   PidWatcher: new (onExit: (id: number) => void) => PidWatcher;
   /** A pidfd for pid (close with fs.closeSync); throws ESRCH when it is gone. */
   pidfdOpen(pid: number): number;
+  /**
+   * For each of nsPids, the host pid of the live process that has it in the
+   * pid namespace of the init (pid, start time in clock ticks), or null (none,
+   * a zombie, a thread's id); null instead of the array when that init is
+   * gone. A few system calls per pid, whatever the sandbox runs. Throws
+   * ENOTTY or EINVAL on kernels before 6.11 (no nsfs pid translation).
+   */
+  hostPidsIn(initPid: number, initStart: number, nsPids: number[]): (number | null)[] | null;
   /** Signals the pidfd's process (`group`: the process group it leads, Linux >= 6.9); false once it has exited. */
   pidfdSendSignal(fd: number, signal: number, group?: boolean): boolean;
   /** Moves the veth side into pid's network namespace as eth0 with its address, route and loopback (a thread of its own). */

@@ -45,15 +45,19 @@ export function backgroundWrapper(argv: string[], opts: { stdin?: boolean | unde
   return ['/bin/sh', '-c', script, 'lockstep-bg', ...argv];
 }
 
-/** Whether the background command with this pid was started with stdin (its FIFO exists). */
+/**
+ * Whether the background command with this pid was started with stdin (its
+ * FIFO exists): one lstat of its own name, never a scan of the folder (the
+ * sandbox can fill it).
+ */
 export async function hasInput(files: SandboxFiles, pid: number): Promise<boolean> {
-  try {
-    // A FIFO lists as 'other'; the writer's open checks that it is one.
-    return (await files.list(INPUT_DIR)).some((e) => e.name === String(pid) && e.type === 'other');
-  } catch (e) {
-    if (e instanceof LockstepError && e.code === 'FILE_NOT_FOUND') return false;
-    throw e;
-  }
+  // A FIFO is of kind 'other'; the writer's open checks that it is one.
+  return (await files.typeOf(`${INPUT_DIR}/${pid}`)) === 'other';
+}
+
+/** Whether the wrapper of the background command with this pid has made its output file. */
+export async function hasOutput(files: SandboxFiles, pid: number): Promise<boolean> {
+  return (await files.typeOf(`${OUTPUT_DIR}/${pid}.stdout`)) === 'file';
 }
 
 /** Byte offsets into the two output files. */
@@ -118,19 +122,37 @@ export async function readOutput(
   };
 }
 
-/** Pids of the background commands this sandbox has output files for, in order. */
-export async function backgroundPids(files: SandboxFiles): Promise<number[]> {
-  let entries;
+/**
+ * At most this many entries of OUTPUT_DIR are read to list the background
+ * commands. The folder is inside the sandbox, which can plant any number of
+ * `<n>.stdout` files there (150k made every listing take seconds): past the
+ * bound the listing holds the commands among the first entries the
+ * directory yields (two per command), and the rest are still reachable by
+ * pid (output, wait, kill address a command's own files). 2048 entries are
+ * 1024 commands: more than a sandbox keeps unless it plants them.
+ */
+export const MAX_OUTPUT_ENTRIES_LISTED = 2048;
+
+/**
+ * Pids of the background commands this sandbox has output files for, in
+ * order, from at most MAX_OUTPUT_ENTRIES_LISTED entries; `truncated` when the
+ * folder held more.
+ */
+export async function backgroundPids(
+  files: SandboxFiles,
+  maxEntries = MAX_OUTPUT_ENTRIES_LISTED,
+): Promise<{ pids: number[]; truncated: boolean }> {
+  let listed;
   try {
-    entries = await files.list(OUTPUT_DIR);
+    listed = await files.listSome(OUTPUT_DIR, maxEntries);
   } catch (e) {
-    if (e instanceof LockstepError && e.code === 'FILE_NOT_FOUND') return [];
+    if (e instanceof LockstepError && e.code === 'FILE_NOT_FOUND') return { pids: [], truncated: false };
     throw e;
   }
   const pids = new Set<number>();
-  for (const e of entries) {
+  for (const e of listed.entries) {
     const m = /^([1-9][0-9]{0,8})\.stdout$/.exec(e.name);
     if (m && e.type === 'file') pids.add(Number(m[1]));
   }
-  return [...pids].sort((a, b) => a - b);
+  return { pids: [...pids].sort((a, b) => a - b), truncated: listed.truncated };
 }

@@ -561,6 +561,59 @@ export class SandboxFiles {
     }
   }
 
+  /**
+   * The names and kinds (from the directory itself, no stat per entry) of at
+   * most maxEntries entries of a directory, in the order it yields them,
+   * read in batches on libuv's pool; `truncated` when it holds more. For
+   * directories the sandbox can fill: reading them whole is of its choosing.
+   */
+  async listSome(
+    p: string,
+    maxEntries: number,
+  ): Promise<{ entries: { name: string; type: FileEntry['type'] }[]; truncated: boolean }> {
+    const { fd } = await this.openChecked(p, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+    let dir: fs.Dir | undefined;
+    try {
+      // Through a /proc/self/fd path opendir opens its own descriptor of the directory checked above.
+      dir = await fs.promises.opendir(viaFd(fd), { bufferSize: 256 });
+      const entries: { name: string; type: FileEntry['type'] }[] = [];
+      let d: fs.Dirent | null;
+      while ((d = await dir.read()) !== null) {
+        if (entries.length === maxEntries) return { entries, truncated: true };
+        const type = d.isFile() ? 'file' : d.isDirectory() ? 'directory' : d.isSymbolicLink() ? 'symlink' : 'other';
+        entries.push({ name: d.name, type });
+      }
+      return { entries, truncated: false };
+    } catch (e) {
+      return mapError(e, p);
+    } finally {
+      await dir?.close().catch(() => undefined);
+      await closeQuietly(fd);
+    }
+  }
+
+  /** The kind of the entry at p (a symlink is not followed), or undefined when there is none. */
+  async typeOf(p: string): Promise<FileEntry['type'] | undefined> {
+    let dirFd: number;
+    let leaf: string;
+    try {
+      [dirFd, leaf] = await this.openParent(p);
+    } catch (e) {
+      if (e instanceof FileNotFoundError) return undefined;
+      throw e;
+    }
+    try {
+      const st = await fs.promises.lstat(viaFd(dirFd, leaf));
+      return st.isFile() ? 'file' : st.isDirectory() ? 'directory' : st.isSymbolicLink() ? 'symlink' : 'other';
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' || code === 'ENOTDIR') return undefined;
+      return mapError(e, p);
+    } finally {
+      await closeQuietly(dirFd);
+    }
+  }
+
   /** Whether the entry exists (a symlink counts as itself; it is not followed). */
   async exists(p: string): Promise<boolean> {
     const rel = sandboxRelative(p);

@@ -3,7 +3,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError } from '../errors.js';
-import { namespacePid, sleep } from '../host/proc.js';
+import { namespacePid, startTime } from '../host/proc.js';
 import {
   runCommand,
   spawnDetached,
@@ -18,11 +18,13 @@ import {
   backgroundPids,
   backgroundWrapper,
   hasInput,
+  hasOutput,
   readOutput,
   type OutputChunk,
   type OutputOffsets,
 } from './background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
+import type { SandboxFiles } from './files.js';
 import { dataRecords, relayInputs, relayReady, timelineOf, type FifoAddress } from './relay.js';
 
 /** Options of a background command: `stdin: true` keeps its stdin open for sendStdin (default: /dev/null). */
@@ -110,7 +112,7 @@ export class SandboxCommands {
     const files = this.sandbox.files();
     try {
       await relayReady(
-        async () => (await backgroundPids(files)).includes(pid) && (!opts.stdin || (await hasInput(files, pid))),
+        async () => (await hasOutput(files, pid)) && (!opts.stdin || (await hasInput(files, pid))),
         () => handle.isRunning(),
       );
     } catch (e) {
@@ -127,18 +129,33 @@ export class SandboxCommands {
   async connect(pid: number): Promise<CommandHandle> {
     if (!Number.isInteger(pid) || pid < 1)
       throw new InvalidArgumentError('pid', 'the pid of a background command', pid);
-    if (!(await backgroundPids(this.sandbox.files())).includes(pid))
+    if (!(await hasOutput(this.sandbox.files(), pid)))
       throw new InvalidArgumentError('pid', 'the pid of a background command of this sandbox', pid);
     return new CommandHandle(this.sandbox, pid);
   }
 
-  /** The background commands started with run({background: true}), oldest pid first, with whether each still runs. */
+  /**
+   * The background commands started with run({background: true}), oldest pid
+   * first, with whether each still runs; from at most
+   * MAX_OUTPUT_ENTRIES_LISTED entries of the output folder
+   * (background-output.ts), which the sandbox can fill.
+   */
   async list(): Promise<{ pid: number; running: boolean; exitCode: number | null }[]> {
-    const out = [];
-    for (const pid of await backgroundPids(this.sandbox.files())) {
-      const h = new CommandHandle(this.sandbox, pid);
-      const running = h.isRunning();
-      out.push({ pid, running, exitCode: running ? null : (await h.wait()).exitCode });
+    const files = this.sandbox.files();
+    const { pids } = await backgroundPids(files);
+    // Whether each runs: one batch of nsfs lookups, no /proc read per pid.
+    const hosts = hostPids(this.sandbox, pids);
+    const out: { pid: number; running: boolean; exitCode: number | null }[] = [];
+    for (let i = 0; i < pids.length; i += LIST_EXIT_READS_AT_ONCE) {
+      const batch = pids.slice(i, i + LIST_EXIT_READS_AT_ONCE);
+      out.push(
+        ...(await Promise.all(
+          batch.map(async (pid, j) => {
+            const running = hosts[i + j] !== undefined;
+            return { pid, running, exitCode: running ? null : await exitCodeOf(files, pid) };
+          }),
+        )),
+      );
     }
     return out;
   }
@@ -153,6 +170,46 @@ export class SandboxCommands {
       throw new InvalidArgumentError('command', 'a non-empty command', cmd);
     validateCommand(argv, opts);
     return spawnDetached(this.sandbox.enterTarget(), argv, opts);
+  }
+}
+
+/** Exit codes of finished commands list() reads at once (each a small read on libuv's pool). */
+const LIST_EXIT_READS_AT_ONCE = 16;
+
+/**
+ * Host pids of the sandbox's processes with these pids (inside it), or
+ * undefined for those not running. Through the nsfs ioctls (a few system
+ * calls a pid); kernels before 6.11 lack them and fall back to reading NSpid
+ * of each process of the sandbox's cgroup.
+ */
+function hostPids(sandbox: SandboxCore, pids: number[]): (number | undefined)[] {
+  const row = sandbox.row();
+  if (row.init_pid === null || row.init_start === null) return pids.map(() => undefined);
+  try {
+    const hosts = sandbox.engine.native.hostPidsIn(row.init_pid, row.init_start, pids);
+    return hosts === null ? pids.map(() => undefined) : hosts.map((h) => h ?? undefined);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code !== 'ENOTTY' && code !== 'EINVAL') throw e;
+    const cg = sandbox.engine.runtime.cgroupName(row.instance);
+    const byNsPid = new Map<number, number>();
+    for (const p of sandbox.engine.cgroups.pids(cg)) {
+      const n = namespacePid(p);
+      if (n !== undefined) byNsPid.set(n, p);
+    }
+    return pids.map((p) => byNsPid.get(p));
+  }
+}
+
+/** The exit code the wrapper wrote, or null (killed before writing it, or not a code). */
+async function exitCodeOf(files: SandboxFiles, pid: number): Promise<number | null> {
+  try {
+    const { content } = await files.read(`${EXIT_DIR}/${pid}`, { maxBytes: 64 });
+    // Written by the wrapper, but inside the sandbox: anything else there is no exit code.
+    const text = content.toString().trim();
+    return /^[0-9]{1,3}$/.test(text) ? Number(text) : null;
+  } catch {
+    return null;
   }
 }
 
@@ -219,8 +276,7 @@ export class CommandHandle {
   }
 
   private hostPid(): number | undefined {
-    const cg = this.sandbox.engine.runtime.cgroupName(this.sandbox.row().instance);
-    return this.sandbox.engine.cgroups.pids(cg).find((p) => namespacePid(p) === this.pid);
+    return hostPids(this.sandbox, [this.pid])[0];
   }
 
   /** Whether the command's process is still there. */
@@ -234,28 +290,41 @@ export class CommandHandle {
     return { ...chunk, running: this.isRunning() };
   }
 
-  /** Resolves when the command has exited, with its exit code (null if it was killed before reporting one). */
+  /**
+   * Resolves when the command has exited, with its exit code (null if it was
+   * killed before reporting one). Nothing polls: the command's host pid is
+   * looked up once and its exit watched through a pidfd (engine.exits); an
+   * abort or the timeout gives the watch and the timer back at once.
+   */
   async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<{ exitCode: number | null }> {
-    const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
-    while (this.hostPid() !== undefined) {
-      if (opts.signal?.aborted)
+    const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : undefined;
+    for (;;) {
+      const row = this.sandbox.row();
+      const host = this.hostPid();
+      if (host === undefined) break;
+      // The start time pins the process: read after the lookup, then the lookup
+      // again; had the command exited in between (its host pid reused), the
+      // watch finds another start time and ends at once.
+      const start = startTime(host);
+      if (start === undefined || this.hostPid() !== host) continue;
+      const end = await this.sandbox.engine.exits.wait(host, {
+        start,
+        signal: opts.signal,
+        ...(deadline !== undefined ? { timeoutMs: Math.max(0, deadline - Date.now()) } : {}),
+      });
+      if (end === 'aborted')
         throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for background command ${this.pid}`);
-      if (Date.now() > deadline)
+      if (end === 'timeout')
         throw new CommandAbortedError(
           'COMMAND_TIMEOUT',
           `Background command ${this.pid} still running after ${opts.timeoutMs} ms`,
         );
-      await sleep(20);
+      // A rollback replaced the tree (a new init): the command may run on,
+      // restored under another host pid; otherwise it has exited.
+      const now = this.sandbox.row();
+      if (now.init_pid === row.init_pid && now.init_start === row.init_start) break;
     }
-    const raw = this.sandbox.files();
-    try {
-      const { content } = await raw.read(`${EXIT_DIR}/${this.pid}`, { maxBytes: 64 });
-      // Written by the wrapper, but inside the sandbox: anything else there is no exit code.
-      const text = content.toString().trim();
-      return { exitCode: /^[0-9]{1,3}$/.test(text) ? Number(text) : null };
-    } catch {
-      return { exitCode: null };
-    }
+    return { exitCode: await exitCodeOf(this.sandbox.files(), this.pid) };
   }
 
   /** Sends a signal (default SIGKILL) to the command. False if it had already exited. */

@@ -303,6 +303,7 @@ export class FakeHost {
       criu: notFaked('criu'),
       pidfdOpen: notFaked('pidfdOpen'),
       pidfdSendSignal: notFaked('pidfdSendSignal'),
+      hostPidsIn: notFaked('hostPidsIn'),
       idmappedMounts: notFaked('idmappedMounts'),
       shiftOwners: notFaked('shiftOwners'),
       cloneFolder: notFaked('cloneFolder'),

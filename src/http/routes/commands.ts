@@ -12,7 +12,7 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CommandHandle, type ObservedRunResult } from '../../sandboxes/sandbox.js';
-import { CommandAbortedError } from '../../errors.js';
+import { Admission } from '../../admission.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
 import { renameField } from '../../wire.js';
@@ -31,6 +31,21 @@ interface RunBody {
 type StreamMode = 'ndjson' | 'sse';
 
 const WIRE_NAMES = { command: 'cmd', env: 'envs' };
+
+/**
+ * What one tenant, and all of them together, can keep in flight on these
+ * routes; past it, 429 RATE_LIMITED with Retry-After (nothing queues). Each
+ * wait holds a pidfd watch; each foreground command (JSON or streamed) holds
+ * a process in the sandbox, an enter helper on the host and, streamed, an
+ * open response. A request that ends, or whose client goes away, gives its
+ * place back at once (its signal stops the wait or the command). 64 per
+ * tenant is far more than an agent's tool calls run at once; 1024 in all
+ * keeps the manager's fds and helpers bounded whatever the tenants do.
+ */
+export const COMMAND_ROUTE_LIMITS = {
+  waits: { perTenant: 64, total: 1024 },
+  commands: { perTenant: 64, total: 1024 },
+} as const;
 
 function streamMode(req: FastifyRequest): StreamMode | undefined {
   const accept = req.headers.accept ?? '';
@@ -75,6 +90,16 @@ function resultEvent(r: ObservedRunResult): Record<string, unknown> {
 
 export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
   const tags = ['commands'];
+  const waits = new Admission({
+    what: 'background command waits',
+    perKey: COMMAND_ROUTE_LIMITS.waits.perTenant,
+    total: COMMAND_ROUTE_LIMITS.waits.total,
+  });
+  const commands = new Admission({
+    what: 'commands in flight',
+    perKey: COMMAND_ROUTE_LIMITS.commands.perTenant,
+    total: COMMAND_ROUTE_LIMITS.commands.total,
+  });
 
   app.post<{ Params: { id: string }; Body: RunBody }>(
     '/sandboxes/:id/commands',
@@ -123,20 +148,33 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
           .run(cmd, { cwd, envs, timeoutMs, toolCallId, signal, onStdout, onStderr })
           .catch((e) => Promise.reject(renameField(e, WIRE_NAMES)));
 
-      if (!mode) return ctx.operation('command', reply, (signal) => run(signal), { abortOnDisconnect: true });
+      if (!mode)
+        return commands.run(state.tenant.id, () =>
+          ctx.operation('command', reply, (signal) => run(signal), { abortOnDisconnect: true }),
+        );
 
-      const s = startStream(reply, mode);
-      ctx
-        .operation(
-          'command',
-          reply,
-          (signal) =>
-            run(
-              signal,
-              (d) => s.event('stdout', { data: d }),
-              (d) => s.event('stderr', { data: d }),
-            ),
-          { abortOnDisconnect: true },
+      // Admitted before the stream starts, so that a refusal is a plain 429.
+      const release = commands.enter(state.tenant.id);
+      let s: EventStream;
+      try {
+        s = startStream(reply, mode);
+      } catch (e) {
+        release();
+        throw e;
+      }
+      Promise.resolve()
+        .then(() =>
+          ctx.operation(
+            'command',
+            reply,
+            (signal) =>
+              run(
+                signal,
+                (d) => s.event('stdout', { data: d }),
+                (d) => s.event('stderr', { data: d }),
+              ),
+            { abortOnDisconnect: true },
+          ),
         )
         .then((r) => {
           const idem = state.idempotency;
@@ -158,6 +196,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
             state.idempotency.stored = true;
             ctx.idempotency.release(state.tenant.id, state.idempotency.key);
           }
+          release();
           s.end();
         });
       return reply;
@@ -179,14 +218,16 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       const sb = ctx.sandbox(req);
       const pid = Number(req.params.pid);
       const handle = new CommandHandle(sb.core, pid);
-      // CommandHandle.wait takes no signal: race it, so that a shutdown or a
-      // client that goes away does not leave the request waiting.
-      const r = await ctx.operation(
-        'wait',
-        reply,
-        (signal) =>
-          untilAborted(handle.wait(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}), signal),
-        { abortOnDisconnect: true },
+      // The request's signal reaches the wait: a client that goes away (or a
+      // shutdown) ends the pidfd watch and the timer, and frees the place.
+      const r = await waits.run(ctx.tenant(req).id, () =>
+        ctx.operation(
+          'wait',
+          reply,
+          (signal) =>
+            handle.wait({ signal, ...(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}) }),
+          { abortOnDisconnect: true },
+        ),
       );
       return { pid, exitCode: r.exitCode };
     },
@@ -210,16 +251,4 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       return { pid, killed };
     },
   );
-}
-
-/** p, or a COMMAND_ABORTED rejection when signal aborts first. */
-function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
-  p.catch(() => undefined);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () =>
-      reject(new CommandAbortedError('COMMAND_ABORTED', 'Stopped waiting: the request was aborted'));
-    if (signal.aborted) return onAbort();
-    signal.addEventListener('abort', onAbort, { once: true });
-    p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
-  });
 }
