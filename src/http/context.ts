@@ -2,6 +2,7 @@
  * What every route handler shares: the manager, the tenant of the request,
  * the in-flight operations, metrics, quotas and idempotency.
  */
+import { Admission } from '../admission.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Lockstep } from '../lockstep.js';
 import type { Sandbox, SandboxInfo } from '../sandboxes/sandbox.js';
@@ -29,8 +30,36 @@ export interface RequestState {
 }
 
 /** Shared by the route modules. */
+/**
+ * What one tenant, and all of them together, can keep in flight on these
+ * routes; past it, 429 RATE_LIMITED with Retry-After (nothing queues). Each
+ * wait holds a pidfd watch; each foreground command (JSON or streamed) holds
+ * a process in the sandbox, an enter helper on the host and, streamed, an
+ * open response. A request that ends, or whose client goes away, gives its
+ * place back at once (its signal stops the wait or the command). 64 per
+ * tenant is far more than an agent's tool calls run at once; 1024 in all
+ * keeps the manager's fds and helpers bounded whatever the tenants do.
+ */
+export const COMMAND_ROUTE_LIMITS = {
+  waits: { perTenant: 64, total: 1024 },
+  commands: { perTenant: 64, total: 1024 },
+} as const;
+
 export class ApiContext {
   readonly gate = new QuotaGate();
+  /** Waits (background commands and PTYs alike) and foreground commands in flight, per tenant and in all. */
+  readonly admission = {
+    waits: new Admission({
+      what: 'command and PTY waits',
+      perKey: COMMAND_ROUTE_LIMITS.waits.perTenant,
+      total: COMMAND_ROUTE_LIMITS.waits.total,
+    }),
+    commands: new Admission({
+      what: 'commands in flight',
+      perKey: COMMAND_ROUTE_LIMITS.commands.perTenant,
+      total: COMMAND_ROUTE_LIMITS.commands.total,
+    }),
+  };
   private readonly states = new WeakMap<FastifyRequest, RequestState>();
 
   constructor(

@@ -297,6 +297,16 @@ export class CommandHandle {
    * abort or the timeout gives the watch and the timer back at once.
    */
   async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<{ exitCode: number | null }> {
+    await this.exited(opts, `background command ${this.pid}`);
+    return { exitCode: await exitCodeOf(this.sandbox.files(), this.pid) };
+  }
+
+  /**
+   * Resolves once the process has exited, watching its pidfd (nothing
+   * polls); COMMAND_ABORTED when the signal aborts, COMMAND_TIMEOUT past
+   * timeoutMs. `what` names it in those errors. A PTY waits through this too.
+   */
+  async exited(opts: { timeoutMs?: number; signal?: AbortSignal }, what: string): Promise<void> {
     const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : undefined;
     for (;;) {
       const row = this.sandbox.row();
@@ -312,19 +322,17 @@ export class CommandHandle {
         signal: opts.signal,
         ...(deadline !== undefined ? { timeoutMs: Math.max(0, deadline - Date.now()) } : {}),
       });
-      if (end === 'aborted')
-        throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for background command ${this.pid}`);
+      if (end === 'aborted') throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for ${what}`);
       if (end === 'timeout')
         throw new CommandAbortedError(
           'COMMAND_TIMEOUT',
-          `Background command ${this.pid} still running after ${opts.timeoutMs} ms`,
+          `${what.charAt(0).toUpperCase()}${what.slice(1)} still running after ${opts.timeoutMs} ms`,
         );
       // A rollback replaced the tree (a new init): the command may run on,
       // restored under another host pid; otherwise it has exited.
       const now = this.sandbox.row();
       if (now.init_pid === row.init_pid && now.init_start === row.init_start) break;
     }
-    return { exitCode: await exitCodeOf(this.sandbox.files(), this.pid) };
   }
 
   /** Sends a signal (default SIGKILL) to the command. False if it had already exited. */

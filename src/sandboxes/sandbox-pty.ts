@@ -251,13 +251,7 @@ export class PtyHandle {
 
   /** Resolves when the PTY has ended, with how. */
   async wait(opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<PtyExit> {
-    const deadline = opts.timeoutMs ? Date.now() + opts.timeoutMs : Infinity;
-    while (this.isRunning()) {
-      if (opts.signal?.aborted) throw new CommandAbortedError('COMMAND_ABORTED', `Stopped waiting for PTY ${this.pid}`);
-      if (Date.now() > deadline)
-        throw new CommandAbortedError('COMMAND_TIMEOUT', `PTY ${this.pid} still running after ${opts.timeoutMs} ms`);
-      await sleep(20);
-    }
+    await this.process.exited(opts, `PTY ${this.pid}`);
     const exitCode = await this.exitCode();
     if (exitCode !== null) return { exitCode, reason: 'exited' };
     const rolledBack = timelineOf(this.sandbox.row()) !== this.timeline && !(await this.hasTranscript());

@@ -12,7 +12,6 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { CommandHandle, type ObservedRunResult } from '../../sandboxes/sandbox.js';
-import { Admission } from '../../admission.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
 import { renameField } from '../../wire.js';
@@ -31,21 +30,6 @@ interface RunBody {
 type StreamMode = 'ndjson' | 'sse';
 
 const WIRE_NAMES = { command: 'cmd', env: 'envs' };
-
-/**
- * What one tenant, and all of them together, can keep in flight on these
- * routes; past it, 429 RATE_LIMITED with Retry-After (nothing queues). Each
- * wait holds a pidfd watch; each foreground command (JSON or streamed) holds
- * a process in the sandbox, an enter helper on the host and, streamed, an
- * open response. A request that ends, or whose client goes away, gives its
- * place back at once (its signal stops the wait or the command). 64 per
- * tenant is far more than an agent's tool calls run at once; 1024 in all
- * keeps the manager's fds and helpers bounded whatever the tenants do.
- */
-export const COMMAND_ROUTE_LIMITS = {
-  waits: { perTenant: 64, total: 1024 },
-  commands: { perTenant: 64, total: 1024 },
-} as const;
 
 function streamMode(req: FastifyRequest): StreamMode | undefined {
   const accept = req.headers.accept ?? '';
@@ -90,16 +74,7 @@ function resultEvent(r: ObservedRunResult): Record<string, unknown> {
 
 export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
   const tags = ['commands'];
-  const waits = new Admission({
-    what: 'background command waits',
-    perKey: COMMAND_ROUTE_LIMITS.waits.perTenant,
-    total: COMMAND_ROUTE_LIMITS.waits.total,
-  });
-  const commands = new Admission({
-    what: 'commands in flight',
-    perKey: COMMAND_ROUTE_LIMITS.commands.perTenant,
-    total: COMMAND_ROUTE_LIMITS.commands.total,
-  });
+  const { waits, commands } = ctx.admission;
 
   app.post<{ Params: { id: string }; Body: RunBody }>(
     '/sandboxes/:id/commands',

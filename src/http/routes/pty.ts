@@ -237,12 +237,14 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     },
     async (req, reply) => {
       const handle = await pty(req);
-      const r = await ctx.operation(
-        'wait',
-        reply,
-        (signal) =>
-          handle.wait({ signal, ...(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}) }),
-        { abortOnDisconnect: true },
+      const r = await ctx.admission.waits.run(ctx.tenant(req).id, () =>
+        ctx.operation(
+          'wait',
+          reply,
+          (signal) =>
+            handle.wait({ signal, ...(req.body.timeoutMs !== undefined ? { timeoutMs: req.body.timeoutMs } : {}) }),
+          { abortOnDisconnect: true },
+        ),
       );
       return { pid: handle.pid, ...r };
     },
