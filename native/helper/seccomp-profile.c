@@ -4,7 +4,7 @@
  *
  * Semantics follow Docker's default seccomp profile (moby
  * profiles/seccomp/default.json) resolved for the capability set a sandbox
- * has (Docker's defaults minus CAP_MKNOD: no CAP_SYS_ADMIN, CAP_SYS_PTRACE,
+ * has (Docker's defaults minus CAP_MKNOD and CAP_NET_RAW: no CAP_SYS_ADMIN, CAP_SYS_PTRACE,
  * CAP_SYS_MODULE, CAP_SYS_TIME, CAP_SYS_NICE, CAP_BPF, CAP_PERFMON, ...), so
  * the profile's capability-conditional entries are either in or out here.
  * The table is our own; where it differs from Docker's, the comment says so:
