@@ -27,8 +27,8 @@ import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
 import { errorFromWire, type WireError, ConnectionError, RequestAbortedError } from './errors.js';
 import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
 
-/** A sandbox as the API shows it: the library's fields, with the tenant's name and id. */
-export type RemoteSandboxInfo = SandboxInfo & { tenantId: string | null };
+/** A sandbox as the API shows it: the library's fields but the init's host pid, with the tenant's name and id. */
+export type RemoteSandboxInfo = Omit<SandboxInfo, 'pid'> & { tenantId: string | null };
 
 /** Sandbox.create's options: the library's, less the tenant (the token names it). */
 export type RemoteCreateOptions = Omit<CreateOptions, 'tenant' | 'hostname'> & ConnectionOptions & CallOptions;
