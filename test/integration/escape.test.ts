@@ -595,14 +595,34 @@ child.wait()
     },
   );
 
+  /** Checks a sandbox's /proc/self/mountinfo names nothing of the host's state directory. */
+  async function assertNoHostPaths(t: ExecutionContext, s: Sandbox, who: string): Promise<void> {
+    const r = await s.commands.run(['cat', '/proc/self/mountinfo']);
+    t.is(r.exitCode, 0, r.stderr);
+    const home = ls.home;
+    const leaks = r.stdout.split('\n').filter((l) => l.includes(home) || l.includes('/var/lib/lockstep'));
+    t.deepEqual(leaks, [], `${who}: mountinfo lines naming ${home}`);
+    // The overlay's layers show as descriptors of the manager's mount call.
+    t.regex(
+      r.stdout,
+      /^\S+ \S+ \S+ \/ \/ \S+ - overlay overlay \S*lowerdir=\/proc\/self\/fd\/\d+:\/proc\/self\/fd\/\d+,upperdir=\/proc\/self\/fd\/\d+,workdir=\/proc\/self\/fd\/\d+/m,
+      who,
+    );
+  }
+
+  test.serial('mountinfo inside names no host path: the overlay layers show as /proc/self/fd/N', async (t) => {
+    const sb = await sandbox(t);
+    await assertNoHostPaths(t, sb, 'a new sandbox');
+  });
+
   const confinedAfter = test.macro({
     title: (_, how: 'standby' | 'restore' | 'fork') =>
       ({
         standby:
-          'confinement, no raw or packet socket, and /dev, /proc mounts are the same after a rollback through the warm standby',
+          'confinement, no raw or packet socket, no host path in mountinfo, and /dev, /proc mounts are the same after a rollback through the warm standby',
         restore:
-          'confinement, no raw or packet socket, and /dev, /proc mounts are the same after a rollback through a CRIU restore',
-        fork: 'confinement, no raw or packet socket, and /dev, /proc mounts are the same in a fork',
+          'confinement, no raw or packet socket, no host path in mountinfo, and /dev, /proc mounts are the same after a rollback through a CRIU restore',
+        fork: 'confinement, no raw or packet socket, no host path in mountinfo, and /dev, /proc mounts are the same in a fork',
       })[how],
     async exec(t, how: 'standby' | 'restore' | 'fork') {
       const sb = await sandbox(t);
@@ -678,6 +698,7 @@ os.rename('/tmp/sockets.tmp', '/tmp/sockets.json')
       });
       assertNoRawSockets(t, JSON.parse(restoredSockets) as Record<string, unknown>, 'a restored process');
       assertNoRawSockets(t, await probe(target, SOCKET_PROBE), 'a command after the restore');
+      await assertNoHostPaths(t, target, how);
       const mountsAfter = await mountsOf(target);
       t.is(mountsAfter, mountsBefore);
       t.regex(mountsAfter, /^\/dev \S+ ro,/m);
