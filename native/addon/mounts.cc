@@ -69,9 +69,42 @@ static Napi::Value MountOverlay(const Napi::CallbackInfo& info) {
   }
   std::string upper = StringArg(info, 2, "upper");
   std::string work = StringArg(info, 3, "work");
-  std::string opts = OverlayOptions(lowers, upper, work);
-  if (::mount("overlay", target.c_str(), "overlay", MS_NOSUID | MS_NODEV, opts.c_str()) != 0) {
-    ThrowSystemError(env, errno, "mount(overlay)", target);
+  // overlayfs shows each layer in /proc/<pid>/mountinfo as the string it was
+  // given, and a sandbox reads its own root's: a layer named through a
+  // descriptor of this process shows as /proc/self/fd/N, which says nothing
+  // of the host's paths. The descriptors only live for the mount call.
+  std::vector<int> fds;
+  auto close_all = [&fds]() {
+    for (int fd : fds) ::close(fd);
+  };
+  auto by_fd = [&](const std::string& path, std::string* out) {
+    int fd = ::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return false;
+    fds.push_back(fd);
+    *out = "/proc/self/fd/" + std::to_string(fd);
+    return true;
+  };
+  std::vector<std::string> lower_refs(lowers.size());
+  std::string upper_ref, work_ref;
+  for (size_t i = 0; i < lowers.size(); i++)
+    if (!by_fd(lowers[i], &lower_refs[i])) {
+      int saved = errno;
+      close_all();
+      ThrowSystemError(env, saved, "open(overlay lower)", lowers[i]);
+      return env.Undefined();
+    }
+  if (!by_fd(upper, &upper_ref) || !by_fd(work, &work_ref)) {
+    int saved = errno;
+    close_all();
+    ThrowSystemError(env, saved, "open(overlay upper/work)", upper_ref.empty() ? upper : work);
+    return env.Undefined();
+  }
+  std::string opts = OverlayOptions(lower_refs, upper_ref, work_ref);
+  int rc = ::mount("overlay", target.c_str(), "overlay", MS_NOSUID | MS_NODEV, opts.c_str());
+  int saved = errno;
+  close_all();
+  if (rc != 0) {
+    ThrowSystemError(env, saved, "mount(overlay)", target);
     return env.Undefined();
   }
   return env.Undefined();

@@ -4,7 +4,7 @@
  *
  * Semantics follow Docker's default seccomp profile (moby
  * profiles/seccomp/default.json) resolved for the capability set a sandbox
- * has (Docker's defaults minus CAP_MKNOD: no CAP_SYS_ADMIN, CAP_SYS_PTRACE,
+ * has (Docker's defaults minus CAP_MKNOD and CAP_NET_RAW: no CAP_SYS_ADMIN, CAP_SYS_PTRACE,
  * CAP_SYS_MODULE, CAP_SYS_TIME, CAP_SYS_NICE, CAP_BPF, CAP_PERFMON, ...), so
  * the profile's capability-conditional entries are either in or out here.
  * The table is our own; where it differs from Docker's, the comment says so:
@@ -21,6 +21,10 @@
  *    the hypervisor of this VM; families are compared as 64-bit values so
  *    high garbage bits cannot alias a refused family after the kernel's
  *    truncation to int;
+ *  - socket(AF_PACKET) and SOCK_RAW sockets of AF_INET and AF_INET6 refused
+ *    (the kernel would refuse them too: no sandbox has CAP_NET_RAW, see
+ *    confine.c): packet receive rings are host memory outside the memory
+ *    cgroup;
  *  - syscalls newer than Docker's table that only do what allowed ones do
  *    (fchmodat2, futex_wake/wait/requeue, cachestat, map_shadow_stack, mseal,
  *    the *xattrat family, file_getattr/setattr) are allowed, so a new libc
@@ -397,6 +401,15 @@ const char *const seccomp_allowed[] = {
 #define ALLOW_IF_EQ(sys, v, reason) \
   { sys, 0, 1, {{0, SCMP_CMP_EQ, (v), 0}}, reason }
 
+/* socket(family, ...) for one family, whatever the type. */
+#define ALLOW_FAMILY(family) ALLOW_IF_EQ("socket", family, #family)
+
+/* socket(family, type, ...) when the type's low four bits (SOCK_TYPE_MASK:
+ * the kernel refuses any other bit but SOCK_NONBLOCK and SOCK_CLOEXEC) name
+ * `type`. */
+#define ALLOW_INET(family, type) \
+  { "socket", 0, 2, {{0, SCMP_CMP_EQ, (family), 0}, {1, SCMP_CMP_MASKED_EQ, 0xf, (type)}}, #family " " #type }
+
 const struct seccomp_rule seccomp_rules[] = {
     {"clone", 0, 1, {{0, SCMP_CMP_MASKED_EQ, CLONE_NEW_ANY, 0}}, "threads and processes, never new namespaces"},
     /* clone3 passes its flags in memory, which a filter cannot read: refuse it
@@ -409,9 +422,54 @@ const struct seccomp_rule seccomp_rules[] = {
     ALLOW_IF_EQ("personality", 0x20000, "UNAME26"),
     ALLOW_IF_EQ("personality", 0x20008, "UNAME26 | PER_LINUX32"),
     ALLOW_IF_EQ("personality", 0xffffffff, "query"),
-    /* socket: every family but AF_VSOCK (40); defined families above it
-     * one by one, so a value with high bits set matches nothing. */
-    {"socket", 0, 1, {{0, SCMP_CMP_LT, AF_VSOCK, 0}}, "families below AF_VSOCK"},
+    /* socket: every family but AF_PACKET (17) and AF_VSOCK (40), and for
+     * AF_INET and AF_INET6 only stream, datagram and seqpacket sockets (not
+     * SOCK_RAW). One comparison per argument in a rule, so the families are
+     * listed one by one, and a value with high bits set matches nothing. */
+    {"socket", 0, 1, {{0, SCMP_CMP_LT, AF_INET, 0}}, "AF_UNSPEC, AF_UNIX"},
+    ALLOW_INET(AF_INET, SOCK_STREAM),
+    ALLOW_INET(AF_INET, SOCK_DGRAM),
+    ALLOW_INET(AF_INET, SOCK_SEQPACKET),
+    ALLOW_FAMILY(AF_AX25),
+    ALLOW_FAMILY(AF_IPX),
+    ALLOW_FAMILY(AF_APPLETALK),
+    ALLOW_FAMILY(AF_NETROM),
+    ALLOW_FAMILY(AF_BRIDGE),
+    ALLOW_FAMILY(AF_ATMPVC),
+    ALLOW_FAMILY(AF_X25),
+    ALLOW_INET(AF_INET6, SOCK_STREAM),
+    ALLOW_INET(AF_INET6, SOCK_DGRAM),
+    ALLOW_INET(AF_INET6, SOCK_SEQPACKET),
+    ALLOW_FAMILY(AF_ROSE),
+    ALLOW_FAMILY(AF_DECnet),
+    ALLOW_FAMILY(AF_NETBEUI),
+    ALLOW_FAMILY(AF_SECURITY),
+    ALLOW_FAMILY(AF_KEY),
+    ALLOW_FAMILY(AF_NETLINK),
+    /* not AF_PACKET (17) */
+    ALLOW_FAMILY(AF_ASH),
+    ALLOW_FAMILY(AF_ECONET),
+    ALLOW_FAMILY(AF_ATMSVC),
+    ALLOW_FAMILY(AF_RDS),
+    ALLOW_FAMILY(AF_SNA),
+    ALLOW_FAMILY(AF_IRDA),
+    ALLOW_FAMILY(AF_PPPOX),
+    ALLOW_FAMILY(AF_WANPIPE),
+    ALLOW_FAMILY(AF_LLC),
+    ALLOW_FAMILY(AF_IB),
+    ALLOW_FAMILY(AF_MPLS),
+    ALLOW_FAMILY(AF_CAN),
+    ALLOW_FAMILY(AF_TIPC),
+    ALLOW_FAMILY(AF_BLUETOOTH),
+    ALLOW_FAMILY(AF_IUCV),
+    ALLOW_FAMILY(AF_RXRPC),
+    ALLOW_FAMILY(AF_ISDN),
+    ALLOW_FAMILY(AF_PHONET),
+    ALLOW_FAMILY(AF_IEEE802154),
+    ALLOW_FAMILY(AF_CAIF),
+    ALLOW_FAMILY(AF_ALG),
+    ALLOW_FAMILY(AF_NFC),
+    /* not AF_VSOCK (40) */
     ALLOW_IF_EQ("socket", 41, "AF_KCM"),
     ALLOW_IF_EQ("socket", 42, "AF_QIPCRTR"),
     ALLOW_IF_EQ("socket", 43, "AF_SMC"),

@@ -30,8 +30,8 @@ import { Transport, type CallOptions, type ConnectionOptions } from './transport
 /** The most entries the server returns in one page (LIST_MAX_LIMIT in src/sandboxes/files.ts). */
 const LIST_MAX_LIMIT = 10_000;
 
-/** A sandbox as the API shows it: the library's fields, with the tenant's name and id. */
-export type RemoteSandboxInfo = SandboxInfo & { tenantId: string | null };
+/** A sandbox as the API shows it: the library's fields but the init's host pid, with the tenant's name and id. */
+export type RemoteSandboxInfo = Omit<SandboxInfo, 'pid'> & { tenantId: string | null };
 
 /** Sandbox.create's options: the library's, less the tenant (the token names it). */
 export type RemoteCreateOptions = Omit<CreateOptions, 'tenant' | 'hostname'> & ConnectionOptions & CallOptions;

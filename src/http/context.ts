@@ -14,6 +14,21 @@ import type { OperationTracker } from './operations.js';
 import type { IdempotencyStore, StoredResponse } from './idempotency.js';
 import { HttpError } from './errors.js';
 
+/** A sandbox as a tenant sees it: no host pid, and the tenant named. */
+export type TenantSandboxInfo = Omit<SandboxInfo, 'pid'> & { tenantId: string | null };
+
+/**
+ * A sandbox as the API (HTTP and MCP) shows it: the library keys sandboxes by
+ * the tenant's id; the API also names the tenant, which is the caller. The
+ * init's host pid is left out: it names a process of the host's pid
+ * namespace (inside its own the init is pid 1), which is the operator's
+ * business; the manager's log and the library's SandboxInfo keep it.
+ */
+export function tenantSandboxInfo(info: SandboxInfo, tenant: Tenant): TenantSandboxInfo {
+  const { pid: _hostPid, ...shown } = info;
+  return { ...shown, tenant: tenant.name, tenantId: tenant.id };
+}
+
 declare module 'fastify' {
   interface FastifyContextConfig {
     /** The route replays a stored idempotent response itself (it may stream it). */
@@ -100,13 +115,9 @@ export class ApiContext {
     return this.lockstep.get(id, this.tenant(req).id);
   }
 
-  /**
-   * A sandbox as the API shows it: the library keys sandboxes by the
-   * tenant's id; the API also names the tenant, which is the caller.
-   */
-  present(req: FastifyRequest, info: SandboxInfo): SandboxInfo & { tenantId: string | null } {
-    const t = this.tenant(req);
-    return { ...info, tenant: t.name, tenantId: t.id };
+  /** A sandbox as the API shows it to the request's tenant (tenantSandboxInfo). */
+  present(req: FastifyRequest, info: SandboxInfo): TenantSandboxInfo {
+    return tenantSandboxInfo(info, this.tenant(req));
   }
 
   /**

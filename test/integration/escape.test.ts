@@ -2,8 +2,9 @@
  * Escape attempts from inside a sandbox, one test per attack, each pinned to
  * the exact refusal (an errno from a raw syscall made with python3's ctypes,
  * or a command's exit status and message): namespaces, mounts, keyrings,
- * io_uring, bpf, perf, sysctls, masked /proc files, /dev and /dev/shm, a
- * file a host uid owns, and the confinement itself (capability sets,
+ * io_uring, bpf, perf, raw and packet sockets (packet rings are host memory
+ * outside the memory cgroup), sysctls, masked /proc files, /dev and
+ * /dev/shm, a file a host uid owns, and the confinement itself (capability sets,
  * no_new_privs, seccomp, rlimits, the user namespace's id map) of the init
  * and of commands, also after a rollback through both paths and in a fork.
  * Syscall numbers are x86_64's.
@@ -15,7 +16,7 @@ import test, { type ExecutionContext } from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
 import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/sandboxes/id-ranges.js';
-import { integration, openTestLockstep } from '../helpers/harness.js';
+import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { hostPath } from '../fixtures/stub-workloads.js';
 
 /**
@@ -52,7 +53,8 @@ async function probe(sb: Sandbox, body: string): Promise<Record<string, unknown>
   return JSON.parse(r.stdout) as Record<string, unknown>;
 }
 
-// Docker's default capability set without CAP_MKNOD, by bit number.
+// Docker's default capability set without CAP_MKNOD and CAP_NET_RAW (13), by bit number.
+const CAP_NET_RAW = 13;
 const SANDBOX_CAPS = {
   CAP_CHOWN: 0,
   CAP_DAC_OVERRIDE: 1,
@@ -63,7 +65,6 @@ const SANDBOX_CAPS = {
   CAP_SETUID: 7,
   CAP_SETPCAP: 8,
   CAP_NET_BIND_SERVICE: 10,
-  CAP_NET_RAW: 13,
   CAP_SYS_CHROOT: 18,
   CAP_AUDIT_WRITE: 29,
   CAP_SETFCAP: 31,
@@ -105,6 +106,71 @@ const MASKED = [
   '/proc/sched_debug',
   '/proc/scsi',
 ];
+
+/**
+ * Probe body: the raw and packet sockets a sandbox must not open (and, if
+ * one opened, whether a packet receive ring could be set on it: 256 MiB of
+ * kernel memory the memory cgroup does not see), beside the ordinary sockets
+ * that must still work. Fills out['sockets'].
+ */
+const SOCKET_PROBE = String.raw`
+import socket, struct
+def sock(fam, typ, proto=0):
+    try:
+        return 'ok', socket.socket(fam, typ, proto)
+    except OSError as e:
+        return errno.errorcode[e.errno], None
+def opened(fam, typ, proto=0):
+    r, s = sock(fam, typ, proto)
+    if s: s.close()
+    return r
+r, pkt = sock(socket.AF_PACKET, socket.SOCK_RAW, 0)
+ring = 'no socket'
+if pkt:
+    # tpacket_req: 64 blocks of 4 MiB, 2 KiB frames.
+    ring = oserr(lambda: pkt.setsockopt(263, 5, struct.pack('IIII', 4 << 20, 64, 2048, 64 * 2048)))  # SOL_PACKET, PACKET_RX_RING
+    pkt.close()
+out['sockets'] = {
+    'AF_PACKET SOCK_RAW': r,
+    'PACKET_RX_RING': ring,
+    'AF_PACKET SOCK_DGRAM': opened(socket.AF_PACKET, socket.SOCK_DGRAM, 0),
+    'AF_PACKET, high bits set': sc(41, (1 << 32) | 17, 3, 0),
+    'AF_INET SOCK_RAW ICMP': opened(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+    'AF_INET SOCK_RAW|NONBLOCK|CLOEXEC': opened(socket.AF_INET, socket.SOCK_RAW | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC, 255),
+    'AF_INET6 SOCK_RAW ICMPV6': opened(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6),
+    'AF_INET SOCK_STREAM': opened(socket.AF_INET, socket.SOCK_STREAM),
+    'AF_INET SOCK_DGRAM|NONBLOCK': opened(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK),
+    'AF_INET6 SOCK_STREAM': opened(socket.AF_INET6, socket.SOCK_STREAM),
+    'AF_UNIX SOCK_STREAM': opened(socket.AF_UNIX, socket.SOCK_STREAM),
+    'AF_NETLINK SOCK_RAW': opened(socket.AF_NETLINK, socket.SOCK_RAW, 0),
+}
+out['CapEff'] = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff:')][0]
+`;
+
+const SOCKETS_REFUSED = {
+  'AF_PACKET SOCK_RAW': 'EPERM',
+  PACKET_RX_RING: 'no socket',
+  'AF_PACKET SOCK_DGRAM': 'EPERM',
+  'AF_PACKET, high bits set': 'EPERM',
+  'AF_INET SOCK_RAW ICMP': 'EPERM',
+  'AF_INET SOCK_RAW|NONBLOCK|CLOEXEC': 'EPERM',
+  'AF_INET6 SOCK_RAW ICMPV6': 'EPERM',
+  'AF_INET SOCK_STREAM': 'ok',
+  'AF_INET SOCK_DGRAM|NONBLOCK': 'ok',
+  'AF_INET6 SOCK_STREAM': 'ok',
+  'AF_UNIX SOCK_STREAM': 'ok',
+  'AF_NETLINK SOCK_RAW': 'ok',
+};
+
+/** Checks a SOCKET_PROBE's `out`: the refusals, and no CAP_NET_RAW in the effective set. */
+function assertNoRawSockets(t: ExecutionContext, out: Record<string, unknown>, who: string): void {
+  t.deepEqual(out['sockets'], SOCKETS_REFUSED, who);
+  t.is((BigInt(`0x${String(out['CapEff'])}`) >> BigInt(CAP_NET_RAW)) & 1n, 0n, `${who}: CapEff lacks CAP_NET_RAW`);
+}
+
+function memAvailableKiB(): number {
+  return Number(/^MemAvailable:\s+(\d+) kB$/m.exec(fs.readFileSync('/proc/meminfo', 'utf8'))![1]);
+}
 
 const hostPython = fs.existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 
@@ -508,16 +574,76 @@ child.wait()
     t.deepEqual(out, { PTRACE_SEIZE: 'ok', 'tracee seccomp': '2' });
   });
 
+  test.serial(
+    'no packet or raw socket, so no packet receive ring: socket(AF_PACKET) and SOCK_RAW fail with EPERM, CapEff lacks CAP_NET_RAW',
+    async (t) => {
+      // The sandbox of the finding: 64 MiB of memory cgroup, which the
+      // kernel does not charge packet rings to.
+      const sb = await ls.create({ image: 'dev', memoryMb: 64 });
+      t.teardown(() => ls.remove(sb.id).catch(() => undefined));
+      const before = memAvailableKiB();
+      const out = await probe(sb, SOCKET_PROBE);
+      const after = memAvailableKiB();
+      t.log(`host MemAvailable: ${before} KiB before the probe, ${after} KiB after`);
+      assertNoRawSockets(t, out, 'a command');
+      // The init and a detached command: the same sets.
+      const detached = await sb.commands.spawn(['sleep', '1000']);
+      const r = await sb.commands.run(['sh', '-c', `grep CapEff /proc/1/status /proc/${detached}/status`]);
+      const effs = [...r.stdout.matchAll(/CapEff:\s+([0-9a-f]+)/g)].map((m) => BigInt(`0x${m[1]!}`));
+      t.is(effs.length, 2, r.stdout);
+      for (const eff of effs) t.is((eff >> BigInt(CAP_NET_RAW)) & 1n, 0n, `CapEff ${eff.toString(16)}`);
+    },
+  );
+
+  /** Checks a sandbox's /proc/self/mountinfo names nothing of the host's state directory. */
+  async function assertNoHostPaths(t: ExecutionContext, s: Sandbox, who: string): Promise<void> {
+    const r = await s.commands.run(['cat', '/proc/self/mountinfo']);
+    t.is(r.exitCode, 0, r.stderr);
+    const home = ls.home;
+    const leaks = r.stdout.split('\n').filter((l) => l.includes(home) || l.includes('/var/lib/lockstep'));
+    t.deepEqual(leaks, [], `${who}: mountinfo lines naming ${home}`);
+    // The overlay's layers show as descriptors of the manager's mount call.
+    t.regex(
+      r.stdout,
+      /^\S+ \S+ \S+ \/ \/ \S+ - overlay overlay \S*lowerdir=\/proc\/self\/fd\/\d+:\/proc\/self\/fd\/\d+,upperdir=\/proc\/self\/fd\/\d+,workdir=\/proc\/self\/fd\/\d+/m,
+      who,
+    );
+  }
+
+  test.serial('mountinfo inside names no host path: the overlay layers show as /proc/self/fd/N', async (t) => {
+    const sb = await sandbox(t);
+    await assertNoHostPaths(t, sb, 'a new sandbox');
+  });
+
   const confinedAfter = test.macro({
     title: (_, how: 'standby' | 'restore' | 'fork') =>
       ({
-        standby: 'confinement and /dev, /proc mounts are the same after a rollback through the warm standby',
-        restore: 'confinement and /dev, /proc mounts are the same after a rollback through a CRIU restore',
-        fork: 'confinement and /dev, /proc mounts are the same in a fork',
+        standby:
+          'confinement, no raw or packet socket, no host path in mountinfo, and /dev, /proc mounts are the same after a rollback through the warm standby',
+        restore:
+          'confinement, no raw or packet socket, no host path in mountinfo, and /dev, /proc mounts are the same after a rollback through a CRIU restore',
+        fork: 'confinement, no raw or packet socket, no host path in mountinfo, and /dev, /proc mounts are the same in a fork',
       })[how],
     async exec(t, how: 'standby' | 'restore' | 'fork') {
       const sb = await sandbox(t);
       const sleeper = await sb.commands.spawn(['sleep', '1000']);
+      // A process from before the checkpoint that tries the sockets once told
+      // to (after the restore): restored processes keep the dumped
+      // capabilities and filter, so this is what a restored tree can do.
+      await sb.commands.spawn([
+        'python3',
+        '-c',
+        `${PRELUDE}
+import time
+deadline = time.time() + 120
+while not os.path.exists('/tmp/go-sockets'):
+    if time.time() > deadline: sys.exit(3)  # never told: no result, so the test fails rather than read a stale one
+    time.sleep(0.05)
+${SOCKET_PROBE}
+open('/tmp/sockets.tmp', 'w').write(json.dumps(out))
+os.rename('/tmp/sockets.tmp', '/tmp/sockets.json')
+`,
+      ]);
       t.is((await sb.commands.run(['sh', '-c', 'echo in-shm > /dev/shm/kept'])).exitCode, 0);
       // CRIU may restore sibling mounts in another order: compare them sorted.
       // tmpfs and devpts show their owner as a host id: a fork has a range
@@ -562,6 +688,17 @@ child.wait()
         rest,
         "in-shm\ntouch: cannot touch '/dev/x': Read-only file system\n0\nunshare: unshare failed: Operation not permitted\nunshare=1\n",
       );
+      await target.files.write('/tmp/go-sockets', '');
+      const restoredSockets = await eventually(
+        async () => (await target.files.read('/tmp/sockets.json')).content.toString(),
+        30_000,
+        50,
+      ).catch((e: unknown) => {
+        throw new Error(`the restored socket probe wrote no result: ${String(e)}`);
+      });
+      assertNoRawSockets(t, JSON.parse(restoredSockets) as Record<string, unknown>, 'a restored process');
+      assertNoRawSockets(t, await probe(target, SOCKET_PROBE), 'a command after the restore');
+      await assertNoHostPaths(t, target, how);
       const mountsAfter = await mountsOf(target);
       t.is(mountsAfter, mountsBefore);
       t.regex(mountsAfter, /^\/dev \S+ ro,/m);

@@ -31,11 +31,22 @@ integration(test, () => {
       t.is(created.body.memoryMb, 128);
       t.deepEqual(created.body.metadata, { run: 'flow' });
       t.regex(created.headers.get('x-request-id') ?? '', /^req_/);
-      t.deepEqual((await api.get(`/v1/sandboxes/${id}`)).body.id, id);
+      const got = await api.get(`/v1/sandboxes/${id}`);
+      t.deepEqual(got.body.id, id);
+      const listed = await api.get('/v1/sandboxes');
       t.deepEqual(
-        (await api.get('/v1/sandboxes')).body.map((s: { id: string }) => s.id),
+        listed.body.map((s: { id: string }) => s.id),
         [id],
       );
+      // The init's host pid names a process of the host: the library (the
+      // operator) has it, no tenant answer shows it.
+      t.true(Number.isInteger(ls.get(id).info().pid));
+      for (const [what, body] of [
+        ['create', created.body],
+        ['get', got.body],
+        ['list', listed.body[0]],
+      ])
+        t.false('pid' in body, `${what} shows no host pid`);
 
       const run = await api.post(`/v1/sandboxes/${id}/commands`, {
         cmd: 'echo $GREETING; echo oops >&2; exit 3',

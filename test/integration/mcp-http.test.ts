@@ -105,7 +105,16 @@ integration(test, () => {
       t.regex(a.id, /^sbx_/);
       t.is(a.tenant, 'acme');
       t.deepEqual(a.metadata, { task: 'a', createdBy: 'mcp' });
-      t.deepEqual((await call(client, 'list_sandboxes')).map((s: { id: string }) => s.id).sort(), [a.id, b.id].sort());
+      const listed = await call(client, 'list_sandboxes');
+      t.deepEqual(listed.map((s: { id: string }) => s.id).sort(), [a.id, b.id].sort());
+      // The init's host pid is the operator's (the library still has it), never the tenant's.
+      t.true(Number.isInteger(ls.get(a.id).info().pid));
+      t.false('pid' in a, 'create_sandbox shows no host pid');
+      t.deepEqual(
+        listed.filter((s: object) => 'pid' in s),
+        [],
+        'list_sandboxes shows no host pid',
+      );
 
       await call(client, 'write_file', { sandboxId: a.id, path: 'notes.txt', content: 'in a\n' });
       await call(client, 'write_file', { sandboxId: b.id, path: 'notes.txt', content: 'in b\n' });

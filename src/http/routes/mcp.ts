@@ -22,7 +22,7 @@ import { createMcpServer, type TenantScope } from '../../mcp/server.js';
 import { LIMITS } from '../../sandboxes/create.js';
 import type { Tenant } from '../../tenants/tenants.js';
 import { NotFoundError } from '../../errors.js';
-import type { ApiContext } from '../context.js';
+import { tenantSandboxInfo, type ApiContext } from '../context.js';
 import { HttpError } from '../errors.js';
 
 /** Sessions one tenant may hold open at once. */
@@ -99,10 +99,7 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
         ctx.tenants.checkQuota(current(), { count, memoryMb: snap.memoryMb ?? 0 });
         return ctx.lockstep.snapshots.start(snap.id, { count, tenant: tenantId });
       }),
-    present: (info) => {
-      const t = current();
-      return { ...info, tenant: t.name, tenantId: t.id };
-    },
+    present: (info) => tenantSandboxInfo(info, current()),
   };
 }
 
