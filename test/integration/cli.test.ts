@@ -131,11 +131,14 @@ integration(test, () => {
 
     const list = await json<SandboxJson[]>(t, home, 'ls', '--json');
     t.is(list.length, 1);
-    t.like(list[0], { id, image: 'base', state: 'running', memoryMb: 64, pids: 64 });
+    // Every sandbox gets the default disk limit (2048 MiB) when it names none.
+    t.like(list[0], { id, image: 'base', state: 'running', memoryMb: 64, pids: 64, diskMb: 2048 });
     const table = await cli(home, 'ls');
     t.regex(
       table.stdout,
-      new RegExp(`^ID +IMAGE +STATE +HEAD +CREATED +LIMITS\\n${id} +base +running +- .* mem 64M pids 64 cpu 100\\n`),
+      new RegExp(
+        `^ID +IMAGE +STATE +HEAD +CREATED +LIMITS\\n${id} +base +running +- .* mem 64M pids 64 cpu 100 disk 2048M\\n`,
+      ),
     );
 
     t.deepEqual(await json(t, home, 'rm', id, '--json'), { id, removed: true });
