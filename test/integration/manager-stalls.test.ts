@@ -145,6 +145,57 @@ integration(test, () => {
   );
 
   test.serial(
+    'foreground commands in flight are capped per tenant: the next one is refused with RATE_LIMITED, another tenant runs exactly, and an ended command frees its place',
+    async (t) => {
+      const { client } = await startServer(t, ls);
+      const tokenA = tenantToken(ls, 'stall-cmd-a');
+      const a = client.as(tokenA);
+      const b = client.as(tenantToken(ls, 'stall-cmd-b'));
+      const sa: string = (await a.post('/v1/sandboxes', { memoryMb: 256, pids: 1024 })).body.id;
+      const sb: string = (await b.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
+      const cap = COMMAND_ROUTE_LIMITS.commands.perTenant;
+      const holders = Array.from({ length: cap }, () => new AbortController());
+      const held = holders.map((ac) =>
+        fetch(`${client.base}/v1/sandboxes/${sa}/commands`, {
+          method: 'POST',
+          headers: { authorization: `Bearer ${tokenA}`, 'content-type': 'application/json' },
+          body: JSON.stringify({ cmd: 'sleep 120', timeoutMs: 120_000 }),
+          signal: ac.signal,
+        }).catch((e: Error) => e.name),
+      );
+      // Every holder is admitted once its sleep runs in the sandbox.
+      // How many sleeps run in the sandbox (busybox has no pgrep -c: count /proc's comm files).
+      const sleeping = async () =>
+        Number(
+          (
+            await ls.get(sa).commands.run('cat /proc/[0-9]*/comm 2>/dev/null | grep -c "^sleep$" || true')
+          ).stdout.trim(),
+        );
+      await eventually(async () => (await sleeping()) === cap, 60_000, 200).catch(() => undefined);
+      t.is(await sleeping(), cap, `${cap} commands run`);
+      const refused = await a.post(`/v1/sandboxes/${sa}/commands`, { cmd: 'echo never' });
+      t.is(refused.status, 429, refused.text);
+      t.is(refused.body.error.code, 'RATE_LIMITED');
+      t.truthy(refused.headers.get('retry-after'), 'a refusal says when to retry');
+      const t0 = performance.now();
+      const other = await b.post(`/v1/sandboxes/${sb}/commands`, { cmd: 'printf "%s" exact-bytes' });
+      t.log(`tenant B's command while A holds ${cap}: ${Math.round(performance.now() - t0)} ms`);
+      t.is(other.status, 200, other.text);
+      t.is(other.body.stdout, 'exact-bytes');
+
+      // A client that goes away stops its command and gives its place back.
+      holders[0]!.abort();
+      await eventually(async () => (await sleeping()) === cap - 1, 20_000, 100).catch(() => undefined);
+      t.is(await sleeping(), cap - 1, 'the abandoned command was stopped');
+      const admitted = await a.post(`/v1/sandboxes/${sa}/commands`, { cmd: 'echo admitted' });
+      t.is(admitted.status, 200, admitted.text);
+      t.is(admitted.body.stdout, 'admitted\n');
+      for (const ac of holders) ac.abort();
+      t.deepEqual(new Set(await Promise.all(held)), new Set(['AbortError']));
+    },
+  );
+
+  test.serial(
     'finding 4: 20k planted <n>.stdout files: a background start, its output and wait answer exactly, and the listing reads a bounded part of the folder',
     async (t) => {
       const { client } = await startServer(t, ls);
