@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -183,9 +184,21 @@ namespace {
 // that each waited for EOF on a pipe the other held a copy of never exited,
 // and the sandbox locks they had copies of stayed taken: SANDBOX_BUSY for
 // every later call on those sandboxes (concurrency.test, under load).
+//
+// Sharing it also means the child keeps the whole table alive if we die
+// before we kill it: a manager SIGKILLed between the clone and the kill
+// below left the child paused for good, orphaned to pid 1, holding the dead
+// manager's stdout pipe (its parent waited for EOF forever: the random-kill
+// test hung 20 min), its state directory's lock and its sandbox locks. So
+// the child asks for SIGKILL when the thread that made it exits (every
+// thread of a killed manager does), and exits at once if that thread is
+// already gone (it was re-parented before the request took effect).
 constexpr size_t kIdmapChildStack = 64 * 1024;
 
-int IdmapChild(void*) {
+int IdmapChild(void* arg) {
+  const pid_t parent = *static_cast<const pid_t*>(arg);
+  ::syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (::syscall(SYS_getppid) != parent) ::syscall(SYS_exit, 0);
   for (;;) ::syscall(SYS_pause);  // until SIGKILL
   return 0;
 }
@@ -193,7 +206,9 @@ int IdmapChild(void*) {
 int MakeIdmapUserns(unsigned long base, unsigned long count, SystemFailure* failure) {
   // The child's stack lives until it is reaped.
   auto* stack = new char[kIdmapChildStack];
-  int pid = ::clone(IdmapChild, stack + kIdmapChildStack, CLONE_VM | CLONE_FILES | CLONE_NEWUSER | SIGCHLD, nullptr);
+  // Read by the child (CLONE_VM) before it can pause: this frame outlives that.
+  pid_t parent = ::getpid();
+  int pid = ::clone(IdmapChild, stack + kIdmapChildStack, CLONE_VM | CLONE_FILES | CLONE_NEWUSER | SIGCHLD, &parent);
   if (pid < 0) {
     *failure = {errno, "clone(CLONE_NEWUSER)", "", ""};
     delete[] stack;

@@ -18,7 +18,6 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import test from 'ava';
 import { Lockstep } from '../../src/index.js';
@@ -32,6 +31,7 @@ import {
   tagInMemory,
   waitCounter,
 } from '../fixtures/stub-workloads.js';
+import { RunnerProcess } from '../fixtures/runner-process.js';
 
 const RUNNER = fileURLToPath(new URL('../../../test/fixtures/kill-load-runner.mjs', import.meta.url));
 const CYCLES = Number(process.env.LOCKSTEP_KILL_CYCLES ?? 100);
@@ -91,41 +91,34 @@ integration(test, () => {
         ids.push(sb.id);
       }
       await ls.close();
+      // A test that ends early (a failed assertion, its timeout) leaves no runner behind.
+      let current: RunnerProcess | undefined;
+      t.teardown(() => current?.abandonGroup());
 
       let nextEffect = 0;
       let retry: string[] = [];
       const stats = { begun: new Map<string, number>(), interrupted: new Map<string, number>() };
       for (let cycle = 0; cycle < CYCLES; cycle++) {
         const delay = 50 + Math.floor(random() * 1500);
-        const child = spawn(
-          process.execPath,
-          [
-            RUNNER,
-            home,
-            String(SEED + cycle),
-            effectLog,
-            String(nextEffect),
-            retry.length ? retry.join(',') : '-',
-            ...ids,
-          ],
-          { stdio: ['ignore', 'pipe', 'pipe'] },
-        );
-        let out = '';
-        let err = '';
-        child.stdout.on('data', (b: Buffer) => (out += b.toString()));
-        child.stderr.on('data', (b: Buffer) => (err += b.toString()));
-        const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-          child.on('close', (code, signal) => resolve({ code, signal })),
-        );
+        const runner = new RunnerProcess(RUNNER, [
+          home,
+          String(SEED + cycle),
+          effectLog,
+          String(nextEffect),
+          retry.length ? retry.join(',') : '-',
+          ...ids,
+        ]);
+        current = runner;
         // Kill only once it is past open (the reaper's own crash safety has its own test).
-        for (let i = 0; i < 6000 && !out.includes('"ready"') && child.exitCode === null; i++) await sleep(10);
+        await runner.waitFor('"ready"', 60_000);
         await sleep(delay);
-        child.kill('SIGKILL');
-        const exit = await exited;
+        runner.kill();
+        const exit = await runner.ended(`cycle ${cycle} (seed ${SEED})`);
+        const out = runner.out;
         t.is(
           exit.signal,
           'SIGKILL',
-          `cycle ${cycle}: the runner died by the kill, not on its own (exit ${exit.code}): ${err.slice(-3000)}`,
+          `cycle ${cycle}: the runner died by the kill, not on its own (exit ${exit.code}): ${runner.err.slice(-3000)}`,
         );
         if (exit.signal !== 'SIGKILL') return;
 
