@@ -9,7 +9,8 @@
  */
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
-import { CriuError, InvalidArgumentError, InvalidStateError, StoreFullError } from '../errors.js';
+import { CriuError, InvalidArgumentError, InvalidStateError, LockstepError, StoreFullError } from '../errors.js';
+import { processVitals } from '../host/proc.js';
 import type { Engine } from '../engine.js';
 import { dumpOptions } from './process-image.js';
 import { shareProcessImageWith } from './id-shift.js';
@@ -135,11 +136,17 @@ export async function checkpointSandbox(
     try {
       // CRIU takes a bare pid: with the tree frozen, make sure it still names this sandbox's init.
       assertInit(engine, row);
+      const vitals = processVitals(row.init_pid);
       await layers.snapshotUpper(row.instance, layerId);
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
-      await engine.criu.dump(dumpOptions(engine, row, imagesDir));
+      await engine.criu.dump(dumpOptions(engine, row, imagesDir)).catch((e: unknown) => {
+        // What the init was when frozen, and after: says whether something had killed it (pending SIGKILL, bit 9).
+        if (e instanceof LockstepError)
+          Object.assign(e.details, { initVitals: { frozen: vitals, afterDump: processVitals(row.init_pid!) } });
+        throw e;
+      });
       t.dumpMs = performance.now() - ts;
       engine.fault('checkpoint:dumped');
     } finally {

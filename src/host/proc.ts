@@ -25,6 +25,27 @@ export function startTime(pid: number): number | undefined {
 }
 
 /** The pid of a host process as seen inside its innermost pid namespace (NSpid's last field). */
+/**
+ * The few lines of /proc/<pid>/status that say whether a process can still
+ * run and what is pending for it (State, PPid, TracerPid, SigPnd, ShdPnd),
+ * one line, or 'gone'. For error reports: a task killed while its cgroup is
+ * frozen lives on until the thaw, and these show it.
+ */
+export function processVitals(pid: number): string {
+  try {
+    const want = /^(State|PPid|TracerPid|SigPnd|ShdPnd):\s*(.*)$/;
+    return fs
+      .readFileSync(`/proc/${pid}/status`, 'utf8')
+      .split('\n')
+      .map((l) => want.exec(l))
+      .filter((m) => m !== null)
+      .map((m) => `${m[1]}=${m[2]}`)
+      .join(' ');
+  } catch {
+    return 'gone';
+  }
+}
+
 export function namespacePid(pid: number): number | undefined {
   try {
     const m = /^NSpid:\s+(.+)$/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
