@@ -50,7 +50,15 @@ test('stored replies: replaced under the same key, swept by age, forgotten per t
   r.put('tn_a', 'k', 'h1', { status: 200, body: 'one', streamed: false }, 10);
   r.put('tn_a', 'k', 'h2', { status: 201, body: 'two', streamed: true }, 20);
   r.put('tn_b', 'k', 'h3', { status: 200, body: 'three', streamed: false }, 30);
-  t.deepEqual(r.find('tn_a', 'k'), { requestHash: 'h2', status: 201, body: 'two', streamed: true, createdAt: 20 });
+  t.deepEqual(r.find('tn_a', 'k'), {
+    requestHash: 'h2',
+    status: 201,
+    body: 'two',
+    streamed: true,
+    createdAt: 20,
+    kept: true,
+    replyBytes: 3,
+  });
   t.is(r.deleteUpTo(20), 1);
   t.is(r.find('tn_a', 'k'), undefined);
   r.forgetTenant('tn_b');

@@ -108,7 +108,7 @@ function upstreamPath(rawUrl: string, url: URL): string {
 }
 
 /** A Lockstep token anywhere in a value: a tenant's (lst_) or an exposure's (lsp_). */
-const LOCKSTEP_TOKEN = /ls[tp]_[A-Za-z0-9_-]{8,}/;
+const TOKEN_PATTERN = /ls[tp]_[A-Za-z0-9_-]{8,}/;
 
 /**
  * Whether a header the client sent carries a Lockstep credential, in any
@@ -118,9 +118,9 @@ const LOCKSTEP_TOKEN = /ls[tp]_[A-Za-z0-9_-]{8,}/;
  * reaches the sandbox, whichever credential admitted the request.
  */
 function carriesCredential(ctx: ApiContext, value: string): boolean {
-  if (LOCKSTEP_TOKEN.test(value)) return true;
+  if (TOKEN_PATTERN.test(value)) return true;
   const basic = /^Basic[ \t]+([A-Za-z0-9+/=]+)[ \t]*$/i.exec(value)?.[1];
-  if (basic !== undefined && LOCKSTEP_TOKEN.test(Buffer.from(basic, 'base64').toString('latin1'))) return true;
+  if (basic !== undefined && TOKEN_PATTERN.test(Buffer.from(basic, 'base64').toString('latin1'))) return true;
   const bearer = /^Bearer[ \t]+([^\s]+)[ \t]*$/i.exec(value)?.[1];
   return bearer !== undefined && ctx.tenants.authenticate(bearer) !== undefined;
 }
@@ -134,7 +134,7 @@ function cookiesWithoutCredentials(value: string): string | undefined {
   const kept = value
     .split(';')
     .map((c) => c.trim())
-    .filter((c) => c !== '' && !/^lockstep/i.test(c) && !LOCKSTEP_TOKEN.test(c));
+    .filter((c) => c !== '' && !/^lockstep/i.test(c) && !TOKEN_PATTERN.test(c));
   return kept.length ? kept.join('; ') : undefined;
 }
 
