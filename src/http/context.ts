@@ -58,11 +58,13 @@ export interface RequestState {
 export const COMMAND_ROUTE_LIMITS = {
   waits: { perTenant: 64, total: 1024 },
   commands: { perTenant: 64, total: 1024 },
+  /** Open PTY output streams: each polls its transcript until the PTY ends or the client leaves. */
+  streams: { perTenant: 32, total: 512 },
 } as const;
 
 export class ApiContext {
   readonly gate = new QuotaGate();
-  /** Waits (background commands and PTYs alike) and foreground commands in flight, per tenant and in all. */
+  /** Waits (background commands and PTYs alike), foreground commands and PTY streams in flight, per tenant and in all. */
   readonly admission = {
     waits: new Admission({
       what: 'command and PTY waits',
@@ -73,6 +75,11 @@ export class ApiContext {
       what: 'commands in flight',
       perKey: COMMAND_ROUTE_LIMITS.commands.perTenant,
       total: COMMAND_ROUTE_LIMITS.commands.total,
+    }),
+    streams: new Admission({
+      what: 'PTY output streams',
+      perKey: COMMAND_ROUTE_LIMITS.streams.perTenant,
+      total: COMMAND_ROUTE_LIMITS.streams.total,
     }),
   };
   private readonly states = new WeakMap<FastifyRequest, RequestState>();

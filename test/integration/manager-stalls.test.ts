@@ -196,6 +196,84 @@ integration(test, () => {
   );
 
   test.serial(
+    'PTY output streams are capped per tenant: the next one is refused with RATE_LIMITED, another tenant streams, and a closed stream frees its place',
+    async (t) => {
+      const { client } = await startServer(t, ls);
+      const tokenA = tenantToken(ls, 'stall-pty-a');
+      const tokenB = tenantToken(ls, 'stall-pty-b');
+      const a = client.as(tokenA);
+      const b = client.as(tokenB);
+      const sa: string = (await a.post('/v1/sandboxes', { memoryMb: 128 })).body.id;
+      const sb: string = (await b.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
+      // Each prints first: a stream's answer starts with the transcript's first bytes.
+      const ptyA = await a.post(`/v1/sandboxes/${sa}/pty`, {
+        cols: 80,
+        rows: 24,
+        cmd: ['sh', '-c', 'echo a; sleep 600'],
+      });
+      t.is(ptyA.status, 200, ptyA.text);
+      const ptyB = await b.post(`/v1/sandboxes/${sb}/pty`, {
+        cols: 80,
+        rows: 24,
+        cmd: ['sh', '-c', 'echo ready; sleep 600'],
+      });
+      t.is(ptyB.status, 200, ptyB.text);
+      const open = (token: string, id: string, pid: number, signal: AbortSignal) =>
+        fetch(`${client.base}/v1/sandboxes/${id}/pty/${pid}/stream`, {
+          headers: { authorization: `Bearer ${token}` },
+          signal,
+        });
+      const cap = COMMAND_ROUTE_LIMITS.streams.perTenant;
+      const holders = Array.from({ length: cap }, () => new AbortController());
+      const streams = await Promise.all(
+        holders.map((ac) => open(tokenA, sa, ptyA.body.pid, AbortSignal.any([ac.signal, AbortSignal.timeout(30_000)]))),
+      );
+      t.deepEqual(new Set(streams.map((r) => r.status)), new Set([200]), `${cap} streams open`);
+      const refused = await open(tokenA, sa, ptyA.body.pid, AbortSignal.timeout(10_000));
+      t.is(refused.status, 429, await refused.text());
+      t.truthy(refused.headers.get('retry-after'), 'a refusal says when to retry');
+
+      // Another tenant streams its PTY's output, exactly.
+      const acB = new AbortController();
+      const other = await open(tokenB, sb, ptyB.body.pid, AbortSignal.any([acB.signal, AbortSignal.timeout(20_000)]));
+      t.is(other.status, 200);
+      const reader = other.body!.getReader();
+      let text = '';
+      // Bounded by the request's 20 s timeout signal: a read past it rejects.
+      while (!text.includes('"type":"data"')) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += Buffer.from(value).toString();
+      }
+      const first = JSON.parse(text.split('\n')[0]!) as { type: string; data: string };
+      t.is(first.type, 'data');
+      t.regex(Buffer.from(first.data, 'base64').toString(), /ready/);
+      acB.abort();
+
+      // A client that closes its stream gives its place back.
+      holders[0]!.abort();
+      let again: Response | undefined;
+      await eventually(
+        async () => {
+          again = await open(
+            tokenA,
+            sa,
+            ptyA.body.pid,
+            holders[0]!.signal.aborted ? new AbortController().signal : holders[0]!.signal,
+          );
+          if (again.status !== 200) await again.text();
+          return again.status === 200;
+        },
+        10_000,
+        100,
+      ).catch(() => undefined);
+      t.is(again?.status, 200, 'a place came free');
+      await again?.body?.cancel();
+      for (const ac of holders) ac.abort();
+    },
+  );
+
+  test.serial(
     'finding 4: 20k planted <n>.stdout files: a background start, its output and wait answer exactly, and the listing reads a bounded part of the folder',
     async (t) => {
       const { client } = await startServer(t, ls);

@@ -154,6 +154,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     },
     async (req, reply) => {
       const handle = await pty(req);
+      // Admitted before the answer starts (a refusal is a plain 429); given back when the stream ends.
+      const release = ctx.admission.streams.enter(ctx.tenant(req).id);
       const body = new PassThrough();
       const line = (o: Record<string, unknown>) => {
         if (!body.writableEnded) body.write(JSON.stringify(o) + '\n');
@@ -182,7 +184,10 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
           if (internal) req.log.error({ err: e }, 'pty stream failed');
           line({ type: 'error', ...(err as unknown as Record<string, unknown>) });
         })
-        .finally(() => body.end());
+        .finally(() => {
+          release();
+          body.end();
+        });
       return reply;
     },
   );
