@@ -15,6 +15,12 @@ export class ProcessExits {
   private watcher: PidWatcher | undefined;
   private readonly waiting = new Map<number, (how: ExitWaitEnd) => void>();
   private closed = false;
+  /**
+   * The watcher's thread does not keep the event loop alive (a manager with
+   * only its inits watched may exit): while a wait is pending this timer
+   * does, so a program whose last await is a wait is not ended under it.
+   */
+  private keepAlive: NodeJS.Timeout | undefined;
 
   constructor(private readonly makeWatcher: (onExit: (id: number) => void) => PidWatcher) {}
 
@@ -39,6 +45,10 @@ export class ProcessExits {
       let timer: NodeJS.Timeout | undefined;
       const end = (how: ExitWaitEnd) => {
         if (!this.waiting.delete(w.id)) return;
+        if (this.waiting.size === 0 && this.keepAlive) {
+          clearInterval(this.keepAlive);
+          this.keepAlive = undefined;
+        }
         if (how !== 'exited') this.watcher?.unwatch(w.id);
         if (timer) clearTimeout(timer);
         signal?.removeEventListener('abort', onAbort);
@@ -46,6 +56,7 @@ export class ProcessExits {
       };
       const onAbort = () => end('aborted');
       this.waiting.set(w.id, end);
+      this.keepAlive ??= setInterval(() => undefined, 1 << 30);
       signal?.addEventListener('abort', onAbort, { once: true });
       if (timeoutMs !== undefined) timer = setTimeout(() => end('timeout'), timeoutMs);
     });

@@ -6,6 +6,8 @@
  * still answers exactly. Latencies and CPU time are logged, never asserted.
  */
 import test from 'ava';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { eventually, integration, openTestLockstep, sleep } from '../helpers/harness.js';
 import { startServer, tenantToken, type ApiClient } from '../fixtures/http-client.js';
@@ -270,6 +272,28 @@ integration(test, () => {
       t.is(again?.status, 200, 'a place came free');
       await again?.body?.cancel();
       for (const ac of holders) ac.abort();
+    },
+  );
+
+  test.serial(
+    'a program whose last await is a wait gets its exit code: a pending wait keeps the event loop alive',
+    async (t) => {
+      const script = fileURLToPath(new URL('../../../test/fixtures/wait-last.mjs', import.meta.url));
+      const { stdout, code } = await new Promise<{ stdout: string; code: number | null }>((resolve, reject) => {
+        const child = spawn(process.execPath, [script, ls.home], { stdio: ['ignore', 'pipe', 'inherit'] });
+        let out = '';
+        child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+        const timer = setTimeout(() => {
+          child.kill('SIGKILL');
+          reject(new Error(`wait-last.mjs did not end within 60 s: ${out}`));
+        }, 60_000);
+        child.on('exit', (c) => {
+          clearTimeout(timer);
+          resolve({ stdout: out, code: c });
+        });
+      });
+      t.is(stdout, 'exit 7\n');
+      t.is(code, 0);
     },
   );
 
