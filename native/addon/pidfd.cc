@@ -32,27 +32,6 @@ namespace lockstep {
 
 namespace {
 
-// Start time (field 22 of /proc/<pid>/stat, clock ticks since boot); false if pid is gone.
-bool StartTimeOf(int pid, unsigned long long* start) {
-  std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return false;
-  char buf[1024];
-  ssize_t n = ::read(fd.get(), buf, sizeof(buf) - 1);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  char* p = strrchr(buf, ')');  // the command name may hold spaces and ')'
-  if (!p || p[1] != ' ') return false;
-  p += 2;
-  for (int field = 3; field < 22; field++) {
-    p = strchr(p, ' ');
-    if (!p) return false;
-    p++;
-  }
-  *start = strtoull(p, nullptr, 10);
-  return true;
-}
-
 bool Exited(int pidfd) {
   struct pollfd p = {pidfd, POLLIN, 0};
   return ::poll(&p, 1, 0) != 0;
@@ -86,8 +65,9 @@ static Napi::Value HostPidsIn(const Napi::CallbackInfo& info) {
     ThrowSystemError(env, errno, "pidfd_open", "/proc/" + std::to_string(init));
     return env.Undefined();
   }
-  unsigned long long start = 0;
-  if (!StartTimeOf(init, &start) || start != expected) return env.Null();
+  uint64_t start = 0;
+  char state = 0;
+  if (!ReadStartTime(init, &start, &state) || start != expected) return env.Null();
   std::string nsPath = "/proc/" + std::to_string(init) + "/ns/pid";
   UniqueFd ns(::open(nsPath.c_str(), O_RDONLY | O_CLOEXEC));
   if (!ns.valid()) return env.Null();

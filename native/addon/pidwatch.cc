@@ -26,9 +26,6 @@
 
 namespace lockstep {
 
-namespace {
-
-// Start time (clock ticks since boot, field 22 of stat) and state of pid; false if it is gone.
 bool ReadStartTime(int pid, uint64_t* start, char* state) {
   std::string path = "/proc/" + std::to_string(pid) + "/stat";
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -50,6 +47,8 @@ bool ReadStartTime(int pid, uint64_t* start, char* state) {
   *start = strtoull(p, nullptr, 10);
   return true;
 }
+
+namespace {
 
 Napi::Error SystemErrorNow(Napi::Env env, const char* syscall) {
   return MakeSystemError(env, SystemFailure{errno, syscall, "", ""});
