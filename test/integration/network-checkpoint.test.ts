@@ -18,16 +18,8 @@ let ls: Lockstep;
 const teardowns: (() => Promise<void>)[] = [];
 
 /** GET through busybox nc; the body, or '' when the request did not get a 200. */
-/**
- * How long a listener started in the background may take to accept: a shell
- * loop of nc that, on a 2-core CI machine running two test files at once,
- * was seen to need more than 5 s (a bound, not a retry: the value asserted
- * is the same).
- */
-const LISTENER_MS = 30_000;
-
 async function get(sb: Sandbox, host: string, path = '/'): Promise<string> {
-  const r = await sb.commands.run(['sh', '-c', `printf 'GET ${path} HTTP/1.0\\r\\n\\r\\n' | nc -w 10 ${host} 8080`], {
+  const r = await sb.commands.run(['sh', '-c', `printf 'GET ${path} HTTP/1.0\\r\\n\\r\\n' | nc -w 3 ${host} 8080`], {
     timeoutMs: 15_000,
   });
   return r.stdout.startsWith('HTTP/1.1 200 ') ? r.stdout.slice(r.stdout.indexOf('\r\n\r\n') + 4) : '';
@@ -69,7 +61,7 @@ integration(test, () => {
       const { address } = sb.info().network;
       // A server inside that greets every connection.
       await sb.commands.run(['sh', '-c', 'while true; do echo greeting | nc -l -p 9000; done'], { background: true });
-      await eventually(async () => (await greet(address!, 9000)) === 'greeting\n', LISTENER_MS, 100);
+      await eventually(async () => (await greet(address!, 9000)) === 'greeting\n', 5000, 100);
       // A connection to the outside, held open.
       await sb.commands.run(
         ['sh', '-c', `(printf 'GET /hold HTTP/1.0\\r\\n\\r\\n'; sleep 600) | nc 172.30.51.2 8080 > /tmp/held`],
@@ -84,7 +76,7 @@ integration(test, () => {
       t.is(report.path, 'standby');
       // Same address, listener back, policy the same.
       t.is(sb.info().network.address, address);
-      t.is(await eventually(async () => greet(address!, 9000), LISTENER_MS, 100), 'greeting\n');
+      t.is(await eventually(async () => greet(address!, 9000), 5000, 100), 'greeting\n');
       t.is(await get(sb, '172.30.51.2'), 'hello from 172.30.51.2\n');
       t.is(await get(sb, '172.30.51.1'), '');
 
@@ -95,7 +87,7 @@ integration(test, () => {
       const viaCriu = await sb.rollback(ckpt.id);
       t.is(viaCriu.path, 'restore');
       t.is(sb.info().network.address, address);
-      t.is(await eventually(async () => greet(address!, 9000), LISTENER_MS, 100), 'greeting\n');
+      t.is(await eventually(async () => greet(address!, 9000), 5000, 100), 'greeting\n');
       t.is(await get(sb, '172.30.51.2'), 'hello from 172.30.51.2\n');
     },
   );
@@ -115,7 +107,7 @@ integration(test, () => {
     t.deepEqual(child.info().network.allowOut, sb.info().network.allowOut);
     t.is(await get(child, '172.30.51.2'), 'hello from 172.30.51.2\n');
     t.is(await get(sb, '172.30.51.2'), 'hello from 172.30.51.2\n');
-    t.is(await eventually(async () => greet(childAddr, 9000), LISTENER_MS, 100), 'greeting\n');
+    t.is(await eventually(async () => greet(childAddr, 9000), 5000, 100), 'greeting\n');
     // The fork cannot reach its parent, nor the parent the fork.
     const r = await child.commands.run(['sh', '-c', `echo | nc -w 2 ${parentAddr} 9000`], { timeoutMs: 10_000 });
     t.is(r.stdout, '');
