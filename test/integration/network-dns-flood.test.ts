@@ -24,7 +24,7 @@ import { parseAllowSet } from '../../src/network/nftables.js';
 import { DNS_LIMITS } from '../../src/network/dns.js';
 import { LEARNED_LIMITS } from '../../src/network/learned.js';
 
-const RANGE = '10.232.0.0/24';
+const RANGE = '10.234.0.0/24';
 const OK_ADDRESS = '172.30.71.2';
 const flooder = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/dns-flood.mjs');
 
