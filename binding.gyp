@@ -5,7 +5,7 @@
   # spawn-helper and runc's nsenter do), the sandbox's static init, and the
   # static relay that holds an interactive process's terminal and stdin inside it.
   # libcriu comes from the private CRIU prefix that scripts/provision-host.sh
-  # installs (see docs/ARCHITECTURE.md, "CRIU 4.2.1 from Debian forky"). The
+  # installs (see docs/decisions/criu-version.md, "CRIU 4.2.1 from Debian forky"). The
   # helper links libcap, and its syscall filter is compiled at build time with
   # libseccomp (Debian's libcap-dev, libseccomp-dev; native/helper/confine.c).
   "variables": {

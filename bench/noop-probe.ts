@@ -1,7 +1,7 @@
 /**
  * `node dist/bench/noop-probe.js [--rounds N]`: could a checkpoint that would
  * change nothing be skipped soundly? (issue 11, lever "skip checkpoints that
- * would change nothing"; the answer and these figures: docs/ARCHITECTURE.md,
+ * would change nothing"; the answer and these figures: docs/decisions/no-change-checkpoints.md,
  * "Skipping no-change checkpoints: not shipped".)
  *
  * The cheap tests a skip would rest on, measured on real sandboxes:

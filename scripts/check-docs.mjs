@@ -17,10 +17,13 @@ const docs = [
   'README.md',
   'bench/README.md',
   'deploy/README.md',
-  ...fs
-    .readdirSync(path.join(root, 'docs'))
-    .filter((f) => f.endsWith('.md'))
-    .map((f) => `docs/${f}`),
+  // docs/*.md, and the measured decisions in docs/decisions/*.md.
+  ...['docs', 'docs/decisions'].flatMap((dir) =>
+    fs
+      .readdirSync(path.join(root, dir))
+      .filter((f) => f.endsWith('.md'))
+      .map((f) => `${dir}/${f}`),
+  ),
 ];
 const sourceDirs = ['src', 'bench', 'test', 'native', 'scripts', 'demo', 'bin'];
 const sourceExt = /\.(ts|mjs|js|c|cc|h|sh)$/;
@@ -116,7 +119,9 @@ function checkPath(where, cited) {
 }
 
 function checkSection(where, doc, section) {
-  const file = doc.includes('/') ? doc : fs.existsSync(path.join(root, 'docs', doc)) ? `docs/${doc}` : doc;
+  // A name without its folder (SECURITY.md, decisions/x.md) is one of docs/ when the root has none.
+  const file =
+    !fs.existsSync(path.join(root, doc)) && fs.existsSync(path.join(root, 'docs', doc)) ? `docs/${doc}` : doc;
   if (!fs.existsSync(path.join(root, file))) return problems.push(`${where}: cites ${file}, which does not exist`);
   const want = section.toLowerCase();
   if (!headingsOf(file).some((h) => h.toLowerCase().startsWith(want)))
@@ -158,7 +163,10 @@ function checkText(file, lines, isDoc) {
   });
   // Section citations may wrap: look at the text with line breaks and comment markers folded.
   const joined = lines.map((l) => l.replace(/^\s*(?:\*|\/\/|#)?\s*/, '')).join(' ');
-  for (const m of joined.matchAll(/((?:docs\/)?[A-Z][A-Za-z-]*\.md),\s+(?:section\s+)?"([^"]+)"/g))
+  // SECURITY.md, docs/SECURITY.md, network.md, docs/network.md, and under docs/decisions/ likewise.
+  for (const m of joined.matchAll(
+    /((?:docs\/)?(?:decisions\/[a-z][\w-]*|[A-Z][A-Za-z-]*|[a-z][\w-]*(?=\.md,\s+(?:section\s+)?"))\.md),\s+(?:section\s+)?"([^"]+)"/g,
+  ))
     checkSection(file, m[1], m[2]);
 }
 

@@ -3,7 +3,7 @@
 // lockstep-init, lockstep-relay) with node-gyp. npm runs it as the package's `install`
 // script; `lockstep setup` runs it with --required after provisioning the
 // host. Why a build at install time and not prebuilt binaries:
-// docs/ARCHITECTURE.md, "Installing: a build at install time".
+// docs/decisions/install-build.md, "Installing: a build at install time".
 //
 // Under npm it never fails for something `lockstep setup` provides (a C/C++
 // toolchain, CRIU's library): it records why it did not build in

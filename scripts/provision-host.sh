@@ -85,7 +85,7 @@ if [[ ${1:-} == --check ]]; then CHECK_ONLY=1; fi
 # conntrack entries of the sandbox's network namespace, even an empty one):
 # with the 262144 buckets the kernel picks for a 24 GiB machine that costs
 # ~9 ms per walk, more than half of an idle sandbox's checkpoint; 16384
-# buckets cost ~0.6 ms (measured, docs/ARCHITECTURE.md). The table resizes
+# buckets cost ~0.6 ms (measured, docs/decisions/conntrack-hashsize.md). The table resizes
 # live and this host runs Docker with --iptables=false. Not persistent across
 # reboots; set LOCKSTEP_KEEP_CONNTRACK_HASHSIZE=1 to leave the host's value.
 CT_HASHSIZE=/sys/module/nf_conntrack/parameters/hashsize

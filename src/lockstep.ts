@@ -403,7 +403,7 @@ export class Lockstep {
  * points, `/dev` folders and id-mapped views, all of them gone at a reboot,
  * and each fork makes and later removes a few dozen of those inodes: an
  * instance folder's life costs 0.34-0.36 ms on tmpfs against 0.9-1.3 ms on
- * ext4 (docs/ARCHITECTURE.md, "The fork path and the host"). A folder that is
+ * ext4 (docs/decisions/run-folder-tmpfs.md, "The run folder on tmpfs"). A folder that is
  * already shared (this boot's tmpfs, or an earlier version's bind mount with
  * live sandboxes below it) is kept as it is. A folder that is no mount at
  * all holds a previous boot's leftovers: with nothing mounted below it,

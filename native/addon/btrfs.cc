@@ -1,6 +1,6 @@
 // btrfs subvolume verbs through the kernel ioctls (not the btrfs CLI): a
 // snapshot is O(1) in the size of the subvolume, which is what makes a
-// checkpoint of a large workspace cheap (see docs/ARCHITECTURE.md).
+// checkpoint of a large workspace cheap (see docs/decisions/layer-store-btrfs.md).
 #include <fcntl.h>
 #include <linux/btrfs.h>
 #include <sys/ioctl.h>

@@ -14,7 +14,7 @@
  *   makes the checkpoint durable (same boot id);
  * - a host restart may have lost any part of them, and there is nothing to
  *   check them against: the reaper drops the checkpoint (another boot id).
- * (Decision and measurements: docs/ARCHITECTURE.md, "Runnable first, durable later".)
+ * (Decision and measurements: docs/decisions/durable-later.md, "Runnable first, durable later".)
  */
 import type { CheckpointRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';

@@ -15,7 +15,7 @@
  *   ctransid, and a replaced subvolume has another UUID, so a layer is
  *   verified in O(1) whatever its size; writing into it at all needs its
  *   read-only flag lifted first.
- * (Decision and measurements: docs/ARCHITECTURE.md, "Checkpoint integrity".)
+ * (Decision and measurements: docs/decisions/checkpoint-integrity.md, "Checkpoint integrity".)
  */
 import fs from 'node:fs';
 import path from 'node:path';

@@ -9,7 +9,7 @@
  * cgroup is charged (anonymous + shared, memory.stat), read at decision
  * time, so the bound holds for what the standbys hold now, not a forecast.
  * A sandbox without a standby still rolls back, through a CRIU restore.
- * (Decision and measurements: docs/ARCHITECTURE.md, "Standby policy".)
+ * (Decision and measurements: docs/decisions/standby-policy.md, "Standby policy".)
  */
 import type { SandboxRow } from '../catalog/catalog.js';
 import type { Engine } from '../engine.js';

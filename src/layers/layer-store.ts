@@ -5,7 +5,7 @@
  * is what keeps a checkpoint of a 1 GiB workspace as cheap as that of an
  * empty one. When the state directory is not on btrfs, the store is a btrfs
  * filesystem in a sparse image file, loop-mounted at <home>/store.
- * (Decision and measurements: docs/ARCHITECTURE.md, "Layer store".)
+ * (Decision and measurements: docs/decisions/layer-store-btrfs.md, "Layer store".)
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -173,7 +173,7 @@ export class LayerStore {
   /**
    * Why a disk quota cannot be had here, or undefined when it can. Quotas
    * are btrfs qgroups, which cost every snapshot of the filesystem a
-   * transaction commit (docs/ARCHITECTURE.md, "Disk quota"): they are turned
+   * transaction commit (docs/decisions/disk-quota.md, "Disk quota"): they are turned
    * on, when the store is opened, only on Lockstep's own loop-mounted store;
    * on a state directory that is itself on btrfs, only if an administrator
    * has enabled them.

@@ -9,7 +9,7 @@
  * (relay.ts), output is read from the transcript by byte offsets, so any
  * number of readers can follow and reattach from where they were.
  *
- * Checkpoint, rollback and fork (docs/ARCHITECTURE.md, "Interactive
+ * Checkpoint, rollback and fork (docs/interactive.md, "Interactive
  * processes"): the relay, the terminal pair and the command are part of the
  * process tree, so a checkpoint with a PTY open dumps them all; a rollback
  * brings the PTY back as it was at the checkpoint (same pid, the transcript

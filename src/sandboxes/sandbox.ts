@@ -71,7 +71,7 @@ export interface SandboxInfo {
   metadata: Record<string, string>;
   createdAt: string;
   expiresAt: string | null;
-  /** Its network mode, addresses and allow list (docs/ARCHITECTURE.md, "Network"). */
+  /** Its network mode, addresses and allow list (docs/network.md, "Network"). */
   network: NetworkInfo;
 }
 

@@ -7,7 +7,7 @@
  * silent ports get typed errors; a sandbox that accepts and never answers
  * gets a 502 while another tenant's request is served; a rollback keeps the
  * exposure (it reaches the restored listener), a fork does not inherit it;
- * stopping or removing the sandbox closes it (docs/ARCHITECTURE.md, "Exposed ports").
+ * stopping or removing the sandbox closes it (docs/network.md, "Exposed ports").
  */
 import fs from 'node:fs';
 import net from 'node:net';

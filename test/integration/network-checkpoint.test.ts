@@ -1,5 +1,5 @@
 /**
- * Checkpoint, rollback and fork of egress sandboxes (docs/ARCHITECTURE.md,
+ * Checkpoint, rollback and fork of egress sandboxes (docs/network.md,
  * "Network"): listening sockets come back, connections to the outside are
  * left open by a checkpoint and reset by a rollback (which reports them; the outside peer sees the end), a restored
  * sandbox keeps its address and policy, a fork gets an address and policy
