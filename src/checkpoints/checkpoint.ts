@@ -251,5 +251,11 @@ export async function discardCheckpointFiles(engine: Engine, checkpointId: strin
   await engine.layers.deleteLayer(layerId);
   // A CRIU worker of a manager that died mid-dump may still be writing its last file here:
   // rm retries ENOTEMPTY a few times (seen in the random-kill test) instead of failing the reaper.
-  fs.rmSync(engine.paths.processImage(checkpointId), { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
+  // On libuv's pool: the folder holds files per process of the sandbox, a count the sandbox sets.
+  await fs.promises.rm(engine.paths.processImage(checkpointId), {
+    recursive: true,
+    force: true,
+    maxRetries: 10,
+    retryDelay: 100,
+  });
 }

@@ -29,7 +29,9 @@ export async function removeSandbox(engine: Engine, id: string): Promise<void> {
   if (row) await forgetNetwork(engine, row);
   for (const ckpt of catalog.checkpointsOf(id)) {
     if (!heldLayers.has(ckpt.layer_id)) await engine.layers.deleteLayer(ckpt.layer_id);
-    if (!heldImages.has(ckpt.id)) fs.rmSync(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
+    // On libuv's pool: a process image holds files per process, a count the sandbox sets.
+    if (!heldImages.has(ckpt.id))
+      await fs.promises.rm(engine.paths.processImage(ckpt.id), { recursive: true, force: true });
   }
   catalog.tx(() => {
     for (const ckpt of catalog.checkpointsOf(id)) {
