@@ -25,6 +25,9 @@ import { CommandHandle, inputBytes } from './sandbox-commands.js';
 import type { SandboxCore } from './sandbox-core.js';
 import { dataRecords, relayInputs, relayReady, resizeRecord, timelineOf, type FifoAddress } from './relay.js';
 
+/** At most this many entries of PTY_DIR are read to list the PTYs (three per PTY: about 680 PTYs). */
+export const MAX_PTY_ENTRIES_LISTED = 2048;
+
 export const PTY_DIR = '/run/lockstep/pty';
 /** Most bytes one output() call returns; a reader behind by more reads again. */
 export const MAX_PTY_READ_BYTES = 1 << 20;
@@ -99,7 +102,8 @@ export class SandboxPty {
     // Reachable by id (connect, the HTTP routes) once this returns.
     const files = this.sandbox.files();
     await relayReady(
-      async () => (await files.list(PTY_DIR).catch(() => [])).some((e) => e.name === `${pid}.in`),
+      // Its own FIFO by name (one lstat): never a listing of a folder the sandbox can fill.
+      async () => (await files.typeOf(`${PTY_DIR}/${pid}.in`).catch(() => undefined)) !== undefined,
       () => handle.isRunning(),
     );
     if (opts.onData) void handle.follow(opts.onData).catch(() => undefined);
@@ -109,7 +113,7 @@ export class SandboxPty {
   /** Reattaches to a PTY of this sandbox by its id (from create or list). */
   async connect(pid: number): Promise<PtyHandle> {
     if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'the id of a PTY', pid);
-    if (!(await this.pids()).includes(pid))
+    if ((await this.sandbox.files().typeOf(`${PTY_DIR}/${pid}.out`)) !== 'file')
       throw new InvalidArgumentError('pid', 'the id of a PTY of this sandbox', pid);
     return new PtyHandle(this.sandbox, pid);
   }
@@ -125,10 +129,15 @@ export class SandboxPty {
     return out;
   }
 
+  /**
+   * Ids of the PTYs with a transcript, from at most MAX_PTY_ENTRIES_LISTED
+   * entries of the folder (inside the sandbox, which can plant any number of
+   * files there); past the bound the others are still reachable by id.
+   */
   private async pids(): Promise<number[]> {
     let entries;
     try {
-      entries = await this.sandbox.files().list(PTY_DIR);
+      entries = (await this.sandbox.files().listSome(PTY_DIR, MAX_PTY_ENTRIES_LISTED)).entries;
     } catch (e) {
       if (e instanceof LockstepError && e.code === 'FILE_NOT_FOUND') return [];
       throw e;

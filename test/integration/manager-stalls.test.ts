@@ -13,6 +13,7 @@ import { eventually, integration, openTestLockstep, sleep } from '../helpers/har
 import { startServer, tenantToken, type ApiClient } from '../fixtures/http-client.js';
 import { COMMAND_ROUTE_LIMITS } from '../../src/http/context.js';
 import { MAX_OUTPUT_ENTRIES_LISTED } from '../../src/sandboxes/background-output.js';
+import { MAX_PTY_ENTRIES_LISTED } from '../../src/sandboxes/sandbox-pty.js';
 import { MAX_TCP_TABLE_BYTES, outsideConnections } from '../../src/network/connections.js';
 import type { Lockstep } from '../../src/lockstep.js';
 
@@ -351,6 +352,36 @@ integration(test, () => {
       const bDuring = await timedGet(b, '/v1/sandboxes');
       t.is(bDuring.text, bList.text, "tenant B's listing is byte for byte the same");
       t.log(`tenant B GET /v1/sandboxes: ${bList.ms} ms before, ${bDuring.ms} ms after`);
+    },
+  );
+
+  test.serial(
+    '20k planted files in the PTY folder: a PTY starts, is reattached by id and listed; the listing reads a bounded part of the folder',
+    async (t) => {
+      const sb = await ls.create({ memoryMb: 128, image: 'dev' });
+      t.teardown(() => ls.remove(sb.id).catch(() => undefined));
+      const PLANTED = 20_000;
+      const plant = await sb.commands.run(
+        [
+          'python3',
+          '-c',
+          `import os\nos.makedirs('/run/lockstep/pty', exist_ok=True)\nfor i in range(${PLANTED}):\n    open('/run/lockstep/pty/%d.out' % (700000 + i), 'w').close()\nprint(len(os.listdir('/run/lockstep/pty')))`,
+        ],
+        { timeoutMs: 120_000 },
+      );
+      t.true(Number(plant.stdout.trim()) >= PLANTED, plant.stdout + plant.stderr);
+      const t0 = performance.now();
+      const pty = await sb.pty.create({ cols: 80, rows: 24, cmd: ['sh', '-c', 'echo pty-ready; sleep 600'] });
+      const startMs = Math.round(performance.now() - t0);
+      const again = await sb.pty.connect(pty.pid);
+      t.is(again.pid, pty.pid);
+      await t.throwsAsync(sb.pty.connect(999_999_999), { code: 'INVALID_ARGUMENT' });
+      const t1 = performance.now();
+      const listed = await sb.pty.list();
+      const listMs = Math.round(performance.now() - t1);
+      t.true(listed.length <= MAX_PTY_ENTRIES_LISTED, `${listed.length} PTYs listed from a bounded read`);
+      t.log(`with ${PLANTED} planted files: PTY start ${startMs} ms, list ${listMs} ms (${listed.length} rows)`);
+      await pty.kill();
     },
   );
 
