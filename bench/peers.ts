@@ -17,7 +17,7 @@ import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import Docker from 'dockerode';
 import type { Lockstep, Sandbox } from '../src/index.js';
-import { hostOf, type Engine } from '../src/engine.js';
+import { hostOf, type Engine } from '../src/api/engine.js';
 import type { SandboxRow } from '../src/catalog/catalog.js';
 import type { CriuRequest } from '../src/native/binding.js';
 import { dumpOptions, restoreOptions } from '../src/checkpoints/process-image.js';

@@ -8,7 +8,7 @@
  * observed, and must not turn up among the agent's stale observations.
  */
 import type { AgentContext, CheckpointInfo, RollbackReport, Sandbox } from '../src/index.js';
-import type { SandboxFiles } from '../src/sandboxes/files.js';
+import type { SandboxFiles } from '../src/instances/files.js';
 import type { EmailStub } from './email-stub.js';
 import { ScriptedAgent, TASK, type Decision, type Turn } from './scripted-agent.js';
 import { runTool, type ToolOutcome } from './tools.js';

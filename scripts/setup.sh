@@ -2,7 +2,7 @@
 # Everything `npm test`, `npm run demo` and `npm run bench` need, on a fresh
 # clone of a fresh Debian 12 machine, as root. A clone needs two things an
 # installed package already has, its npm dependencies and the TypeScript
-# build; everything else is `lockstep setup` (src/host/setup.ts): host
+# build; everything else is `lockstep setup` (src/cli/host-setup.ts): host
 # packages and CRIU, the native build, and images (here into the build cache
 # only: every test file makes its own state directory). Each step checks
 # first and is skipped when already done, so a second run takes well under

@@ -8,7 +8,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { HostError } from './errors.js';
-import { parseCidr, ipv4ToInt } from './network/policy.js';
+import { parseCidr, ipv4ToInt } from './host/network/policy.js';
 
 /** The defaults, for code that runs without a manager (setup, doctor) and for resolveConfig. */
 export const DEFAULTS = {
@@ -97,9 +97,9 @@ export interface LockstepConfig {
    * besides this state directory's own key; every other bundle is BUNDLE_UNTRUSTED.
    */
   readonly trustedBundleKeys: readonly string[];
-  /** Private IPv4 range cut into one /31 per egress sandbox (src/network/addresses.ts). */
+  /** Private IPv4 range cut into one /31 per egress sandbox (src/host/network/addresses.ts). */
   readonly networkRange: string;
-  /** CIDRs no egress sandbox may reach, on top of the built-in deny list (src/network/nftables.ts). */
+  /** CIDRs no egress sandbox may reach, on top of the built-in deny list (src/host/network/nftables.ts). */
   readonly networkDeny: readonly string[];
   /** Upstream DNS server (IPv4 address, optional :port) that egress sandboxes' resolver forwards allowed names to; undefined: the first IPv4 nameserver of /etc/resolv.conf. */
   readonly dnsUpstream: string | undefined;

@@ -1,6 +1,6 @@
 /** Public API of Lockstep. */
-export { Lockstep, type OpenOptions } from './lockstep.js';
-export { Tenants } from './tenants/registry.js';
+export { Lockstep, type OpenOptions } from './api/lockstep.js';
+export { Tenants } from './api/tenants.js';
 export type { Tenant, TenantQuotas } from './tenants/tenants.js';
 export type { TenantUsage } from './tenants/quotas.js';
 export type { PurgeReport } from './tenants/purge.js';
@@ -19,13 +19,13 @@ export {
   type ForkOptions,
   type Provenance,
   type ObservedRunResult,
-} from './sandboxes/sandbox.js';
-export type { CreateOptions } from './sandboxes/create.js';
+} from './api/sandbox.js';
+export type { CreateOptions } from './lifecycle/create.js';
 export type { ExposedPort, ExposureInfo, ExposureCredentials } from './network/exposed-ports.js';
-export type { RunOptions, RunResult, SpawnOptions } from './sandboxes/commands.js';
-export type { PtyCreateOptions, PtyOutput, PtyExit } from './sandboxes/sandbox-pty.js';
-export type { BackgroundOptions } from './sandboxes/sandbox-commands.js';
-export { MAX_PENDING_INPUT_BYTES } from './sandboxes/relay.js';
+export type { RunOptions, RunResult, SpawnOptions } from './instances/commands.js';
+export type { PtyCreateOptions, PtyOutput, PtyExit } from './api/sandbox-pty.js';
+export type { BackgroundOptions } from './api/sandbox-commands.js';
+export { MAX_PENDING_INPUT_BYTES } from './instances/relay.js';
 export {
   PathEscapeError,
   FileNotFoundError,
@@ -36,7 +36,7 @@ export {
   type FileReadStream,
   type WriteOptions,
   type WriteResult,
-} from './sandboxes/files.js';
+} from './instances/files.js';
 export type { CheckpointInfo, CheckpointOptions, CheckpointTimings } from './checkpoints/checkpoint.js';
 export type { RollbackReport, RollbackTimings } from './checkpoints/rollback.js';
 export type { ForkResult } from './checkpoints/fork.js';
@@ -79,7 +79,7 @@ export {
   type SnapshotStore,
 } from './snapshots/store.js';
 export { resolveStoreConfig, type SnapshotStoreConfig, type SnapshotStoreOptions } from './config.js';
-export { Snapshots, type PullResult, type StorePullResult } from './snapshots/snapshots-api.js';
+export { Snapshots, type PullResult, type StorePullResult } from './api/snapshots.js';
 export type { PushOptions, PushReport, StorePullOptions, TransferProgress } from './snapshots/transfer.js';
 export { BundleUntrustedError } from './snapshots/signing.js';
 export type { SnapshotInfo } from './snapshots/snapshot-rows.js';

@@ -1,4 +1,4 @@
-// Moving a fork's files into its own host id range (src/checkpoints/id-shift.ts
+// Moving a fork's files into its own host id range (src/instances/id-shift.ts
 // decides what moves where): re-owning its writable layer, and a copy of the
 // checkpoint's process image owned by the fork's root group. Each verb is one
 // job on a thread of its own (async_work.h, ThreadWorker) that makes every

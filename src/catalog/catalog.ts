@@ -67,9 +67,9 @@ export interface SandboxRow {
    * no two sandboxes share a range; deleting the row frees it.
    */
   id_base: number | null;
-  /** JSON of the egress policy (src/network/policy.ts), or null: loopback only ("none"). */
+  /** JSON of the egress policy (src/host/network/policy.ts), or null: loopback only ("none"). */
   network?: string | null;
-  /** The sandbox's /31 in the network range (src/network/addresses.ts); unique; null without a network. */
+  /** The sandbox's /31 in the network range (src/host/network/addresses.ts); unique; null without a network. */
   net_slot?: number | null;
 }
 
@@ -533,7 +533,7 @@ export class Catalog {
     this.statement('DELETE FROM exposures WHERE sandbox_id = ?').run(sandboxId);
   }
   /** Host id bases in use, ascending. */
-  /** Network slots in use, ascending (src/network/addresses.ts). */
+  /** Network slots in use, ascending (src/host/network/addresses.ts). */
   netSlots(): number[] {
     return (
       this.statement('SELECT net_slot FROM sandboxes WHERE net_slot IS NOT NULL ORDER BY net_slot').all() as {

@@ -11,12 +11,12 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { CriuError, InvalidArgumentError, InvalidStateError, LockstepError, StoreFullError } from '../errors.js';
 import { processVitals } from '../host/proc.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { dumpOptions } from './process-image.js';
-import { shareProcessImageWith } from './id-shift.js';
+import { shareProcessImageWith } from '../instances/id-shift.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { AgentState } from '../agent-state/agent-state.js';
-import { assertInit } from '../sandboxes/identity.js';
+import { assertInit } from '../instances/identity.js';
 import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import { keepChangedPagesOnly } from './page-store.js';
 

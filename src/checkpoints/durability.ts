@@ -17,7 +17,7 @@
  * (Decision and measurements: docs/decisions/durable-later.md, "Runnable first, durable later".)
  */
 import type { CheckpointRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { CheckpointCorruptError } from './integrity.js';
 

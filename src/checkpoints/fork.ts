@@ -7,14 +7,14 @@
  */
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { restoreNewInstance } from './process-image.js';
-import { freeIdBase } from '../sandboxes/id-ranges.js';
+import { freeIdBase } from '../instances/id-ranges.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';
-import { freeSlot } from '../network/addresses.js';
+import { freeSlot } from '../host/network/addresses.js';
 import { addForkPolicy, forgetNetwork } from '../network/sandbox-network.js';
-import { diskBytesFor } from '../sandboxes/create.js';
+import { diskBytesFor } from '../lifecycle/create.js';
 import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
 
 export const MAX_FORKS = 64;

@@ -22,7 +22,7 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import type { CheckpointRow } from '../catalog/catalog.js';
 import { LockstepError } from '../errors.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import type { NativeBinding } from '../native/binding.js';
 
 /** What a checkpoint's files were when it was taken (stored as JSON in checkpoints.checksums). */

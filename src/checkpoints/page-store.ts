@@ -11,10 +11,10 @@
  */
 import fs from 'node:fs';
 import { hashProcessImage, recordedChecksums } from './integrity.js';
-import { shareProcessImageWith } from './id-shift.js';
+import { shareProcessImageWith } from '../instances/id-shift.js';
 import type { Logger } from '../log.js';
 import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js';
 

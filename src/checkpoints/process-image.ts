@@ -15,10 +15,10 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { CriuRequest, VethConfig } from '../native/binding.js';
 import { prepareRestoredNetwork } from '../network/sandbox-network.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
-import { limitsOf } from '../sandboxes/create.js';
-import { processImageForRange, shiftLayerOwners } from './id-shift.js';
+import { limitsOf } from '../lifecycle/create.js';
+import { processImageForRange, shiftLayerOwners } from '../instances/id-shift.js';
 
 export function dumpOptions(
   engine: Engine,

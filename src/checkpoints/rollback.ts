@@ -13,8 +13,8 @@
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidStateError, NotFoundError } from '../errors.js';
-import type { Engine } from '../engine.js';
-import { hostOf } from '../engine.js';
+import type { Engine } from '../api/engine.js';
+import { hostOf } from '../api/engine.js';
 import { restoreOptions } from './process-image.js';
 import { prepareRestoredNetwork, swapLinks } from '../network/sandbox-network.js';
 import { outsideConnections, type ConnectionInfo } from '../network/connections.js';
@@ -23,7 +23,7 @@ import {
   type AgentRollbackReport,
   type RollbackAgentOptions,
 } from '../agent-state/agent-state.js';
-import { SandboxFiles } from '../sandboxes/files.js';
+import { SandboxFiles } from '../instances/files.js';
 import { hasStandbyFor } from './standby.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';

@@ -12,7 +12,7 @@
  * (Decision and measurements: docs/decisions/standby-policy.md, "Standby policy".)
  */
 import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 
 /** One live standby and what it holds. */
 export interface StandbyUse {

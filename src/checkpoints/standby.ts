@@ -13,8 +13,8 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
-import { isInitOf } from '../sandboxes/identity.js';
+import type { Engine } from '../api/engine.js';
+import { isInitOf } from '../instances/identity.js';
 import { restoreNewInstance } from './process-image.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';

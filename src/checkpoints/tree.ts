@@ -3,7 +3,7 @@
  * from its checkpoints): deleting a node and drawing the tree for `lockstep log`.
  */
 import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { NotFoundError } from '../errors.js';
 import { dropStandby } from './standby.js';
 import { detachImagesFrom } from './page-store.js';

@@ -4,11 +4,11 @@
  * arguments, calls one Lockstep method, and prints the result (stable JSON
  * with --json). See `lockstep help`.
  */
-import type { NetworkMode } from '../network/policy.js';
+import type { NetworkMode } from '../host/network/policy.js';
 import fs from 'node:fs';
 import { EXIT, Progress, UsageError, printJson, reportError, table, useColor } from './output.js';
 import { envFlags, intFlag, need, numberFlag, parse, splitCommand } from './args.js';
-import type { SandboxInfo } from '../sandboxes/sandbox.js';
+import type { SandboxInfo } from '../api/sandbox.js';
 import { runDoctor } from '../host/doctor.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
 import { InvalidArgumentError } from '../errors.js';

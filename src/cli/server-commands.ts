@@ -3,11 +3,11 @@
  * API), `mcp` (the MCP server on stdio) and `tenant` (tokens and quotas).
  * Like the rest of the CLI they only parse arguments and call the library.
  */
-import type { NetworkMode } from '../network/policy.js';
-import { Lockstep } from '../lockstep.js';
+import type { NetworkMode } from '../host/network/policy.js';
+import { Lockstep } from '../api/lockstep.js';
 import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
-import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
+import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
 import { VERSION } from '../version.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { intFlag, need, parse } from './args.js';

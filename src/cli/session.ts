@@ -1,5 +1,5 @@
 /** One Lockstep per CLI invocation: opened for the command, closed after it (sandboxes keep running). */
-import { Lockstep } from '../lockstep.js';
+import { Lockstep } from '../api/lockstep.js';
 
 export async function withLockstep<T>(fn: (ls: Lockstep) => Promise<T>): Promise<T> {
   const ls = await Lockstep.open();

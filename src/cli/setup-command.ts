@@ -1,9 +1,9 @@
 /**
  * `lockstep setup`: the one command that makes a host ready (see
- * src/host/setup.ts for the steps), and `lockstep setup --check`, which only
+ * src/cli/host-setup.ts for the steps), and `lockstep setup --check`, which only
  * reports: exit 0 when everything is in place, 5 otherwise.
  */
-import { checkSetup, runSetup } from '../host/setup.js';
+import { checkSetup, runSetup } from './host-setup.js';
 import { EXIT, printJson, useColor } from './output.js';
 import { need, parse } from './args.js';
 

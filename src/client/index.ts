@@ -20,11 +20,11 @@ export {
   type RemoteReadStream,
 } from './sandbox.js';
 export { RemotePty, RemotePtyHandle, type RemotePtyCreateOptions } from './pty.js';
-export type { PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
+export type { PtyExit, PtyOutput } from '../api/sandbox-pty.js';
 export { Images, type ImageInfo } from './images.js';
 export { Snapshots, type RemotePullResult, type RemoteStorePullResult } from './snapshots.js';
 export type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
-export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from './errors.js';
+export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from '../errors-from-wire.js';
 export { DEFAULT_API_URL, type ConnectionOptions, type CallOptions } from './transport.js';
 export {
   LockstepError,
@@ -33,7 +33,7 @@ export {
   InvalidStateError,
   CommandAbortedError,
 } from '../errors.js';
-export type { ObservedRunResult } from '../sandboxes/sandbox.js';
+export type { ObservedRunResult } from '../api/sandbox.js';
 export type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 export type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 export type { ForkResult } from '../checkpoints/fork.js';

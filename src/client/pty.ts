@@ -1,23 +1,28 @@
 /**
  * PTYs of a remote sandbox, with the in-process SDK's shape
- * (src/sandboxes/sandbox-pty.ts): `create`, `connect`, `list`, and handles
+ * (src/api/sandbox-pty.ts): `create`, `connect`, `list`, and handles
  * with `write`, `resize`, `output`, `follow` (the server's NDJSON stream,
  * docs/http-reference.md), `wait` and `kill`. Output offsets are the
  * transcript's bytes, so a follower that reconnects passes the last offset
  * it saw and misses nothing.
  */
 import { InvalidArgumentError } from '../errors.js';
-import type { PtyCreateOptions, PtyExit, PtyOutput } from '../sandboxes/sandbox-pty.js';
-import { errorFromWire, type WireError, ConnectionError } from './errors.js';
-import type { CallOptions } from './transport.js';
-import { WAIT_SLICE_MS, ndjsonEvents, type Sandbox } from './sandbox.js';
+import type { PtyCreateOptions, PtyExit, PtyOutput } from '../api/sandbox-pty.js';
+import { errorFromWire, type WireError, ConnectionError } from '../errors-from-wire.js';
+import { WAIT_SLICE_MS, ndjsonEvents, type CallOptions, type Transport } from './transport.js';
+
+/** What a PTY handle uses of its sandbox's handle: the connection and the sandbox's path. */
+export interface PtySandbox {
+  readonly transport: Transport;
+  path(tail: string): string;
+}
 
 /** Options of pty.create: the in-process SDK's, plus the call's own. */
 export interface RemotePtyCreateOptions extends PtyCreateOptions, CallOptions {}
 
 /** The PTYs of a remote sandbox. */
 export class RemotePty {
-  constructor(private readonly sandbox: Sandbox) {}
+  constructor(private readonly sandbox: PtySandbox) {}
 
   /** Starts cmd (default /bin/sh -i) on a new terminal of the sandbox; the handle's pid is its id. */
   async create(opts: RemotePtyCreateOptions): Promise<RemotePtyHandle> {
@@ -50,7 +55,7 @@ export class RemotePty {
 /** One remote PTY. */
 export class RemotePtyHandle {
   constructor(
-    private readonly sandbox: Sandbox,
+    private readonly sandbox: PtySandbox,
     readonly pid: number,
   ) {}
 

@@ -9,10 +9,10 @@
  */
 import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
-import type { SandboxInfo, ObservedRunResult } from '../sandboxes/sandbox.js';
-import type { CreateOptions } from '../sandboxes/create.js';
-import type { FileEntry, FilePage } from '../sandboxes/files.js';
-import type { OutputChunk, OutputOffsets } from '../sandboxes/background-output.js';
+import type { SandboxInfo, ObservedRunResult } from '../api/sandbox.js';
+import type { CreateOptions } from '../lifecycle/create.js';
+import type { FileEntry, FilePage } from '../instances/files.js';
+import type { OutputChunk, OutputOffsets } from '../instances/background-output.js';
 import { RemotePty } from './pty.js';
 import type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 import type { ForkResult } from '../checkpoints/fork.js';
@@ -24,10 +24,10 @@ import type { Observation } from '../provenance/observations.js';
 import type { Verdict, StaleVerdict } from '../provenance/verdicts.js';
 import type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
-import { errorFromWire, type WireError, ConnectionError, RequestAbortedError } from './errors.js';
-import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
+import { errorFromWire, type WireError, ConnectionError, RequestAbortedError } from '../errors-from-wire.js';
+import { Transport, WAIT_SLICE_MS, ndjsonEvents, type CallOptions, type ConnectionOptions } from './transport.js';
 
-/** The most entries the server returns in one page (LIST_MAX_LIMIT in src/sandboxes/files.ts). */
+/** The most entries the server returns in one page (LIST_MAX_LIMIT in src/instances/files.ts). */
 const LIST_MAX_LIMIT = 10_000;
 
 /** A sandbox as the API shows it: the library's fields but the init's host pid, with the tenant's name and id. */
@@ -57,8 +57,6 @@ export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWith
 
 const enc = encodeURIComponent;
 
-/** Longest single wait request; fetch gives up on answers that take 300 s. */
-export const WAIT_SLICE_MS = 60_000;
 
 /** A handle on a sandbox of the calling tenant, over HTTP. */
 export class Sandbox {
@@ -453,21 +451,6 @@ export class RemoteCommands {
   }
 }
 
-export async function* ndjsonEvents(res: Response): AsyncGenerator<Record<string, unknown> & { type: string }> {
-  if (!res.body) return;
-  const decoder = new TextDecoder();
-  let buf = '';
-  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-    buf += decoder.decode(chunk, { stream: true });
-    let nl: number;
-    while ((nl = buf.indexOf('\n')) >= 0) {
-      const line = buf.slice(0, nl);
-      buf = buf.slice(nl + 1);
-      if (line.trim()) yield JSON.parse(line) as Record<string, unknown> & { type: string };
-    }
-  }
-  if (buf.trim()) yield JSON.parse(buf) as Record<string, unknown> & { type: string };
-}
 
 /** A file being downloaded. */
 export interface RemoteReadStream {

@@ -13,8 +13,8 @@
  */
 import { randomUUID } from 'node:crypto';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
-import { DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
-import { ConnectionError, RequestAbortedError, errorFromResponse } from './errors.js';
+import { DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
+import { ConnectionError, RequestAbortedError, errorFromResponse } from '../errors-from-wire.js';
 
 /** Where the server is and who is calling. */
 export interface ConnectionOptions {
@@ -188,4 +188,23 @@ function toWebStream(source: AsyncIterable<Uint8Array | string>): ReadableStream
       await it.return?.();
     },
   });
+}
+
+/** Longest single wait request; fetch gives up on answers that take 300 s. */
+export const WAIT_SLICE_MS = 60_000;
+/** The events of a newline-delimited JSON response, one object a line. */
+export async function* ndjsonEvents(res: Response): AsyncGenerator<Record<string, unknown> & { type: string }> {
+  if (!res.body) return;
+  const decoder = new TextDecoder();
+  let buf = '';
+  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+    buf += decoder.decode(chunk, { stream: true });
+    let nl: number;
+    while ((nl = buf.indexOf('\n')) >= 0) {
+      const line = buf.slice(0, nl);
+      buf = buf.slice(nl + 1);
+      if (line.trim()) yield JSON.parse(line) as Record<string, unknown> & { type: string };
+    }
+  }
+  if (buf.trim()) yield JSON.parse(buf) as Record<string, unknown> & { type: string };
 }

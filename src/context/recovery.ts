@@ -8,7 +8,8 @@ import { InvalidArgumentError } from '../errors.js';
 import type { EffectRecord, EffectStatus, Reversibility } from '../effects/effect-ledger.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import type { Observation } from '../provenance/observations.js';
-import { IDENTITY_HASH_PREFIX, type Verdict } from '../provenance/verdicts.js';
+import { IDENTITY_HASH_PREFIX } from '../instances/files.js';
+import type { Verdict } from '../provenance/verdicts.js';
 
 /** What buildRecoverySummary() works from. */
 export interface RecoveryInput {

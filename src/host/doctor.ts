@@ -9,7 +9,7 @@ import { native, helperPath, initPath, relayPath } from '../native/binding.js';
 import { criuBinary, formatVersion, MIN_CRIU_VERSION } from './criu-service.js';
 import { CRIU_TESTED_VERSION, CRIU_TESTED_VERSION_NUMBER } from './criu-version.js';
 import { detectCgroups } from './cgroups.js';
-import { DockerEngine } from '../images/docker.js';
+import { DockerEngine } from './docker.js';
 import { resolveHome } from '../paths.js';
 import { FS_MAGIC } from '../native/binding.js';
 import { SETUP_HINT } from '../errors.js';

@@ -13,7 +13,7 @@ import fs from 'node:fs';
 import { z } from 'zod';
 import { LockstepError } from '../errors.js';
 import { DEFAULT_HOME } from '../paths.js';
-import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from './defaults.js';
+import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
 
 export { DEFAULT_CONFIG_FILE };
 const MiB = 1024 * 1024;

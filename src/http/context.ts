@@ -4,10 +4,10 @@
  */
 import { Admission } from '../admission.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import type { Lockstep } from '../lockstep.js';
-import type { Sandbox, SandboxInfo } from '../sandboxes/sandbox.js';
+import type { Lockstep } from '../api/lockstep.js';
+import type { Sandbox, SandboxInfo } from '../api/sandbox.js';
 import type { Tenant } from '../tenants/tenants.js';
-import type { Tenants } from '../tenants/registry.js';
+import type { Tenants } from '../api/tenants.js';
 import { QuotaGate } from '../tenants/quotas.js';
 import type { ServerMetrics } from './metrics.js';
 import type { OperationTracker } from './operations.js';

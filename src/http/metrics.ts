@@ -3,7 +3,7 @@
  * that several servers in one process (tests) do not collide.
  */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import type { Lockstep } from '../lockstep.js';
+import type { Lockstep } from '../api/lockstep.js';
 
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 

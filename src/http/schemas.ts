@@ -4,10 +4,10 @@
  * only: responses are serialised with JSON.stringify, see server.ts).
  */
 import { CONTEXT_FORMATS } from '../context/formats.js';
-import { LIMITS } from '../sandboxes/create.js';
+import { LIMITS } from '../lifecycle/create.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
 import { MAX_SNAPSHOT_STARTS } from '../snapshots/snapshots.js';
-import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../sandboxes/files.js';
+import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../instances/files.js';
 
 type Schema = Record<string, unknown>;
 
@@ -255,7 +255,7 @@ export const readQuery = pathQuery({
     description: 'Default: utf8 when the bytes are valid UTF-8, else base64',
   },
 });
-/** A directory page: entries sorted by name, at most `limit`, after `cursor` (src/sandboxes/dir-page.ts). */
+/** A directory page: entries sorted by name, at most `limit`, after `cursor` (src/instances/dir-page.ts). */
 export const listQuery = pathQuery({
   // A query string is text (no coercion here): the range is checked by the library.
   limit: {

@@ -17,7 +17,7 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
-import type { Lockstep } from '../lockstep.js';
+import type { Lockstep } from '../api/lockstep.js';
 import type { Logger } from '../log.js';
 import { ApiContext } from './context.js';
 import { HttpError, errorHandler } from './errors.js';
@@ -99,7 +99,7 @@ export type LockstepServer = FastifyInstance & {
   readonly operations: OperationTracker;
 };
 
-export { DEFAULT_HOST, DEFAULT_PORT } from './defaults.js';
+export { DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
 const MiB = 1024 * 1024;
 
 const version = VERSION;

@@ -24,7 +24,7 @@ import {
 } from '../errors.js';
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
 import { resolveHome, type StatePaths } from '../paths.js';
-import type { DockerPort } from './docker.js';
+import type { DockerPort } from '../host/docker.js';
 import { DEFAULTS, envValue } from '../config.js';
 
 const execFileAsync = promisify(execFile);

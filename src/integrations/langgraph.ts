@@ -45,8 +45,8 @@ import {
   type PendingWrite,
   type SerializerProtocol,
 } from '@langchain/langgraph-checkpoint';
-import type { Lockstep } from '../lockstep.js';
-import type { Sandbox } from '../sandboxes/sandbox.js';
+import type { Lockstep } from '../api/lockstep.js';
+import type { Sandbox } from '../api/sandbox.js';
 import type { AgentContext, Obj } from '../context/formats.js';
 import type { RollbackReport } from '../checkpoints/rollback.js';
 import type { RollbackAgentOptions } from '../agent-state/agent-state.js';

@@ -18,16 +18,16 @@ import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 import { createRequire } from 'node:module';
 import type { ToolAnnotations } from '@modelcontextprotocol/sdk/types.js';
-import type { Lockstep } from '../lockstep.js';
-import type { Sandbox, SandboxInfo } from '../sandboxes/sandbox.js';
-import type { CreateOptions } from '../sandboxes/create.js';
+import type { Lockstep } from '../api/lockstep.js';
+import type { Sandbox, SandboxInfo } from '../api/sandbox.js';
+import type { CreateOptions } from '../lifecycle/create.js';
 import type { ForkResult } from '../checkpoints/fork.js';
 import { CONTEXT_FORMATS } from '../context/formats.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
-import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../sandboxes/files.js';
+import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../instances/files.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
-import { contextFromWire, rollbackToWire } from '../wire.js';
+import { contextFromWire, rollbackToWire } from '../api/wire.js';
 
 /** What a tenant's session may do; the HTTP server builds it with the tenant's quotas. */
 export interface TenantScope {

@@ -4,7 +4,7 @@
  * away: stdin closes, or SIGTERM/SIGINT arrives.
  */
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
-import { Lockstep } from '../lockstep.js';
+import { Lockstep } from '../api/lockstep.js';
 import type { Logger } from '../log.js';
 import { createMcpServer } from './server.js';
 

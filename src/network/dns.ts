@@ -34,10 +34,10 @@ import { Admission } from '../admission.js';
 import type { SandboxRow } from '../catalog/catalog.js';
 import type { Logger } from '../log.js';
 import { TokenBuckets } from '../token-bucket.js';
-import type { HostNetwork } from './host-network.js';
-import { LearnedAddresses } from './learned.js';
-import type { AllowElement } from './nftables.js';
-import { nameAllowed, policyOf, type NetworkPolicy } from './policy.js';
+import type { HostNetwork } from '../host/network/host-network.js';
+import { LearnedAddresses } from '../host/network/learned.js';
+import type { AllowElement } from '../host/network/nftables.js';
+import { nameAllowed, policyOf, type NetworkPolicy } from '../host/network/policy.js';
 
 const MIN_TTL_S = 60;
 const MAX_TTL_S = 3600;

@@ -23,9 +23,9 @@ import fs from 'node:fs';
 import net from 'node:net';
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../errors.js';
-import { DEFAULT_HOST, DEFAULT_PORT } from '../http/defaults.js';
+import { DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
 
 /** How long a connect inside the sandbox may take (a full accept queue drops SYNs: the connect would wait). */
 export const CONNECT_TIMEOUT_MS = 3000;

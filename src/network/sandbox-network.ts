@@ -6,10 +6,10 @@
  * costs nothing.
  */
 import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import type { VethConfig } from '../native/binding.js';
-import { policyOf } from './policy.js';
-import { SandboxFiles } from '../sandboxes/files.js';
+import { policyOf } from '../host/network/policy.js';
+import { SandboxFiles } from '../instances/files.js';
 
 /** A new sandbox's init is running: give it its eth0 and its policy. */
 export async function attachNewSandbox(engine: Engine, row: SandboxRow, pid: number): Promise<void> {

@@ -27,7 +27,6 @@ type Database = BetterSqlite3.Database;
  * hash (over VERDICT_HASH_MAX_BYTES, 64 MiB): the file's size, mtime, ctime
  * and inode stand for its content (SandboxFiles.verdictHash).
  */
-export const IDENTITY_HASH_PREFIX = 'identity:';
 
 /** What record() needs. */
 export interface VerdictInput {

@@ -25,7 +25,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { pack } from 'msgpackr';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { HostError, LockstepError, NotFoundError } from '../errors.js';
 import { verifyCheckpoint } from '../checkpoints/integrity.js';
 import { PARENT_LINK, flattenOnto, parentOf } from '../checkpoints/page-delta.js';

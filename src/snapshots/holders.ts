@@ -4,7 +4,7 @@
  * snapshot-rows.ts). Callers run this after the rows are gone.
  */
 import fs from 'node:fs';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { SnapshotRows } from './snapshot-rows.js';
 
 /** True while a checkpoint row or a snapshot row (other than `except`) names the layer. */

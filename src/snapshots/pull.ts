@@ -18,9 +18,9 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
-import { ConnectionError, errorFromResponse } from '../client/errors.js';
+import { ConnectionError, errorFromResponse } from '../errors-from-wire.js';
 import { importSnapshot } from './import.js';
 import type { SnapshotRow } from './snapshot-rows.js';
 

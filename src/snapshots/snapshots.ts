@@ -16,7 +16,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { newId, type SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import {
   AlreadyExistsError,
   InvalidArgumentError,
@@ -26,12 +26,12 @@ import {
 } from '../errors.js';
 import { recordedChecksums, verifyCheckpoint } from '../checkpoints/integrity.js';
 import { restoreNewInstance } from '../checkpoints/process-image.js';
-import { freeIdBase } from '../sandboxes/id-ranges.js';
+import { freeIdBase } from '../instances/id-ranges.js';
 import { abandonChild, type ForkResult } from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
 import { releaseFiles } from './holders.js';
 import { checkLayerQuota, checkStoredQuota, tenantOf } from '../tenants/quotas.js';
-import { diskBytesFor } from '../sandboxes/create.js';
+import { diskBytesFor } from '../lifecycle/create.js';
 import {
   SnapshotRows,
   asCheckpoint,

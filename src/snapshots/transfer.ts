@@ -13,7 +13,7 @@
  * present are not sent again); pull streams the store's verified chunks
  * straight into the import. Neither holds more than a few chunks.
  */
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import { openExport } from './export.js';
 import { importSnapshot } from './import.js';

@@ -6,10 +6,9 @@
  * tenant row go. If a sandbox cannot be removed the tenant stays (revoked),
  * and running the command again finishes the job.
  */
-import type { Engine } from '../engine.js';
-import type { Lockstep } from '../lockstep.js';
+import type { Engine } from '../api/engine.js';
 import { InvalidStateError } from '../errors.js';
-import { removeSandbox } from '../sandboxes/remove.js';
+import { removeSandbox } from '../lifecycle/remove.js';
 import { deleteSnapshot } from '../snapshots/snapshots.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { removeTenant, revokeTenantToken } from './tenants.js';
@@ -21,12 +20,7 @@ export interface PurgeReport {
   sandboxes: string[];
 }
 
-/** Removes a tenant with everything it has (the same as `ls.tenants.purge(name)`). */
-export function purgeTenant(ls: Lockstep, name: string): Promise<PurgeReport> {
-  return ls.tenants.purge(name);
-}
-
-/** @internal purgeTenant on the engine (Tenants.purge). */
+/** Removes a tenant with everything it has (Tenants.purge, `tenant rm --force`). */
 export async function purgeTenantOf(engine: Engine, name: string): Promise<PurgeReport> {
   const db = engine.catalog.db;
   const tenant = revokeTenantToken(db, name);

@@ -15,7 +15,7 @@
 import type Database from 'better-sqlite3';
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { AlreadyExistsError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
-import { NETWORK_MODES, type NetworkMode } from '../network/policy.js';
+import { NETWORK_MODES, type NetworkMode } from '../host/network/policy.js';
 
 /** A tenant as callers see it (never the token or its hash). */
 export interface Tenant {

@@ -11,7 +11,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { CgroupDriver, CgroupLimits } from '../../src/host/cgroups.js';
-import type { OpenOptions } from '../../src/lockstep.js';
+import type { OpenOptions } from '../../src/api/lockstep.js';
 import type { NativeBinding, PidWatcher } from '../../src/native/binding.js';
 import type {
   Clock,

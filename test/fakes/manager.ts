@@ -3,9 +3,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
-import { Lockstep, type OpenOptions } from '../../src/lockstep.js';
+import { Lockstep, type OpenOptions } from '../../src/api/lockstep.js';
 import { StatePaths } from '../../src/paths.js';
-import type { Engine } from '../../src/engine.js';
+import type { Engine } from '../../src/api/engine.js';
 import type { SandboxRow } from '../../src/catalog/catalog.js';
 import { FakeHost } from './host.js';
 

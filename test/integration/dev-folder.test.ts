@@ -10,7 +10,7 @@ import path from 'node:path';
 import { freshHome, integration } from '../helpers/harness.js';
 import { native } from '../../src/native/binding.js';
 import { StatePaths } from '../../src/paths.js';
-import { SandboxRuntime } from '../../src/sandboxes/runtime.js';
+import { SandboxRuntime } from '../../src/instances/runtime.js';
 
 function runtimeAt(home: string): SandboxRuntime {
   const paths = new StatePaths(home);

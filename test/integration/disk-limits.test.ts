@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
-import type { Lockstep } from '../../src/lockstep.js';
+import type { Lockstep } from '../../src/api/lockstep.js';
 
 const MiB = 1024 * 1024;
 

@@ -15,7 +15,7 @@ import { randomBytes } from 'node:crypto';
 import test, { type ExecutionContext } from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
-import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/sandboxes/id-ranges.js';
+import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/instances/id-ranges.js';
 import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
 import { hostPath } from '../fixtures/stub-workloads.js';
 

@@ -10,7 +10,7 @@ import { resolveStoreConfig } from '../../src/config.js';
 import { ApiClient, ndjson, startServer, tenantId, tenantToken, type ApiResponse } from '../fixtures/http-client.js';
 import fs from 'node:fs';
 import { addTenant, removeTenant } from '../../src/tenants/tenants.js';
-import { purgeTenant } from '../../src/tenants/purge.js';
+import { purgeTenant } from '../../src/api/tenants-entry.js';
 import { isAlive, mountsUnder } from '../../src/host/proc.js';
 
 /** Row counts of every table: "no new rows" means these do not change. */

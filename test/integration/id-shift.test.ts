@@ -1,6 +1,6 @@
 /**
  * The native halves of moving a fork into its own id range
- * (src/checkpoints/id-shift.ts), on the real filesystem: re-owning a
+ * (src/instances/id-shift.ts), on the real filesystem: re-owning a
  * writable layer never follows a link a sandbox planted and keeps
  * set-user-id bits; the process image copy has the bytes of the original,
  * is readable only by the fork's root group, and its user namespace maps
@@ -11,8 +11,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { freshHome, integration } from '../helpers/harness.js';
 import { native } from '../../src/native/binding.js';
-import { processImageForRange, rewriteUsernsImage, shiftLayerOwners } from '../../src/checkpoints/id-shift.js';
-import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/sandboxes/id-ranges.js';
+import { processImageForRange, rewriteUsernsImage, shiftLayerOwners } from '../../src/instances/id-shift.js';
+import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/instances/id-ranges.js';
 
 const FROM = FIRST_ID_BASE;
 const TO = FIRST_ID_BASE + 5 * ID_RANGE_SIZE;

@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { eventually, integration, openTestLockstep, sleep } from '../helpers/harness.js';
 import { ApiClient } from '../fixtures/http-client.js';
-import { runCommand, spawnDetached } from '../../src/sandboxes/commands.js';
+import { runCommand, spawnDetached } from '../../src/instances/commands.js';
 import { helperPath } from '../../src/native/binding.js';
 import { startTime } from '../../src/host/proc.js';
 import type { Sandbox } from '../../src/index.js';

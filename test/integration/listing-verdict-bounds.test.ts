@@ -17,8 +17,8 @@ import { createHash } from 'node:crypto';
 import test from 'ava';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
-import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT, VERDICT_HASH_MAX_BYTES } from '../../src/sandboxes/files.js';
-import { LISTING_LIMITS } from '../../src/sandboxes/observed-files.js';
+import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT, VERDICT_HASH_MAX_BYTES } from '../../src/instances/files.js';
+import { LISTING_LIMITS } from '../../src/api/observed-files.js';
 import { Sandbox } from '../../src/client/index.js';
 
 const MiB = 1024 * 1024;

@@ -12,10 +12,10 @@ import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { eventually, integration, openTestLockstep, sleep } from '../helpers/harness.js';
 import { startServer, tenantToken, type ApiClient } from '../fixtures/http-client.js';
 import { COMMAND_ROUTE_LIMITS } from '../../src/http/context.js';
-import { MAX_OUTPUT_ENTRIES_LISTED } from '../../src/sandboxes/background-output.js';
-import { MAX_PTY_ENTRIES_LISTED } from '../../src/sandboxes/sandbox-pty.js';
+import { MAX_OUTPUT_ENTRIES_LISTED } from '../../src/instances/background-output.js';
+import { MAX_PTY_ENTRIES_LISTED } from '../../src/api/sandbox-pty.js';
 import { MAX_TCP_TABLE_BYTES, outsideConnections } from '../../src/network/connections.js';
-import type { Lockstep } from '../../src/lockstep.js';
+import type { Lockstep } from '../../src/api/lockstep.js';
 
 const RANGE = '10.239.0.0/24';
 

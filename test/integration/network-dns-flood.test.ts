@@ -20,9 +20,9 @@ import test from 'ava';
 import * as dnsPacket from 'dns-packet';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import type { Lockstep, Sandbox } from '../../src/index.js';
-import { parseAllowSet } from '../../src/network/nftables.js';
+import { parseAllowSet } from '../../src/host/network/nftables.js';
 import { DNS_LIMITS } from '../../src/network/dns.js';
-import { LEARNED_LIMITS } from '../../src/network/learned.js';
+import { LEARNED_LIMITS } from '../../src/host/network/learned.js';
 
 const RANGE = '10.234.0.0/24';
 const OK_ADDRESS = '172.30.71.2';

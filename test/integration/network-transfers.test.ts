@@ -10,7 +10,7 @@ import test from 'ava';
 import { eventually, integration, openTestLockstep, sleep } from '../helpers/harness.js';
 import { hostNetworkLeftovers, makeTestInternet, type TestInternet } from '../helpers/test-internet.js';
 import type { Lockstep, Sandbox } from '../../src/index.js';
-import { parseUploadLimits } from '../../src/network/nftables.js';
+import { parseUploadLimits } from '../../src/host/network/nftables.js';
 
 const RANGE = '10.233.0.0/24';
 const WWW = '172.30.61.0';

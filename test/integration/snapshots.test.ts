@@ -19,7 +19,7 @@ import { listDir } from '../fixtures/host-state.js';
 import { counterValue, setTag, startCounter, startMemo, tagInMemory, waitCounter } from '../fixtures/stub-workloads.js';
 import { BundleWriter, readBundle } from '../../src/snapshots/bundle-format.js';
 import { addTenant, migrateTenants } from '../../src/tenants/tenants.js';
-import { purgeTenant } from '../../src/tenants/purge.js';
+import { purgeTenant } from '../../src/api/tenants-entry.js';
 import { Sandbox as RemoteSandbox, Snapshots as RemoteSnapshots } from '../../src/client/index.js';
 import { startServer, tenantToken } from '../fixtures/http-client.js';
 

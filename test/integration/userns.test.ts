@@ -11,7 +11,7 @@ import path from 'node:path';
 import test, { type ExecutionContext } from 'ava';
 import type { Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
-import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/sandboxes/id-ranges.js';
+import { FIRST_ID_BASE, ID_RANGE_SIZE } from '../../src/instances/id-ranges.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { counterInLayer, hostPath, startCounter, waitCounter } from '../fixtures/stub-workloads.js';
 

@@ -21,7 +21,7 @@ import {
   RequestAbortedError,
   Sandbox,
 } from '../../src/client/index.js';
-import { WAIT_SLICE_MS } from '../../src/client/sandbox.js';
+import { WAIT_SLICE_MS } from '../../src/client/transport.js';
 import type { ErrorCode } from '../../src/errors.js';
 
 interface Canned {

@@ -6,7 +6,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import test from 'ava';
-import { readDirPage } from '../../src/sandboxes/dir-page.js';
+import { readDirPage } from '../../src/instances/dir-page.js';
 
 test('pages through a directory in name order; every name once, for any limit', async (t) => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dir-page-'));

@@ -3,9 +3,9 @@ import { PassThrough } from 'node:stream';
 import { EventEmitter } from 'node:events';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import test from 'ava';
-import { rulesetScript, resolverElementScript, type AllowElement } from '../../src/network/nftables.js';
-import { ElementBatcher, LearnedAddresses } from '../../src/network/learned.js';
-import { NftSession } from '../../src/network/nft-session.js';
+import { rulesetScript, resolverElementScript, type AllowElement } from '../../src/host/network/nftables.js';
+import { ElementBatcher, LearnedAddresses } from '../../src/host/network/learned.js';
+import { NftSession } from '../../src/host/network/nft-session.js';
 import { TokenBuckets } from '../../src/token-bucket.js';
 
 const el = (sandbox: string, ip: string, timeoutS: number, proto: 'tcp' | 'udp' = 'tcp'): AllowElement => ({

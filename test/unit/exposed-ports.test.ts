@@ -12,7 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Catalog, type SandboxRow } from '../../src/catalog/catalog.js';
 import { ExposedPorts, validatePort } from '../../src/network/exposed-ports.js';
-import type { Engine } from '../../src/engine.js';
+import type { Engine } from '../../src/api/engine.js';
 
 function setup(t: { teardown: (fn: () => void) => void }, connect: (port: number) => Promise<number>) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-exposures-'));

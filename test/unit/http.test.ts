@@ -9,7 +9,7 @@ import {
   validateIdempotencyKey,
 } from '../../src/http/idempotency.js';
 import { OperationTracker } from '../../src/http/operations.js';
-import { contextFromWire, contextToWire, renameField } from '../../src/wire.js';
+import { contextFromWire, contextToWire, renameField } from '../../src/api/wire.js';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../../src/errors.js';
 import { QuotaExceededError } from '../../src/tenants/quotas.js';
 import { StoredReplies } from '../../src/tenants/replies.js';

@@ -10,7 +10,7 @@ import os from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { Catalog, type SandboxRow } from '../../src/catalog/catalog.js';
-import { InitWatcher } from '../../src/sandboxes/init-watcher.js';
+import { InitWatcher } from '../../src/instances/init-watcher.js';
 import type { PidWatcher } from '../../src/native/binding.js';
 
 /** Processes that "run": pid -> start time. */

@@ -6,8 +6,8 @@ import {
   parseCidr,
   validateNetworkOptions,
   networkInfo,
-} from '../../src/network/policy.js';
-import { slotAddresses, slotCount } from '../../src/network/addresses.js';
+} from '../../src/host/network/policy.js';
+import { slotAddresses, slotCount } from '../../src/host/network/addresses.js';
 import {
   addElementsScript,
   addUploadLimitScript,
@@ -15,7 +15,7 @@ import {
   parseAllowSet,
   parseUploadLimits,
   rulesetScript,
-} from '../../src/network/nftables.js';
+} from '../../src/host/network/nftables.js';
 import { resolveConfig } from '../../src/config.js';
 
 test('allow entries: addresses, CIDRs, ports and domains', (t) => {

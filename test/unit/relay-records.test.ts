@@ -1,6 +1,6 @@
-/** The records the manager writes to a relay's FIFO (src/sandboxes/relay.ts), as native/init/lockstep-relay.c reads them. */
+/** The records the manager writes to a relay's FIFO (src/instances/relay.ts), as native/init/lockstep-relay.c reads them. */
 import test from 'ava';
-import { closeRecord, dataRecords, resizeRecord } from '../../src/sandboxes/relay.js';
+import { closeRecord, dataRecords, resizeRecord } from '../../src/instances/relay.js';
 
 /** Splits a byte string into records the way the relay does: type, 4-byte LE length, payload. */
 function parse(b: Buffer): { type: string; payload: Buffer }[] {

@@ -8,7 +8,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { SandboxLocks } from '../../src/engine.js';
+import { SandboxLocks } from '../../src/api/engine.js';
 import { native } from '../../src/native/binding.js';
 import { systemClock } from '../../src/ports.js';
 import { InvalidStateError } from '../../src/errors.js';

@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { DEFAULTS } from '../../src/config.js';
-import { parseCidr } from '../../src/network/policy.js';
+import { parseCidr } from '../../src/host/network/policy.js';
 
 const dir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/integration');
 

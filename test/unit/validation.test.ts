@@ -6,12 +6,12 @@
 import test, { type ExecutionContext } from 'ava';
 import { InvalidArgumentError } from '../../src/errors.js';
 import { validateImageName } from '../../src/images/image-store.js';
-import { LIMITS, validateCreateOptions, type CreateOptions } from '../../src/sandboxes/create.js';
-import { validateCommand } from '../../src/sandboxes/commands.js';
-import { sandboxRelative } from '../../src/sandboxes/files.js';
+import { LIMITS, validateCreateOptions, type CreateOptions } from '../../src/lifecycle/create.js';
+import { validateCommand } from '../../src/instances/commands.js';
+import { sandboxRelative } from '../../src/instances/files.js';
 import { MAX_FORKS, validateForkCount } from '../../src/checkpoints/fork.js';
 import { validateLabel } from '../../src/checkpoints/checkpoint.js';
-import { isUnsafeEntry, splitReference } from '../../src/images/docker.js';
+import { isUnsafeEntry, splitReference } from '../../src/host/docker.js';
 
 /** Asserts that fn throws INVALID_ARGUMENT for `field`, and that the message names it. */
 function rejects(t: ExecutionContext, fn: () => unknown, field: string): void {

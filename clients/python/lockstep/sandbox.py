@@ -245,7 +245,7 @@ class FilePage:
     next_cursor: Optional[str]
 
 
-# The most entries the server returns in one page (LIST_MAX_LIMIT in src/sandboxes/files.ts).
+# The most entries the server returns in one page (LIST_MAX_LIMIT in src/instances/files.ts).
 _LIST_MAX_LIMIT = 10000
 
 

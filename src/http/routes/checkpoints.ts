@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { RollbackPolicy } from '../../effects/effect-ledger.js';
 import type { ApiContext } from '../context.js';
-import { contextFromWire, contextToWire, rollbackToWire } from '../../wire.js';
+import { contextFromWire, contextToWire, rollbackToWire } from '../../api/wire.js';
 import * as S from '../schemas.js';
 import { statusForCode } from '../errors.js';
 

@@ -11,10 +11,10 @@
  */
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { CommandHandle, type ObservedRunResult } from '../../sandboxes/sandbox.js';
+import { CommandHandle, type ObservedRunResult } from '../../api/sandbox.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
-import { renameField } from '../../wire.js';
+import { renameField } from '../../api/wire.js';
 import * as S from '../schemas.js';
 
 interface RunBody {

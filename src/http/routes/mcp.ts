@@ -19,7 +19,7 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { createMcpServer, type TenantScope } from '../../mcp/server.js';
-import { LIMITS } from '../../sandboxes/create.js';
+import { LIMITS } from '../../lifecycle/create.js';
 import type { Tenant } from '../../tenants/tenants.js';
 import { NotFoundError } from '../../errors.js';
 import { tenantSandboxInfo, type ApiContext } from '../context.js';

@@ -17,9 +17,9 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
 import { InvalidArgumentError } from '../../errors.js';
-import { MAX_PENDING_INPUT_BYTES } from '../../sandboxes/relay.js';
-import type { PtyHandle } from '../../sandboxes/sandbox-pty.js';
-import { renameField } from '../../wire.js';
+import { MAX_PENDING_INPUT_BYTES } from '../../instances/relay.js';
+import type { PtyHandle } from '../../api/sandbox-pty.js';
+import { renameField } from '../../api/wire.js';
 import * as S from '../schemas.js';
 
 /** The raw body of an input route; an empty POST is no bytes. */

@@ -1,11 +1,11 @@
 /** Routes: create, list, get and delete sandboxes; the caller's tenant. */
 import type { FastifyInstance } from 'fastify';
-import { LIMITS } from '../../sandboxes/create.js';
+import { LIMITS } from '../../lifecycle/create.js';
 import { InvalidStateError, LockstepError } from '../../errors.js';
-import type { Lockstep } from '../../lockstep.js';
+import type { Lockstep } from '../../api/lockstep.js';
 import type { ApiContext } from '../context.js';
 import * as S from '../schemas.js';
-import type { NetworkMode } from '../../network/policy.js';
+import type { NetworkMode } from '../../host/network/policy.js';
 
 interface CreateBody {
   image?: string;

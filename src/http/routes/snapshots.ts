@@ -8,7 +8,7 @@ import type { FastifyInstance } from 'fastify';
 import { Readable } from 'node:stream';
 import type { ApiContext } from '../context.js';
 import { HttpError, statusForCode } from '../errors.js';
-import { contextToWire } from '../../wire.js';
+import { contextToWire } from '../../api/wire.js';
 import * as S from '../schemas.js';
 
 interface SnapParams {

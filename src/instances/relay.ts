@@ -17,7 +17,6 @@ import net from 'node:net';
 import { native } from '../native/binding.js';
 import { InvalidStateError, LockstepError, isNativeError } from '../errors.js';
 import { sleep } from '../host/proc.js';
-import type { SandboxRow } from '../catalog/catalog.js';
 
 /** Bytes of input a manager queues for one process that is not reading (the FIFO's own 64 KiB come on top). */
 export const MAX_PENDING_INPUT_BYTES = 1 << 20;
@@ -64,7 +63,7 @@ export function resizeRecord(cols: number, rows: number): Buffer {
  * Writers are keyed by it, so input after a rollback never goes to a FIFO of
  * the tree that was replaced.
  */
-export function timelineOf(row: SandboxRow): string {
+export function timelineOf(row: { instance: string; init_pid: number | null; init_start: number | null }): string {
   return `${row.instance}:${row.init_pid ?? 0}:${row.init_start ?? 0}`;
 }
 

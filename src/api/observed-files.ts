@@ -6,7 +6,7 @@ import {
   type FileReadStream,
   type ListPageOptions,
   type WriteOptions,
-} from './files.js';
+} from '../instances/files.js';
 import type { AdmissionLimits } from '../admission.js';
 import type { Readable } from 'node:stream';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';

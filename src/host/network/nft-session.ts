@@ -16,8 +16,9 @@
  * no answer within the timeout kills the process (which fails the rest).
  */
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { HostError } from '../errors.js';
-import { TOOLS } from './host-network.js';
+import { HostError } from '../../errors.js';
+
+export const TOOLS = { nft: '/usr/sbin/nft', ip: '/usr/sbin/ip', tc: '/usr/sbin/tc' } as const;
 
 const MARKER_COMMAND = 'describe meta length';
 const MARKER = 'meta expression, datatype integer (integer), 32 bits\n';

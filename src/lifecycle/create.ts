@@ -2,12 +2,12 @@
 import { newId, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError, LimitUnsupportedError } from '../errors.js';
 import { CPU_PERIOD_US, type CgroupLimits } from '../host/cgroups.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { validateImageName } from '../images/image-store.js';
-import { hostOf } from '../engine.js';
-import { freeIdBase } from './id-ranges.js';
-import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../network/policy.js';
-import { freeSlot } from '../network/addresses.js';
+import { hostOf } from '../api/engine.js';
+import { freeIdBase } from '../instances/id-ranges.js';
+import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../host/network/policy.js';
+import { freeSlot } from '../host/network/addresses.js';
 import { attachNewSandbox, forgetNetwork } from '../network/sandbox-network.js';
 import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
 

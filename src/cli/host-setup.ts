@@ -19,7 +19,7 @@ import { StatePaths, resolveHome } from '../paths.js';
 import { SCHEMA_VERSION } from '../catalog/catalog.js';
 import { ImageStore, buildCacheDir, listRecipes, recipeHash, validateImageName } from '../images/image-store.js';
 import { FS_MAGIC } from '../native/binding.js';
-import { Lockstep } from '../lockstep.js';
+import { Lockstep } from '../api/lockstep.js';
 
 /** What to set up. */
 export interface SetupOptions {

@@ -7,8 +7,7 @@
  * sandboxes (forks included) share an address; a warm standby shares its
  * sandbox's, which is what lets a swap keep the policy untouched.
  */
-import type { Catalog } from '../catalog/catalog.js';
-import { HostError } from '../errors.js';
+import { HostError } from '../../errors.js';
 import { intToIpv4, parseCidr } from './policy.js';
 
 export interface SlotAddresses {
@@ -39,7 +38,7 @@ export function slotCount(range: string): number {
  * entries of the old sandbox's connections age out first. Call inside the
  * transaction that records it.
  */
-export function freeSlot(catalog: Catalog, range: string): number {
+export function freeSlot(catalog: { netSlots(): number[] }, range: string): number {
   const used = catalog.netSlots();
   const count = slotCount(range);
   const highest = used.length ? used[used.length - 1]! : 0;

@@ -9,10 +9,36 @@
  * remove) is told apart under the sandbox's lock: by then the row names a
  * new init, or is no longer `running`, and nothing is marked.
  */
-import type { Catalog, SandboxRow } from '../catalog/catalog.js';
 import type { Logger } from '../log.js';
 import { native, type PidWatcher } from '../native/binding.js';
 import type { SandboxRuntime } from './runtime.js';
+
+/** What the watcher reads of a sandbox's row: its state and the init it names (the catalog's row, in production). */
+export interface InitRow {
+  id: string;
+  instance: string;
+  state: string;
+  init_pid: number | null;
+  init_start: number | null;
+  standby_instance: string | null;
+}
+
+/** Where the watcher reads and writes sandbox rows (the catalog, in production). */
+export interface InitRows {
+  sandbox(id: string): InitRow | undefined;
+  updateSandbox(
+    id: string,
+    fields: {
+      state: 'stopped';
+      init_pid: null;
+      init_start: null;
+      standby_instance: null;
+      standby_checkpoint: null;
+      standby_pid: null;
+      standby_start: null;
+    },
+  ): void;
+}
 
 interface Watched {
   watchId: number;
@@ -35,7 +61,7 @@ export class InitWatcher {
   private closing = false;
 
   constructor(
-    private readonly catalog: Catalog,
+    private readonly catalog: InitRows,
     private readonly runtime: Pick<SandboxRuntime, 'killProcesses' | 'destroy'>,
     private readonly withLock: LockFn,
     private readonly log: Logger,
@@ -47,7 +73,7 @@ export class InitWatcher {
    * that init has exited (or its pid now belongs to another process); the
    * row is then marked stopped in the background, under the sandbox's lock.
    */
-  track(row: SandboxRow): boolean {
+  track(row: InitRow): boolean {
     if (this.closing) return row.state === 'running';
     if (this.watch(row)) return true;
     if (row.state === 'running' && row.init_pid !== null)
@@ -97,7 +123,7 @@ export class InitWatcher {
   }
 
   /** Watches the row's init unless it is gone; true when it is watched now. */
-  private watch(row: SandboxRow): boolean {
+  private watch(row: InitRow): boolean {
     if (this.closing) return false;
     if (row.state !== 'running' || row.init_pid === null || row.init_start === null) {
       this.untrack(row.id);

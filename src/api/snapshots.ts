@@ -4,20 +4,20 @@
  * SNAPSHOT_NOT_FOUND, exactly like a missing one.
  */
 import type { Readable } from 'node:stream';
-import type { Engine } from '../engine.js';
+import type { Engine } from './engine.js';
 import type { ForkResult } from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
-import { SnapshotRows, snapshotInfo, type SnapshotInfo } from './snapshot-rows.js';
+import { SnapshotRows, snapshotInfo, type SnapshotInfo } from '../snapshots/snapshot-rows.js';
 import {
   createSnapshot,
   deleteSnapshot,
   snapshotContext,
   startFromSnapshot,
   type SnapshotOptions,
-} from './snapshots.js';
-import { bundleIdentity, exportSnapshot, openExport } from './export.js';
-import { importSnapshot, type ImportOptions } from './import.js';
-import { pullSnapshot, type PullOptions, type PullReport } from './pull.js';
+} from '../snapshots/snapshots.js';
+import { bundleIdentity, exportSnapshot, openExport } from '../snapshots/export.js';
+import { importSnapshot, type ImportOptions } from '../snapshots/import.js';
+import { pullSnapshot, type PullOptions, type PullReport } from '../snapshots/pull.js';
 import {
   deleteStored,
   listStored,
@@ -27,9 +27,9 @@ import {
   type PushReport,
   type StorePullOptions,
   type StorePullReport,
-} from './transfer.js';
-import { hostSigningKey } from './signing.js';
-import type { BundleStat } from './store.js';
+} from '../snapshots/transfer.js';
+import { hostSigningKey } from '../snapshots/signing.js';
+import type { BundleStat } from '../snapshots/store.js';
 
 type Tenanted = { tenant?: string | null | undefined };
 

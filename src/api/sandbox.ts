@@ -3,10 +3,10 @@
  * use: sub-APIs as members (`sandbox.commands`, `sandbox.files`) and the
  * Lockstep verbs (checkpoint, rollback, fork) as methods.
  */
-import { networkInfo, type NetworkInfo } from '../network/policy.js';
-import { slotAddresses } from '../network/addresses.js';
+import { networkInfo, type NetworkInfo } from '../host/network/policy.js';
+import { slotAddresses } from '../host/network/addresses.js';
 import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../engine.js';
+import type { Engine } from './engine.js';
 import { CPU_PERIOD_US } from '../host/cgroups.js';
 import type { AgentContext } from '../context/formats.js';
 import type { Observation } from '../provenance/observations.js';
@@ -21,7 +21,7 @@ import {
 import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
-import { removeSandbox } from './remove.js';
+import { removeSandbox } from '../lifecycle/remove.js';
 import { prepareStandby } from '../checkpoints/standby.js';
 import { recordStandbyChance, standbyWanted } from '../checkpoints/standby-policy.js';
 import { ensureDurable, queueDurability } from '../checkpoints/durability.js';

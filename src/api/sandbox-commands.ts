@@ -11,7 +11,7 @@ import {
   type RunOptions,
   type RunResult,
   type SpawnOptions,
-} from './commands.js';
+} from '../instances/commands.js';
 import {
   EXIT_DIR,
   INPUT_DIR,
@@ -22,10 +22,10 @@ import {
   readOutput,
   type OutputChunk,
   type OutputOffsets,
-} from './background-output.js';
+} from '../instances/background-output.js';
 import { SandboxCore, validateToolCallId, type Provenance } from './sandbox-core.js';
-import type { SandboxFiles } from './files.js';
-import { dataRecords, relayInputs, relayReady, timelineOf, type FifoAddress } from './relay.js';
+import type { SandboxFiles } from '../instances/files.js';
+import { dataRecords, relayInputs, relayReady, timelineOf, type FifoAddress } from '../instances/relay.js';
 
 /** Options of a background command: `stdin: true` keeps its stdin open for sendStdin (default: /dev/null). */
 export interface BackgroundOptions {

@@ -1,6 +1,6 @@
 /** sandbox.verdicts: verdicts about files, bound to their content hash. */
 import { InvalidArgumentError } from '../errors.js';
-import { SandboxFiles } from './files.js';
+import { SandboxFiles } from '../instances/files.js';
 import type { Verdict, StaleVerdict } from '../provenance/verdicts.js';
 import { validateToolCallId, type Provenance, type SandboxCore } from './sandbox-core.js';
 

@@ -5,7 +5,7 @@
  * database. The functions it calls (tenants.ts, quotas.ts, purge.ts,
  * replies.ts) hold the rules.
  */
-import type { Engine } from '../engine.js';
+import type { Engine } from './engine.js';
 import {
   addTenant,
   authenticate,
@@ -15,10 +15,10 @@ import {
   tenantById,
   type Tenant,
   type TenantQuotas,
-} from './tenants.js';
-import { checkQuota, tenantUsage, type TenantUsage } from './quotas.js';
-import { purgeTenantOf, type PurgeReport } from './purge.js';
-import { StoredReplies } from './replies.js';
+} from '../tenants/tenants.js';
+import { checkQuota, tenantUsage, type TenantUsage } from '../tenants/quotas.js';
+import { purgeTenantOf, type PurgeReport } from '../tenants/purge.js';
+import { StoredReplies } from '../tenants/replies.js';
 
 /** Tenants: bearer tokens, quotas, usage, and their stored idempotent replies. */
 export class Tenants {

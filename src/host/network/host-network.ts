@@ -16,8 +16,8 @@
 import fs from 'node:fs';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { HostError } from '../errors.js';
-import type { Logger } from '../log.js';
+import { HostError } from '../../errors.js';
+import type { Logger } from '../../log.js';
 import { slotAddresses, type SlotAddresses } from './addresses.js';
 import {
   addElementsScript,
@@ -31,7 +31,7 @@ import {
   type AllowElement,
 } from './nftables.js';
 import { ElementBatcher } from './learned.js';
-import { NftSession } from './nft-session.js';
+import { NftSession, TOOLS } from './nft-session.js';
 import type { NetworkPolicy } from './policy.js';
 
 export interface NetworkSettings {
@@ -46,7 +46,6 @@ export interface NetworkSettings {
  * program (npm scripts put node_modules/.bin first, where @vercel/nft
  * installs an `nft` of its own).
  */
-export const TOOLS = { nft: '/usr/sbin/nft', ip: '/usr/sbin/ip', tc: '/usr/sbin/tc' } as const;
 
 /** Runs a host tool with a script on stdin; resolves with its stdout. */
 export type ToolRunner = (cmd: string, args: string[], input: string) => Promise<string>;

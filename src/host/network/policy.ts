@@ -14,7 +14,7 @@
  * Ports apply to TCP and UDP. An egress sandbox with no allow entry may reach
  * any address outside the deny list, and its resolver answers every name.
  */
-import { InvalidArgumentError } from '../errors.js';
+import { InvalidArgumentError } from '../../errors.js';
 
 export type NetworkMode = 'none' | 'egress';
 export const NETWORK_MODES: readonly NetworkMode[] = ['none', 'egress'];

@@ -14,7 +14,7 @@ import { killAndRemove, type CgroupDriver, type CgroupLimits } from '../host/cgr
 import type { HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
 import type { StatePaths } from '../paths.js';
 import { ID_RANGE_SIZE } from './id-ranges.js';
-import type { HostNetwork } from '../network/host-network.js';
+import type { HostNetwork } from '../host/network/host-network.js';
 
 /** Directories every sandbox root has, whatever the image: they sit in the runtime layer. */
 const RUNTIME_DIRS: [string, number][] = [

@@ -7,40 +7,40 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type net from 'node:net';
 import { createHash } from 'node:crypto';
-import { Catalog } from './catalog/catalog.js';
-import { detectCgroups, type CgroupDriver } from './host/cgroups.js';
-import { CriuService } from './host/criu-service.js';
-import { Supervisor } from './host/supervisor.js';
-import { DockerEngine, type DockerPort } from './images/docker.js';
-import { ImageStore } from './images/image-store.js';
-import { LayerStore } from './layers/layer-store.js';
-import { StatePaths } from './paths.js';
-import { SandboxRuntime } from './sandboxes/runtime.js';
-import { ProcessExits } from './sandboxes/process-exits.js';
-import { InitWatcher } from './sandboxes/init-watcher.js';
+import { Catalog } from '../catalog/catalog.js';
+import { detectCgroups, type CgroupDriver } from '../host/cgroups.js';
+import { CriuService } from '../host/criu-service.js';
+import { Supervisor } from '../host/supervisor.js';
+import { DockerEngine, type DockerPort } from '../host/docker.js';
+import { ImageStore } from '../images/image-store.js';
+import { LayerStore } from '../layers/layer-store.js';
+import { StatePaths } from '../paths.js';
+import { SandboxRuntime } from '../instances/runtime.js';
+import { ProcessExits } from '../instances/process-exits.js';
+import { InitWatcher } from '../instances/init-watcher.js';
 import { SandboxLocks, type Engine } from './engine.js';
-import { Admission } from './admission.js';
-import { LISTING_LIMITS } from './sandboxes/observed-files.js';
-import { envFaultHook, type FaultHook } from './faults.js';
-import { createLogger, type Logger } from './log.js';
-import { assertSupportedPlatform, native as loadNative } from './native/binding.js';
-import { HostError, InvalidArgumentError } from './errors.js';
-import { reap, type ReapReport } from './reaper.js';
-import { AgentState } from './agent-state/agent-state.js';
-import { migrateAgentState } from './agent-state/schema.js';
-import { migrateTenants } from './tenants/tenants.js';
-import { Tenants } from './tenants/registry.js';
-import { createSandbox, type CreateOptions } from './sandboxes/create.js';
-import { removeSandbox } from './sandboxes/remove.js';
-import { Sandbox, sandboxInfo, type SandboxInfo } from './sandboxes/sandbox.js';
-import { openHomeForUserNamespaces } from './sandboxes/id-ranges.js';
-import { resolveConfig, type ConfigOptions, type LockstepConfig } from './config.js';
-import { Snapshots } from './snapshots/snapshots-api.js';
-import { startFromSnapshot } from './snapshots/snapshots.js';
-import { LockstepError, type ErrorCode } from './errors.js';
-import { HostNetwork } from './network/host-network.js';
-import { SandboxResolver, systemUpstream } from './network/dns.js';
-import { ExposedPorts, type ExposureCredentials } from './network/exposed-ports.js';
+import { Admission } from '../admission.js';
+import { LISTING_LIMITS } from './observed-files.js';
+import { envFaultHook, type FaultHook } from '../faults.js';
+import { createLogger, type Logger } from '../log.js';
+import { assertSupportedPlatform, native as loadNative } from '../native/binding.js';
+import { HostError, InvalidArgumentError } from '../errors.js';
+import { reap, type ReapReport } from '../lifecycle/reaper.js';
+import { AgentState } from '../agent-state/agent-state.js';
+import { migrateAgentState } from '../agent-state/schema.js';
+import { migrateTenants } from '../tenants/tenants.js';
+import { Tenants } from './tenants.js';
+import { createSandbox, type CreateOptions } from '../lifecycle/create.js';
+import { removeSandbox } from '../lifecycle/remove.js';
+import { Sandbox, sandboxInfo, type SandboxInfo } from './sandbox.js';
+import { openHomeForUserNamespaces } from '../instances/id-ranges.js';
+import { resolveConfig, type ConfigOptions, type LockstepConfig } from '../config.js';
+import { Snapshots } from './snapshots.js';
+import { startFromSnapshot } from '../snapshots/snapshots.js';
+import { LockstepError, type ErrorCode } from '../errors.js';
+import { HostNetwork } from '../host/network/host-network.js';
+import { SandboxResolver, systemUpstream } from '../network/dns.js';
+import { ExposedPorts, type ExposureCredentials } from '../network/exposed-ports.js';
 import {
   procfs,
   systemClock,
@@ -50,7 +50,7 @@ import {
   type LayerPort,
   type NativeBinding,
   type ProcessTable,
-} from './ports.js';
+} from '../ports.js';
 
 export interface OpenOptions {
   /** State directory (default: LOCKSTEP_HOME or /var/lib/lockstep). */

@@ -1,8 +1,8 @@
 /** The engine-facing core every sub-API of a sandbox shares, and the provenance options of observed calls. */
 import type { SandboxRow, CheckpointRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError } from '../errors.js';
-import type { Engine } from '../engine.js';
-import { SandboxFiles } from './files.js';
+import type { Engine } from './engine.js';
+import { SandboxFiles } from '../instances/files.js';
 
 /** Options every observed call takes: the agent's tool-call id, for provenance. */
 export interface Provenance {

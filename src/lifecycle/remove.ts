@@ -6,7 +6,7 @@
  * Safe to repeat after a failure at any step.
  */
 import fs from 'node:fs';
-import type { Engine } from '../engine.js';
+import type { Engine } from '../api/engine.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { forgetNetwork } from '../network/sandbox-network.js';
 import { forgetStandbyChances } from '../checkpoints/standby-policy.js';

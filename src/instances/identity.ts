@@ -4,9 +4,17 @@
  * pid alone never identifies a sandbox: the start time recorded with it does,
  * together with membership of the sandbox's cgroup.
  */
-import type { Engine } from '../engine.js';
-import type { SandboxRow } from '../catalog/catalog.js';
+import type { CgroupDriver } from '../host/cgroups.js';
+import type { ProcessTable } from '../ports.js';
+import type { SandboxRuntime } from './runtime.js';
 import { InvalidStateError } from '../errors.js';
+
+/** What telling a sandbox's init needs: process start times, cgroup members, the instance's cgroup name. */
+export interface IdentityDeps {
+  cgroups: Pick<CgroupDriver, 'pids'>;
+  runtime: Pick<SandboxRuntime, 'cgroupName'>;
+  proc: Pick<ProcessTable, 'startTime'>;
+}
 
 /**
  * True when pid is the process that started at `start` and is in the
@@ -16,7 +24,7 @@ import { InvalidStateError } from '../errors.js';
  * hands in between is not taken for the init.
  */
 export function isInitOf(
-  engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>,
+  engine: IdentityDeps,
   instance: string,
   pid: number | null,
   start: number | null,
@@ -28,7 +36,10 @@ export function isInitOf(
 }
 
 /** Throws SANDBOX_NOT_RUNNING unless the row's init is still the process it names (see isInitOf). */
-export function assertInit(engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>, row: SandboxRow): void {
+export function assertInit(
+  engine: IdentityDeps,
+  row: { id: string; instance: string; init_pid: number | null; init_start: number | null },
+): void {
   if (!isInitOf(engine, row.instance, row.init_pid, row.init_start)) {
     throw new InvalidStateError('SANDBOX_NOT_RUNNING', `Sandbox ${row.id} is not running (its init has exited)`, {
       sandboxId: row.id,

@@ -12,15 +12,15 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Engine } from './engine.js';
-import { discardCheckpointFiles } from './checkpoints/checkpoint.js';
-import { commitRollback, restoreSandboxTo, swapInStandby } from './checkpoints/rollback.js';
-import { hasStandbyFor } from './checkpoints/standby.js';
-import { verifyCheckpoint } from './checkpoints/integrity.js';
-import { removeSandbox } from './sandboxes/remove.js';
-import { ensureDurable, makeDurable } from './checkpoints/durability.js';
-import type { CheckpointRow } from './catalog/catalog.js';
-import { SnapshotRows } from './snapshots/snapshot-rows.js';
+import type { Engine } from '../api/engine.js';
+import { discardCheckpointFiles } from '../checkpoints/checkpoint.js';
+import { commitRollback, restoreSandboxTo, swapInStandby } from '../checkpoints/rollback.js';
+import { hasStandbyFor } from '../checkpoints/standby.js';
+import { verifyCheckpoint } from '../checkpoints/integrity.js';
+import { removeSandbox } from './remove.js';
+import { ensureDurable, makeDurable } from '../checkpoints/durability.js';
+import type { CheckpointRow } from '../catalog/catalog.js';
+import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 
 export interface ReapReport {
   operations: string[];

@@ -15,7 +15,7 @@ import fs from 'node:fs';
 import fsp from 'node:fs/promises';
 import path from 'node:path';
 import protobuf from 'protobufjs';
-import { ID_RANGE_SIZE } from '../sandboxes/id-ranges.js';
+import { ID_RANGE_SIZE } from './id-ranges.js';
 import type { NativeBinding } from '../native/binding.js';
 import { StoreFullError } from '../errors.js';
 

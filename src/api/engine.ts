@@ -5,23 +5,23 @@
  * lives in a file of its own (youki's container_checkpoint.rs pattern).
  */
 import fs from 'node:fs';
-import type { Catalog, SandboxRow } from './catalog/catalog.js';
-import type { CgroupDriver } from './host/cgroups.js';
-import type { ImageStore } from './images/image-store.js';
-import type { StatePaths } from './paths.js';
-import type { SandboxRuntime, SandboxHost } from './sandboxes/runtime.js';
-import type { InitWatcher } from './sandboxes/init-watcher.js';
-import type { ProcessExits } from './sandboxes/process-exits.js';
-import type { FaultHook } from './faults.js';
-import type { Logger } from './log.js';
-import type { AgentState } from './agent-state/agent-state.js';
-import type { LockstepConfig } from './config.js';
-import type { Clock, CriuClient, HelperClient, LayerPort, NativeBinding, ProcessTable } from './ports.js';
-import { InvalidStateError } from './errors.js';
-import type { Admission } from './admission.js';
-import type { HostNetwork } from './network/host-network.js';
-import type { SandboxResolver } from './network/dns.js';
-import type { ExposedPorts } from './network/exposed-ports.js';
+import type { Catalog, SandboxRow } from '../catalog/catalog.js';
+import type { CgroupDriver } from '../host/cgroups.js';
+import type { ImageStore } from '../images/image-store.js';
+import type { StatePaths } from '../paths.js';
+import type { SandboxRuntime, SandboxHost } from '../instances/runtime.js';
+import type { InitWatcher } from '../instances/init-watcher.js';
+import type { ProcessExits } from '../instances/process-exits.js';
+import type { FaultHook } from '../faults.js';
+import type { Logger } from '../log.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { LockstepConfig } from '../config.js';
+import type { Clock, CriuClient, HelperClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
+import { InvalidStateError } from '../errors.js';
+import type { Admission } from '../admission.js';
+import type { HostNetwork } from '../host/network/host-network.js';
+import type { SandboxResolver } from '../network/dns.js';
+import type { ExposedPorts } from '../network/exposed-ports.js';
 
 export interface Engine {
   config: LockstepConfig;

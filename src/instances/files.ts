@@ -23,7 +23,6 @@ import { createHash, randomBytes, type Hash } from 'node:crypto';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { native, type OpenedFile } from '../native/binding.js';
 import { readDirPage } from './dir-page.js';
-import { IDENTITY_HASH_PREFIX } from '../provenance/verdicts.js';
 import { InvalidArgumentError, LockstepError, SystemCallError, isNativeError } from '../errors.js';
 
 /** A caller's path would leave the sandbox root. */
@@ -133,6 +132,8 @@ export const LIST_DEFAULT_LIMIT = 1000;
 export const LIST_MAX_LIMIT = 10_000;
 /** lstat calls of one listing in flight at once (each is a pool job). */
 const LSTAT_CONCURRENCY = 8;
+export const IDENTITY_HASH_PREFIX = 'identity:';
+
 /** Files larger than this are bound to verdicts by identity, not by hashing their bytes (verdictHash). */
 export const VERDICT_HASH_MAX_BYTES = 64 * 1024 * 1024;
 /** I/O goes in chunks of this size: no single read or write holds a pool thread long. */

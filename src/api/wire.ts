@@ -3,9 +3,9 @@
  * "bytes" format carries a Uint8Array, base64 on the wire), rollback
  * reports, and the field names the SDK uses where the library's differ.
  */
-import { CONTEXT_FORMATS, validateContext, type AgentContext, type ContextFormat } from './context/formats.js';
-import { InvalidArgumentError, LockstepError } from './errors.js';
-import type { RollbackReport } from './checkpoints/rollback.js';
+import { CONTEXT_FORMATS, validateContext, type AgentContext, type ContextFormat } from '../context/formats.js';
+import { InvalidArgumentError, LockstepError } from '../errors.js';
+import type { RollbackReport } from '../checkpoints/rollback.js';
 
 /**
  * A context as sent: either a whole context object ({format, ...}), or with

@@ -9,7 +9,6 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Catalog } from '../catalog/catalog.js';
 import { HostError } from '../errors.js';
 import type { StatePaths } from '../paths.js';
 
@@ -53,7 +52,7 @@ export function openHomeForUserNamespaces(paths: StatePaths): void {
  * row: the unique index turns a race between managers into a failed
  * transaction rather than a shared range.
  */
-export function freeIdBase(catalog: Catalog): number {
+export function freeIdBase(catalog: { idBases(): number[] }): number {
   let want = FIRST_ID_BASE;
   for (const base of catalog.idBases()) {
     if (base > want) break;

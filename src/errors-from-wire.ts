@@ -13,7 +13,7 @@ import {
   LockstepError,
   NotFoundError,
   type ErrorCode,
-} from '../errors.js';
+} from './errors.js';
 
 /** The body of every error the HTTP API sends. */
 export interface WireError {
