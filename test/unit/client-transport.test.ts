@@ -159,7 +159,7 @@ test('lockstep/client loads nothing native and no server code: only its own modu
   };
   walk(path.join(root, 'client/index.js'));
   const outside = [...seen].map((f) => path.relative(root, f)).filter((f) => !f.startsWith('client/'));
-  t.deepEqual(outside.sort(), ['errors.js', 'http/defaults.js']);
+  t.deepEqual(outside.sort(), ['errors-from-wire.js', 'errors.js', 'server-defaults.js']);
 });
 
 test("wait() waits in slices on the server: a slice that times out is followed by another, within the caller's deadline", async (t) => {
