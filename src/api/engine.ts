@@ -5,11 +5,11 @@
  * lives in a file of its own (youki's container_checkpoint.rs pattern).
  */
 import fs from 'node:fs';
-import type { Catalog, SandboxRow } from '../catalog/catalog.js';
+import type { Catalog } from '../catalog/catalog.js';
 import type { CgroupDriver } from '../host/cgroups.js';
 import type { ImageStore } from '../images/image-store.js';
 import type { StatePaths } from '../paths.js';
-import type { SandboxRuntime, SandboxHost } from '../instances/runtime.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
 import type { InitWatcher } from '../instances/init-watcher.js';
 import type { ProcessExits } from '../instances/process-exits.js';
 import type { FaultHook } from '../faults.js';
@@ -58,17 +58,6 @@ export interface Engine {
   withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
   /** Waits for queued per-sandbox work (warm standbys, cleanups) to finish. */
   drainLocks(): Promise<void>;
-}
-
-export function hostOf(engine: Engine, row: SandboxRow): SandboxHost {
-  return {
-    id: row.instance,
-    imageRootfs: engine.catalog.liveImageOrHidden(row.image).rootfs,
-    runtimeLayer: row.runtime_layer,
-    hostname: row.hostname,
-    diskBytes: row.disk_bytes,
-    idBase: row.id_base,
-  };
 }
 
 /**

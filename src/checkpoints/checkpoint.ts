@@ -11,7 +11,6 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { CriuError, InvalidArgumentError, InvalidStateError, LockstepError, StoreFullError } from '../errors.js';
 import { processVitals } from '../host/proc.js';
-import type { Engine } from '../api/engine.js';
 import { dumpOptions } from './process-image.js';
 import { shareProcessImageWith } from '../instances/id-shift.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
@@ -19,6 +18,27 @@ import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../instances/identity.js';
 import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import { keepChangedPagesOnly } from './page-store.js';
+import type { ProcessImageDeps } from './process-image.js';
+import type { IntegrityDeps } from './integrity.js';
+import type { PageStoreDeps } from './page-store.js';
+import type { CriuClient, LayerPort, NativeBinding, ProcessTable } from '../ports.js';
+import type { FaultHook } from '../faults.js';
+import type { LockstepConfig } from '../config.js';
+import type { Logger } from '../log.js';
+import type { StatePaths } from '../paths.js';
+
+/** What checkpoint.ts uses of the manager's services (api/engine.ts builds them). */
+export interface CheckpointDeps extends ProcessImageDeps, IntegrityDeps, PageStoreDeps {
+  agent: AgentState;
+  config: LockstepConfig;
+  criu: CriuClient;
+  fault: FaultHook;
+  layers: LayerPort;
+  log: Logger;
+  native: NativeBinding;
+  paths: StatePaths;
+  proc: ProcessTable;
+}
 
 export interface CheckpointOptions {
   label?: string | undefined;
@@ -96,7 +116,7 @@ export function validateLabel(label: unknown): string | null {
 }
 
 export async function checkpointSandbox(
-  engine: Engine,
+  engine: CheckpointDeps,
   row: SandboxRow,
   opts: CheckpointOptions = {},
 ): Promise<CheckpointInfo> {
@@ -235,7 +255,7 @@ const STORE_FULL_SLACK = 4 << 20;
  * could not be written either): if the store is full at that moment, before
  * the partial image is removed, say so, with CRIU's error as the cause.
  */
-function storeFullOr(engine: Engine, e: unknown): unknown {
+function storeFullOr(engine: CheckpointDeps, e: unknown): unknown {
   if (!(e instanceof CriuError)) return e;
   try {
     if (engine.layers.freeBytes() < STORE_FULL_SLACK)
@@ -247,7 +267,11 @@ function storeFullOr(engine: Engine, e: unknown): unknown {
 }
 
 /** Removes a checkpoint's layer and process image (idempotent). */
-export async function discardCheckpointFiles(engine: Engine, checkpointId: string, layerId: string): Promise<void> {
+export async function discardCheckpointFiles(
+  engine: CheckpointDeps,
+  checkpointId: string,
+  layerId: string,
+): Promise<void> {
   await engine.layers.deleteLayer(layerId);
   // A CRIU worker of a manager that died mid-dump may still be writing its last file here:
   // rm retries ENOTEMPTY a few times (seen in the random-kill test) instead of failing the reaper.

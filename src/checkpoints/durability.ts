@@ -16,22 +16,38 @@
  *   check them against: the reaper drops the checkpoint (another boot id).
  * (Decision and measurements: docs/decisions/durable-later.md, "Runnable first, durable later".)
  */
-import type { CheckpointRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
+import type { CheckpointRow, Catalog } from '../catalog/catalog.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { CheckpointCorruptError } from './integrity.js';
+import type { IntegrityDeps } from './integrity.js';
+import type { FaultHook } from '../faults.js';
+import type { Logger } from '../log.js';
+import type { LayerPort, NativeBinding, ProcessTable } from '../ports.js';
+import type { StatePaths } from '../paths.js';
+
+/** What durability.ts uses of the manager's services (api/engine.ts builds them). */
+export interface DurabilityDeps extends IntegrityDeps {
+  catalog: Catalog;
+  fault: FaultHook;
+  layers: LayerPort;
+  log: Logger;
+  native: NativeBinding;
+  paths: StatePaths;
+  proc: ProcessTable;
+  withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+}
 
 /** Background durability steps in flight in this process, by checkpoint id. */
 const inFlight = new WeakMap<object, Map<string, Promise<void>>>();
 
-function flights(engine: Engine): Map<string, Promise<void>> {
+function flights(engine: DurabilityDeps): Map<string, Promise<void>> {
   let m = inFlight.get(engine.catalog);
   if (!m) inFlight.set(engine.catalog, (m = new Map()));
   return m;
 }
 
 /** What one checkpoint's files are, read from the page cache (call after the store's syncfs). */
-export async function checksumsOf(engine: Engine, ckpt: Pick<CheckpointRow, 'id' | 'layer_id'>) {
+export async function checksumsOf(engine: DurabilityDeps, ckpt: Pick<CheckpointRow, 'id' | 'layer_id'>) {
   const images = await hashProcessImage(engine.paths.processImage(ckpt.id));
   const checksums: CheckpointChecksums = {
     images,
@@ -46,7 +62,7 @@ export async function checksumsOf(engine: Engine, ckpt: Pick<CheckpointRow, 'id'
  * is hashed and recorded. Idempotent: a checkpoint already durable, or
  * deleted meanwhile, is left alone.
  */
-export async function makeDurable(engine: Engine, pending: CheckpointRow[]): Promise<string[]> {
+export async function makeDurable(engine: DurabilityDeps, pending: CheckpointRow[]): Promise<string[]> {
   if (!pending.length) return [];
   const { catalog, layers } = engine;
   engine.fault('durable:begin');
@@ -95,7 +111,7 @@ export async function makeDurable(engine: Engine, pending: CheckpointRow[]): Pro
  * Queues the durability step of a just-committed checkpoint behind the
  * sandbox's lock. Call it before queueing anything else for the sandbox.
  */
-export function queueDurability(engine: Engine, sandboxId: string, checkpointId: string): Promise<void> {
+export function queueDurability(engine: DurabilityDeps, sandboxId: string, checkpointId: string): Promise<void> {
   const m = flights(engine);
   const p = engine
     .withSandboxLock(sandboxId, async () => {
@@ -120,7 +136,7 @@ export function queueDurability(engine: Engine, sandboxId: string, checkpointId:
  * cache). A checkpoint of an earlier boot that was never made durable is
  * refused: nothing says its files are whole.
  */
-export async function ensureDurable(engine: Engine, ckpt: CheckpointRow): Promise<CheckpointRow> {
+export async function ensureDurable(engine: DurabilityDeps, ckpt: CheckpointRow): Promise<CheckpointRow> {
   let fresh = engine.catalog.checkpoint(ckpt.id) ?? ckpt;
   if (fresh.durable_at !== null && fresh.durable_at !== undefined) return fresh;
   const flight = flights(engine).get(ckpt.id);
@@ -142,7 +158,7 @@ export async function ensureDurable(engine: Engine, ckpt: CheckpointRow): Promis
 }
 
 /** Resolves when the checkpoint is durable (for callers that want durability before going on, and the bench). */
-export async function waitDurable(engine: Engine, checkpointId: string): Promise<void> {
+export async function waitDurable(engine: DurabilityDeps, checkpointId: string): Promise<void> {
   const row = engine.catalog.checkpoint(checkpointId);
   if (!row) return;
   await ensureDurable(engine, row);

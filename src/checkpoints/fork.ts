@@ -7,7 +7,6 @@
  */
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
-import type { Engine } from '../api/engine.js';
 import { restoreNewInstance } from './process-image.js';
 import { freeIdBase } from '../instances/id-ranges.js';
 import { verifyCheckpoint } from './integrity.js';
@@ -16,6 +15,32 @@ import { freeSlot } from '../host/network/addresses.js';
 import { addForkPolicy, forgetNetwork } from '../network/sandbox-network.js';
 import { diskBytesFor } from '../lifecycle/create.js';
 import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
+import type { ProcessImageDeps } from './process-image.js';
+import type { IntegrityDeps } from './integrity.js';
+import type { DurabilityDeps } from './durability.js';
+import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
+import type { CreateDeps } from '../lifecycle/create.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { CriuClient, ProcessTable } from '../ports.js';
+import type { FaultHook } from '../faults.js';
+import type { InitWatcher } from '../instances/init-watcher.js';
+import type { LockstepConfig } from '../config.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+
+/** What fork.ts uses of the manager's services (api/engine.ts builds them). */
+export interface ForkDeps extends ProcessImageDeps, IntegrityDeps, DurabilityDeps, SandboxNetworkDeps, CreateDeps {
+  agent: AgentState;
+  catalog: Catalog;
+  config: LockstepConfig;
+  criu: CriuClient;
+  fault: FaultHook;
+  inits: InitWatcher;
+  log: Logger;
+  proc: ProcessTable;
+  runtime: SandboxRuntime;
+}
 
 export const MAX_FORKS = 64;
 
@@ -30,7 +55,7 @@ export function validateForkCount(count: unknown): number {
 }
 
 async function forkOne(
-  engine: Engine,
+  engine: ForkDeps,
   parent: SandboxRow,
   ckpt: CheckpointRow,
   onCreated?: (child: SandboxRow) => void,
@@ -116,7 +141,7 @@ async function forkOne(
  * everything made for it goes (processes, mounts, layer, network policy, row)
  * and its journal entry closes; the failure becomes its result.
  */
-export async function abandonChild(engine: Engine, child: SandboxRow, opId: string, e: unknown): Promise<ForkResult> {
+export async function abandonChild(engine: ForkDeps, child: SandboxRow, opId: string, e: unknown): Promise<ForkResult> {
   await engine.runtime.destroy(child.id).catch(() => undefined);
   await forgetNetwork(engine, child).catch(() => undefined);
   engine.catalog.tx(() => {
@@ -132,7 +157,7 @@ export async function abandonChild(engine: Engine, child: SandboxRow, opId: stri
 
 /** Starts `count` sandboxes from a checkpoint, a few at a time. */
 export async function forkSandbox(
-  engine: Engine,
+  engine: ForkDeps,
   parent: SandboxRow,
   ckpt: CheckpointRow,
   count: number,

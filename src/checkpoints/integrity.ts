@@ -22,8 +22,17 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import type { CheckpointRow } from '../catalog/catalog.js';
 import { LockstepError } from '../errors.js';
-import type { Engine } from '../api/engine.js';
 import type { NativeBinding } from '../native/binding.js';
+import type { Logger } from '../log.js';
+import type { NativeBinding as NativeBindingPort } from '../ports.js';
+import type { StatePaths } from '../paths.js';
+
+/** What integrity.ts uses of the manager's services (api/engine.ts builds them). */
+export interface IntegrityDeps {
+  log: Logger;
+  native: NativeBindingPort;
+  paths: StatePaths;
+}
 
 /** What a checkpoint's files were when it was taken (stored as JSON in checkpoints.checksums). */
 export interface CheckpointChecksums {
@@ -148,7 +157,7 @@ export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | nu
  * with).
  */
 export async function verifyCheckpoint(
-  engine: Pick<Engine, 'paths' | 'log' | 'native'>,
+  engine: Pick<IntegrityDeps, 'paths' | 'log' | 'native'>,
   ckpt: CheckpointRow,
 ): Promise<void> {
   const recorded = recordedChecksums(ckpt);

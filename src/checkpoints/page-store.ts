@@ -13,10 +13,18 @@ import fs from 'node:fs';
 import { hashProcessImage, recordedChecksums } from './integrity.js';
 import { shareProcessImageWith } from '../instances/id-shift.js';
 import type { Logger } from '../log.js';
-import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
+import type { SandboxRow, Catalog } from '../catalog/catalog.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js';
+import type { LockstepConfig } from '../config.js';
+import type { StatePaths } from '../paths.js';
+
+/** What page-store.ts uses of the manager's services (api/engine.ts builds them). */
+export interface PageStoreDeps {
+  catalog: Catalog;
+  config: LockstepConfig;
+  paths: StatePaths;
+}
 
 /**
  * Rewrites a fresh dump to keep only the pages that differ from the head
@@ -24,7 +32,7 @@ import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js
  * image is whole).
  */
 export async function keepChangedPagesOnly(
-  engine: Engine,
+  engine: PageStoreDeps,
   row: SandboxRow,
   imagesDir: string,
   log: Pick<Logger, 'warn' | 'debug'>,
@@ -47,7 +55,7 @@ export async function keepChangedPagesOnly(
  * without it (its pages copied in, the link moved to the grandparent). Run
  * before the checkpoint's record is deleted; each step is crash-safe.
  */
-export async function detachImagesFrom(engine: Engine, sandboxId: string, checkpointId: string): Promise<void> {
+export async function detachImagesFrom(engine: PageStoreDeps, sandboxId: string, checkpointId: string): Promise<void> {
   for (const c of engine.catalog.checkpointsOf(sandboxId)) {
     const dir = engine.paths.processImage(c.id);
     if (c.id === checkpointId || !fs.existsSync(dir)) continue;

@@ -15,13 +15,31 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { CriuRequest, VethConfig } from '../native/binding.js';
 import { prepareRestoredNetwork } from '../network/sandbox-network.js';
-import type { Engine } from '../api/engine.js';
-import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
+import type { CheckpointRow, SandboxRow, Catalog } from '../catalog/catalog.js';
 import { limitsOf } from '../lifecycle/create.js';
 import { processImageForRange, shiftLayerOwners } from '../instances/id-shift.js';
+import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
+import type { CreateDeps } from '../lifecycle/create.js';
+import type { CgroupDriver } from '../host/cgroups.js';
+import type { CriuClient, LayerPort, NativeBinding } from '../ports.js';
+import type { LockstepConfig } from '../config.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+import type { StatePaths } from '../paths.js';
+
+/** What process-image.ts uses of the manager's services (api/engine.ts builds them). */
+export interface ProcessImageDeps extends SandboxNetworkDeps, CreateDeps {
+  catalog: Catalog;
+  cgroups: CgroupDriver;
+  config: LockstepConfig;
+  criu: CriuClient;
+  layers: LayerPort;
+  native: NativeBinding;
+  paths: StatePaths;
+  runtime: SandboxRuntime;
+}
 
 export function dumpOptions(
-  engine: Engine,
+  engine: ProcessImageDeps,
   row: SandboxRow,
   imagesDir: string,
 ): CriuRequest & { imagesDir: string; pid: number } {
@@ -48,7 +66,7 @@ export function dumpOptions(
 }
 
 export function restoreOptions(
-  engine: Engine,
+  engine: ProcessImageDeps,
   instance: string,
   imagesDir: string,
   idBase: number | null,
@@ -95,7 +113,7 @@ export function processImageBytes(dir: string): number {
  * removes the instance.
  */
 export async function restoreNewInstance(
-  engine: Engine,
+  engine: ProcessImageDeps,
   key: string,
   like: SandboxRow,
   ckpt: CheckpointRow,
@@ -137,7 +155,7 @@ export async function restoreNewInstance(
  * not the instance's), root, and an egress network's link.
  */
 async function prepareInstance(
-  engine: Engine,
+  engine: ProcessImageDeps,
   key: string,
   like: SandboxRow,
   ckpt: CheckpointRow,

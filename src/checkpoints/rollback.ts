@@ -13,8 +13,7 @@
 import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidStateError, NotFoundError } from '../errors.js';
-import type { Engine } from '../api/engine.js';
-import { hostOf } from '../api/engine.js';
+import { hostOf } from '../lifecycle/instance-host.js';
 import { restoreOptions } from './process-image.js';
 import { prepareRestoredNetwork, swapLinks } from '../network/sandbox-network.js';
 import { outsideConnections, type ConnectionInfo } from '../network/connections.js';
@@ -28,6 +27,34 @@ import { hasStandbyFor } from './standby.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';
 import type { RollbackWarning } from '../effects/effect-ledger.js';
+import type { ProcessImageDeps } from './process-image.js';
+import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
+import type { StandbyDeps } from './standby.js';
+import type { IntegrityDeps } from './integrity.js';
+import type { DurabilityDeps } from './durability.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { CriuClient, LayerPort, ProcessTable } from '../ports.js';
+import type { FaultHook } from '../faults.js';
+import type { InitWatcher } from '../instances/init-watcher.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+import type { StatePaths } from '../paths.js';
+
+/** What rollback.ts uses of the manager's services (api/engine.ts builds them). */
+export interface RollbackDeps extends ProcessImageDeps, SandboxNetworkDeps, StandbyDeps, IntegrityDeps, DurabilityDeps {
+  agent: AgentState;
+  catalog: Catalog;
+  criu: CriuClient;
+  fault: FaultHook;
+  inits: InitWatcher;
+  layers: LayerPort;
+  log: Logger;
+  paths: StatePaths;
+  proc: ProcessTable;
+  runtime: SandboxRuntime;
+  withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+}
 
 export interface RollbackTimings {
   killMs: number;
@@ -56,7 +83,7 @@ export interface RollbackCore {
 }
 
 /** The checkpoint, if it belongs to this sandbox; another sandbox's checkpoint is reported as missing. */
-export function ownCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): CheckpointRow {
+export function ownCheckpoint(engine: RollbackDeps, row: SandboxRow, checkpointId: string): CheckpointRow {
   const ckpt = typeof checkpointId === 'string' ? engine.catalog.checkpoint(checkpointId) : undefined;
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', String(checkpointId));
   if (!engine.layers.hasLayer(ckpt.layer_id) || !fs.existsSync(engine.paths.processImage(ckpt.id))) {
@@ -69,7 +96,7 @@ export function ownCheckpoint(engine: Engine, row: SandboxRow, checkpointId: str
 
 /** The point of no return: the journal says so first, so a crash from here on rolls forward. */
 async function killCurrentTree(
-  engine: Engine,
+  engine: RollbackDeps,
   row: SandboxRow,
   opId: string,
   t: Partial<RollbackTimings>,
@@ -83,7 +110,7 @@ async function killCurrentTree(
 
 /** The destructive part, shared by rollback and the reaper's roll-forward. */
 export async function restoreSandboxTo(
-  engine: Engine,
+  engine: RollbackDeps,
   row: SandboxRow,
   ckpt: CheckpointRow,
   opId: string,
@@ -122,7 +149,7 @@ export async function restoreSandboxTo(
  * whose processes and resources the caller removes afterwards.
  */
 export async function swapInStandby(
-  engine: Engine,
+  engine: RollbackDeps,
   row: SandboxRow,
   ckpt: CheckpointRow,
   opId: string,
@@ -186,7 +213,7 @@ export async function swapInStandby(
  * the row says "stopped". A crash in here leaves the journal at "killing",
  * and the reaper swaps the standby in: the checkpoint, also consistent.
  */
-async function abandonSwap(engine: Engine, row: SandboxRow, opId: string): Promise<void> {
+async function abandonSwap(engine: RollbackDeps, row: SandboxRow, opId: string): Promise<void> {
   const { runtime, cgroups, catalog } = engine;
   try {
     cgroups.thaw(runtime.cgroupName(row.instance));
@@ -200,7 +227,7 @@ async function abandonSwap(engine: Engine, row: SandboxRow, opId: string): Promi
 
 /** The rollback's commit: the sandbox row and the agent's timeline, in one transaction. */
 export function commitRollback(
-  engine: Engine,
+  engine: RollbackDeps,
   row: SandboxRow,
   ckpt: CheckpointRow,
   opId: string,
@@ -237,7 +264,7 @@ export function commitRollback(
 export type RollbackReport = RollbackCore & AgentRollbackReport;
 
 export async function rollbackSandbox(
-  engine: Engine,
+  engine: RollbackDeps,
   row: SandboxRow,
   checkpointId: string,
   options: RollbackAgentOptions = {},
@@ -362,7 +389,7 @@ export async function rollbackSandbox(
 
 /** Verdicts are bound to file content: hash the files they were about, as restored, then build the agent's report. */
 async function agentReport(
-  engine: Engine,
+  engine: RollbackDeps,
   row: SandboxRow,
   ckpt: CheckpointRow,
   parts: ReturnType<typeof commitRollback>,
@@ -377,7 +404,7 @@ async function agentReport(
 }
 
 /** Removes an instance once the caller has its answer: queued behind this call's lock on the sandbox. */
-function removeAfterAnswer(engine: Engine, sandboxId: string, instance: string, what: string): void {
+function removeAfterAnswer(engine: RollbackDeps, sandboxId: string, instance: string, what: string): void {
   void engine
     .withSandboxLock(sandboxId, () => engine.runtime.destroy(instance))
     .catch((err) => engine.log.warn({ err, sandboxId, instance }, what));

@@ -11,8 +11,21 @@
  * A sandbox without a standby still rolls back, through a CRIU restore.
  * (Decision and measurements: docs/decisions/standby-policy.md, "Standby policy".)
  */
-import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
+import type { SandboxRow, Catalog } from '../catalog/catalog.js';
+import type { CgroupDriver } from '../host/cgroups.js';
+import type { LockstepConfig } from '../config.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+
+/** What standby-policy.ts uses of the manager's services (api/engine.ts builds them). */
+export interface StandbyPolicyDeps {
+  catalog: Catalog;
+  cgroups: CgroupDriver;
+  config: LockstepConfig;
+  log: Logger;
+  runtime: SandboxRuntime;
+  withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+}
 
 /** One live standby and what it holds. */
 export interface StandbyUse {
@@ -23,7 +36,7 @@ export interface StandbyUse {
 }
 
 /** Every standby of the state directory with its memory, least recently made first. */
-export function standbysInUse(engine: Engine): StandbyUse[] {
+export function standbysInUse(engine: StandbyPolicyDeps): StandbyUse[] {
   const out: StandbyUse[] = [];
   for (const row of engine.catalog.allSandboxes()) {
     if (!row.standby_instance) continue;
@@ -47,7 +60,7 @@ export function standbysInUse(engine: Engine): StandbyUse[] {
  * later, behind the victim's own lock (never waiting for it here: two
  * sandboxes evicting each other would deadlock).
  */
-export function makeRoomForStandby(engine: Engine, row: SandboxRow, bytes: number): boolean {
+export function makeRoomForStandby(engine: StandbyPolicyDeps, row: SandboxRow, bytes: number): boolean {
   const budget = engine.config.standbyBudgetBytes;
   if (bytes > budget) return false;
   const others = standbysInUse(engine).filter((s) => s.sandboxId !== row.id);
@@ -64,7 +77,7 @@ export function makeRoomForStandby(engine: Engine, row: SandboxRow, bytes: numbe
 }
 
 /** Takes a standby out of use now; its processes are removed behind its sandbox's lock. */
-export function evictStandby(engine: Engine, victim: StandbyUse, why: string): void {
+export function evictStandby(engine: StandbyPolicyDeps, victim: StandbyUse, why: string): void {
   engine.catalog.updateSandbox(victim.sandboxId, {
     standby_instance: null,
     standby_checkpoint: null,
@@ -119,7 +132,7 @@ interface Chances {
 }
 
 /** Per manager (this process): what each sandbox's recent operations were. A policy input only, so not persisted. */
-const chancesByEngine = new WeakMap<Engine, Map<string, Chances>>();
+const chancesByEngine = new WeakMap<StandbyPolicyDeps, Map<string, Chances>>();
 
 /**
  * Records a checkpoint (at = the new checkpoint) or a rollback (at = its
@@ -127,7 +140,7 @@ const chancesByEngine = new WeakMap<Engine, Map<string, Chances>>();
  * history standbyWanted reads.
  */
 export function recordStandbyChance(
-  engine: Engine,
+  engine: StandbyPolicyDeps,
   sandboxId: string,
   op: 'checkpoint' | 'rollback',
   at: string,
@@ -143,6 +156,6 @@ export function recordStandbyChance(
 }
 
 /** Forgets a removed sandbox. */
-export function forgetStandbyChances(engine: Engine, sandboxId: string): void {
+export function forgetStandbyChances(engine: StandbyPolicyDeps, sandboxId: string): void {
   chancesByEngine.get(engine)?.delete(sandboxId);
 }

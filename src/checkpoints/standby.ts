@@ -12,14 +12,31 @@
  * on swap, so files and processes stay consistent with each other.
  */
 import { randomBytes } from 'node:crypto';
-import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
+import type { CheckpointRow, SandboxRow, Catalog } from '../catalog/catalog.js';
 import { isInitOf } from '../instances/identity.js';
 import { restoreNewInstance } from './process-image.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';
 import { checkStandbyQuota, tenantOf } from '../tenants/quotas.js';
 import { makeRoomForStandby } from './standby-policy.js';
+import type { ProcessImageDeps } from './process-image.js';
+import type { IntegrityDeps } from './integrity.js';
+import type { DurabilityDeps } from './durability.js';
+import type { StandbyPolicyDeps } from './standby-policy.js';
+import type { CgroupDriver } from '../host/cgroups.js';
+import type { Clock, ProcessTable } from '../ports.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+
+/** What standby.ts uses of the manager's services (api/engine.ts builds them). */
+export interface StandbyDeps extends ProcessImageDeps, IntegrityDeps, DurabilityDeps, StandbyPolicyDeps {
+  catalog: Catalog;
+  cgroups: CgroupDriver;
+  clock: Clock;
+  log: Logger;
+  proc: ProcessTable;
+  runtime: SandboxRuntime;
+}
 
 /**
  * True when the sandbox has a live standby for this checkpoint: its pid is
@@ -27,7 +44,7 @@ import { makeRoomForStandby } from './standby-policy.js';
  * cgroup, which stays frozen until the swap, so the answer holds until then.
  */
 export function hasStandbyFor(
-  engine: Pick<Engine, 'cgroups' | 'runtime' | 'proc'>,
+  engine: Pick<StandbyDeps, 'cgroups' | 'runtime' | 'proc'>,
   row: SandboxRow,
   checkpointId: string,
 ): boolean {
@@ -39,7 +56,7 @@ export function hasStandbyFor(
 }
 
 /** Removes the sandbox's standby, if any (idempotent). */
-export async function dropStandby(engine: Engine, sandboxId: string): Promise<void> {
+export async function dropStandby(engine: StandbyDeps, sandboxId: string): Promise<void> {
   const row = engine.catalog.sandbox(sandboxId);
   if (!row?.standby_instance) return;
   engine.catalog.updateSandbox(sandboxId, {
@@ -56,7 +73,7 @@ export async function dropStandby(engine: Engine, sandboxId: string): Promise<vo
  * the tenant's maxMemoryMb, and is not made when it would not fit (the
  * rollback then restores with CRIU).
  */
-function standbyFits(engine: Engine, row: SandboxRow): boolean {
+function standbyFits(engine: StandbyDeps, row: SandboxRow): boolean {
   const tenant = tenantOf(engine.catalog.db, row.tenant);
   if (!tenant || row.memory_bytes === null) return true;
   try {
@@ -73,7 +90,7 @@ function standbyFits(engine: Engine, row: SandboxRow): boolean {
  * sandbox's lock. A failure only costs the fast path: rollback falls back to
  * a CRIU restore.
  */
-export async function prepareStandby(engine: Engine, sandboxId: string, ckpt: CheckpointRow): Promise<void> {
+export async function prepareStandby(engine: StandbyDeps, sandboxId: string, ckpt: CheckpointRow): Promise<void> {
   const row = engine.catalog.sandbox(sandboxId);
   if (!row || row.state !== 'running' || hasStandbyFor(engine, row, ckpt.id)) return;
   await dropStandby(engine, sandboxId);

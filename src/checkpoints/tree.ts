@@ -2,18 +2,31 @@
  * The checkpoint tree of a sandbox (parent links, plus the forks started
  * from its checkpoints): deleting a node and drawing the tree for `lockstep log`.
  */
-import type { CheckpointRow, SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
+import type { CheckpointRow, SandboxRow, Catalog } from '../catalog/catalog.js';
 import { NotFoundError } from '../errors.js';
 import { dropStandby } from './standby.js';
 import { detachImagesFrom } from './page-store.js';
 import { releaseCheckpointFiles } from '../snapshots/holders.js';
+import type { StandbyDeps } from './standby.js';
+import type { PageStoreDeps } from './page-store.js';
+import type { HoldersDeps } from '../snapshots/holders.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { FaultHook } from '../faults.js';
+import type { ImageStore } from '../images/image-store.js';
+
+/** What tree.ts uses of the manager's services (api/engine.ts builds them). */
+export interface TreeDeps extends StandbyDeps, PageStoreDeps, HoldersDeps {
+  agent: AgentState;
+  catalog: Catalog;
+  fault: FaultHook;
+  images: ImageStore;
+}
 
 /**
  * Deletes a checkpoint of this sandbox. Its children move up to its parent; its
  * layer, process image and warm standby are freed.
  */
-export async function deleteCheckpoint(engine: Engine, row: SandboxRow, checkpointId: string): Promise<void> {
+export async function deleteCheckpoint(engine: TreeDeps, row: SandboxRow, checkpointId: string): Promise<void> {
   const ckpt = engine.catalog.checkpoint(checkpointId);
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', checkpointId);
   if (row.standby_checkpoint === ckpt.id) await dropStandby(engine, row.id);
@@ -41,7 +54,7 @@ export interface TreeNode {
 }
 
 /** Builds the forest of a sandbox's checkpoints. */
-export function checkpointForest(engine: Engine, sandboxId: string): TreeNode[] {
+export function checkpointForest(engine: TreeDeps, sandboxId: string): TreeNode[] {
   const rows = engine.catalog.checkpointsOf(sandboxId);
   const nodes = new Map(
     rows.map((r) => [r.id, { checkpoint: r, children: [] as TreeNode[], forks: [] as SandboxRow[] }]),
@@ -63,7 +76,7 @@ export function checkpointForest(engine: Engine, sandboxId: string): TreeNode[] 
  * children, or sandboxes forked from a checkpoint) opens a branch. The head
  * is marked with "*", forked sandboxes with "⑂".
  */
-export function drawTree(engine: Engine, sandbox: SandboxRow, opts: { color?: boolean } = {}): string {
+export function drawTree(engine: TreeDeps, sandbox: SandboxRow, opts: { color?: boolean } = {}): string {
   const bold = (s: string) => (opts.color ? `\x1b[1m${s}\x1b[0m` : s);
   const dim = (s: string) => (opts.color ? `\x1b[2m${s}\x1b[0m` : s);
   const lines: string[] = [`${bold(sandbox.id)} ${dim(`(image ${sandbox.image}, branch ${sandbox.branch_id})`)}`];

@@ -2,14 +2,35 @@
 import { newId, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError, LimitUnsupportedError } from '../errors.js';
 import { CPU_PERIOD_US, type CgroupLimits } from '../host/cgroups.js';
-import type { Engine } from '../api/engine.js';
 import { validateImageName } from '../images/image-store.js';
-import { hostOf } from '../api/engine.js';
+import { hostOf } from './instance-host.js';
 import { freeIdBase } from '../instances/id-ranges.js';
 import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../host/network/policy.js';
 import { freeSlot } from '../host/network/addresses.js';
 import { attachNewSandbox, forgetNetwork } from '../network/sandbox-network.js';
 import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
+import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { CgroupDriver } from '../host/cgroups.js';
+import type { ImageStore } from '../images/image-store.js';
+import type { InitWatcher } from '../instances/init-watcher.js';
+import type { LayerPort } from '../ports.js';
+import type { LockstepConfig } from '../config.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+
+/** What create.ts uses of the manager's services (api/engine.ts builds them). */
+export interface CreateDeps extends SandboxNetworkDeps {
+  catalog: Catalog;
+  cgroups: CgroupDriver;
+  config: LockstepConfig;
+  images: ImageStore;
+  inits: InitWatcher;
+  layers: LayerPort;
+  log: Logger;
+  runtime: SandboxRuntime;
+  userNamespaces: boolean;
+}
 
 export interface CreateOptions extends NetworkOptions {
   image?: string | undefined;
@@ -166,7 +187,7 @@ export function validateCreateOptions(
  * weight where no scheduler honours one, a CPU limit without the cpu
  * controller, a disk quota on a store that cannot have quotas.
  */
-function checkEnforceable(engine: Engine, opts: CreateOptions): void {
+function checkEnforceable(engine: CreateDeps, opts: CreateOptions): void {
   if ((opts.cpuWeight !== undefined || opts.cpus !== undefined) && !engine.cgroups.cpuControl) {
     throw new LimitUnsupportedError(
       opts.cpus !== undefined ? 'cpus' : 'cpuWeight',
@@ -189,13 +210,13 @@ function checkEnforceable(engine: Engine, opts: CreateOptions): void {
  * be had, LOCKSTEP_DISK_QUOTA=off or a host btrfs without them). Forks and
  * starts from a snapshot made without one get the default too.
  */
-export function diskBytesFor(engine: Engine, diskBytes: number | null | undefined): number | null {
+export function diskBytesFor(engine: CreateDeps, diskBytes: number | null | undefined): number | null {
   if (diskBytes !== undefined && diskBytes !== null) return diskBytes;
   return engine.layers.quotaUnavailable() === undefined ? engine.config.defaultDiskMb * 1024 * 1024 : null;
 }
 
 /** The CPU weight a tenant's sandbox gets when the request names none (its tenant's default). */
-function defaultCpuWeight(engine: Engine, tenantId: string | null | undefined): number {
+function defaultCpuWeight(engine: CreateDeps, tenantId: string | null | undefined): number {
   return tenantOf(engine.catalog.db, tenantId ?? null)?.cpuWeight ?? LIMITS.cpuWeight.default;
 }
 
@@ -204,7 +225,7 @@ function defaultCpuWeight(engine: Engine, tenantId: string | null | undefined): 
  * but never more than its tenant's whole maxDiskMb (a tenant capped below
  * the default still creates sandboxes, each as large as its cap allows).
  */
-function defaultDiskBytes(engine: Engine, tenantId: string | null | undefined): number | null {
+function defaultDiskBytes(engine: CreateDeps, tenantId: string | null | undefined): number | null {
   const bytes = diskBytesFor(engine, undefined);
   const cap = tenantOf(engine.catalog.db, tenantId ?? null)?.maxDiskMb;
   return bytes !== null && cap != null ? Math.min(bytes, cap * 1024 * 1024) : bytes;
@@ -214,7 +235,7 @@ function defaultDiskBytes(engine: Engine, tenantId: string | null | undefined): 
  * The network policy of a new sandbox: the tenant's default mode when the
  * request names none, refused (NETWORK_NOT_ALLOWED) past the tenant's limit.
  */
-export function networkPolicyFor(engine: Engine, opts: NetworkOptions, tenantId: string | null | undefined) {
+export function networkPolicyFor(engine: CreateDeps, opts: NetworkOptions, tenantId: string | null | undefined) {
   const tenant = tenantId ? tenantOf(engine.catalog.db, tenantId) : undefined;
   const policy = validateNetworkOptions(opts, tenant?.network ?? 'none');
   if (policy && tenant?.maxNetwork === 'none')
@@ -227,7 +248,7 @@ export function networkPolicyFor(engine: Engine, opts: NetworkOptions, tenantId:
 }
 
 /** Creates and starts a sandbox; on any failure everything made so far is removed. */
-export async function createSandbox(engine: Engine, options: CreateOptions): Promise<SandboxRow> {
+export async function createSandbox(engine: CreateDeps, options: CreateOptions): Promise<SandboxRow> {
   const opts = validateCreateOptions(options);
   if (opts.onProgress !== undefined && typeof opts.onProgress !== 'function')
     throw new InvalidArgumentError('onProgress', 'a function (message) => void', opts.onProgress);

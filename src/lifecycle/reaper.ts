@@ -12,7 +12,6 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Engine } from '../api/engine.js';
 import { discardCheckpointFiles } from '../checkpoints/checkpoint.js';
 import { commitRollback, restoreSandboxTo, swapInStandby } from '../checkpoints/rollback.js';
 import { hasStandbyFor } from '../checkpoints/standby.js';
@@ -21,6 +20,33 @@ import { removeSandbox } from './remove.js';
 import { ensureDurable, makeDurable } from '../checkpoints/durability.js';
 import type { CheckpointRow } from '../catalog/catalog.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
+import type { CheckpointDeps } from '../checkpoints/checkpoint.js';
+import type { RollbackDeps } from '../checkpoints/rollback.js';
+import type { StandbyDeps } from '../checkpoints/standby.js';
+import type { IntegrityDeps } from '../checkpoints/integrity.js';
+import type { RemoveDeps } from './remove.js';
+import type { DurabilityDeps } from '../checkpoints/durability.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { CriuClient, NativeBinding, ProcessTable } from '../ports.js';
+import type { HostNetwork } from '../host/network/host-network.js';
+import type { ImageStore } from '../images/image-store.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+import type { StatePaths } from '../paths.js';
+
+/** What reaper.ts uses of the manager's services (api/engine.ts builds them). */
+export interface ReaperDeps
+  extends CheckpointDeps, RollbackDeps, StandbyDeps, IntegrityDeps, RemoveDeps, DurabilityDeps {
+  agent: AgentState;
+  criu: CriuClient;
+  images: ImageStore;
+  log: Logger;
+  native: NativeBinding;
+  network: HostNetwork;
+  paths: StatePaths;
+  proc: ProcessTable;
+  runtime: SandboxRuntime;
+}
 
 export interface ReapReport {
   operations: string[];
@@ -30,7 +56,7 @@ export interface ReapReport {
   orphans: string[];
 }
 
-export async function reap(engine: Engine): Promise<ReapReport> {
+export async function reap(engine: ReaperDeps): Promise<ReapReport> {
   const report: ReapReport = { operations: [], checkpoints: [], sandboxes: [], orphans: [] };
   const { catalog, runtime, layers, paths, cgroups, proc } = engine;
 
@@ -239,7 +265,7 @@ export async function reap(engine: Engine): Promise<ReapReport> {
  * makes every pending one of its sandbox durable, so a durable checkpoint
  * never has a pending ancestor, in the tree or in its image's parent links).
  */
-async function settlePendingCheckpoints(engine: Engine, report: ReapReport): Promise<void> {
+async function settlePendingCheckpoints(engine: ReaperDeps, report: ReapReport): Promise<void> {
   const { catalog } = engine;
   const pending = catalog.pendingCheckpoints();
   if (!pending.length) return;
@@ -270,7 +296,7 @@ async function settlePendingCheckpoints(engine: Engine, report: ReapReport): Pro
 }
 
 /** Removes a checkpoint that never became durable: its row first (head and standby move off it), then its files. */
-async function dropCheckpoint(engine: Engine, ckpt: CheckpointRow): Promise<void> {
+async function dropCheckpoint(engine: ReaperDeps, ckpt: CheckpointRow): Promise<void> {
   const { catalog } = engine;
   const row = catalog.sandbox(ckpt.sandbox_id);
   if (row?.standby_checkpoint === ckpt.id && row.standby_instance)

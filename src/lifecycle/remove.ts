@@ -6,12 +6,33 @@
  * Safe to repeat after a failure at any step.
  */
 import fs from 'node:fs';
-import type { Engine } from '../api/engine.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { forgetNetwork } from '../network/sandbox-network.js';
 import { forgetStandbyChances } from '../checkpoints/standby-policy.js';
+import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
+import type { StandbyPolicyDeps } from '../checkpoints/standby-policy.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { ExposedPorts } from '../network/exposed-ports.js';
+import type { FaultHook } from '../faults.js';
+import type { ImageStore } from '../images/image-store.js';
+import type { InitWatcher } from '../instances/init-watcher.js';
+import type { LayerPort } from '../ports.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+import type { StatePaths } from '../paths.js';
 
-export async function removeSandbox(engine: Engine, id: string): Promise<void> {
+/** What remove.ts uses of the manager's services (api/engine.ts builds them). */
+export interface RemoveDeps extends SandboxNetworkDeps, StandbyPolicyDeps {
+  agent: AgentState;
+  exposures: ExposedPorts;
+  fault: FaultHook;
+  images: ImageStore;
+  inits: InitWatcher;
+  layers: LayerPort;
+  paths: StatePaths;
+  runtime: SandboxRuntime;
+}
+
+export async function removeSandbox(engine: RemoveDeps, id: string): Promise<void> {
   const { catalog } = engine;
   // Hidden first, so no other call starts on it; the reaper finishes the job after a crash.
   catalog.updateSandbox(id, { state: 'removing' }); // closes its exposed ports

@@ -22,10 +22,20 @@
 import fs from 'node:fs';
 import net from 'node:net';
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
+import type { SandboxRow, Catalog } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../errors.js';
 import { DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
+import type { Clock, NativeBinding, ProcessTable } from '../ports.js';
+import type { LockstepConfig } from '../config.js';
+
+/** What exposed-ports.ts uses of the manager's services (api/engine.ts builds them). */
+export interface ExposedPortsDeps {
+  catalog: Catalog;
+  clock: Clock;
+  config: LockstepConfig;
+  native: NativeBinding;
+  proc: ProcessTable;
+}
 
 /** How long a connect inside the sandbox may take (a full accept queue drops SYNs: the connect would wait). */
 export const CONNECT_TIMEOUT_MS = 3000;
@@ -84,7 +94,7 @@ export class ExposedPorts {
   /** Open proxied connections, per sandbox (bounded; destroyed when an exposure or its sandbox goes here). */
   private readonly open = new Map<string, Set<{ exposure: string; socket?: net.Socket }>>();
 
-  constructor(private readonly engine: Engine) {}
+  constructor(private readonly engine: ExposedPortsDeps) {}
 
   private get db() {
     return this.engine.catalog.db;

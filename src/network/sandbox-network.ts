@@ -6,13 +6,24 @@
  * costs nothing.
  */
 import type { SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
 import type { VethConfig } from '../native/binding.js';
 import { policyOf } from '../host/network/policy.js';
 import { SandboxFiles } from '../instances/files.js';
+import type { HostNetwork } from '../host/network/host-network.js';
+import type { NativeBinding } from '../ports.js';
+import type { SandboxResolver } from './dns.js';
+import type { StatePaths } from '../paths.js';
+
+/** What sandbox-network.ts uses of the manager's services (api/engine.ts builds them). */
+export interface SandboxNetworkDeps {
+  dns: SandboxResolver;
+  native: NativeBinding;
+  network: HostNetwork;
+  paths: StatePaths;
+}
 
 /** A new sandbox's init is running: give it its eth0 and its policy. */
-export async function attachNewSandbox(engine: Engine, row: SandboxRow, pid: number): Promise<void> {
+export async function attachNewSandbox(engine: SandboxNetworkDeps, row: SandboxRow, pid: number): Promise<void> {
   const policy = policyOf(row.network ?? null);
   if (!policy || row.net_slot == null) return;
   const veth = await engine.network.addLinks(row.instance, row.net_slot, policy, { up: true });
@@ -28,7 +39,7 @@ export async function attachNewSandbox(engine: Engine, row: SandboxRow, pid: num
  * it. Written through the files API (openat2 below the root, temp file and
  * rename), as root inside; a fork's is rewritten, since its gateway is its own.
  */
-async function pointResolverAt(engine: Engine, row: SandboxRow): Promise<void> {
+async function pointResolverAt(engine: SandboxNetworkDeps, row: SandboxRow): Promise<void> {
   const { gateway } = engine.network.addresses(row.net_slot!);
   const files = new SandboxFiles(
     () => engine.paths.sandboxRoot(row.instance),
@@ -48,7 +59,7 @@ async function pointResolverAt(engine: Engine, row: SandboxRow): Promise<void> {
  * sandbox's address, and only one of the two may route it).
  */
 export async function prepareRestoredNetwork(
-  engine: Engine,
+  engine: SandboxNetworkDeps,
   instance: string,
   row: SandboxRow,
   opts: { standby: boolean },
@@ -59,7 +70,7 @@ export async function prepareRestoredNetwork(
 }
 
 /** A fork's own policy under its own address (its pair was made by prepareRestoredNetwork). */
-export async function addForkPolicy(engine: Engine, child: SandboxRow): Promise<void> {
+export async function addForkPolicy(engine: SandboxNetworkDeps, child: SandboxRow): Promise<void> {
   const policy = policyOf(child.network ?? null);
   if (!policy || child.net_slot == null) return;
   await engine.network.addPolicy(child.net_slot, policy);
@@ -73,7 +84,7 @@ export async function addForkPolicy(engine: Engine, child: SandboxRow): Promise<
  * the sandbox's /31). Two ioctls; the allow set is keyed by address and does
  * not change. `undo` puts it back when the swap does not commit.
  */
-export function swapLinks(engine: Engine, row: SandboxRow, from: string, to: string): void {
+export function swapLinks(engine: SandboxNetworkDeps, row: SandboxRow, from: string, to: string): void {
   if (!row.network || row.net_slot == null) return;
   engine.native.setLinkUp(engine.network.linkNames(from).host, false);
   engine.native.setLinkUp(engine.network.linkNames(to).host, true);
@@ -81,7 +92,7 @@ export function swapLinks(engine: Engine, row: SandboxRow, from: string, to: str
 
 /** Removes a sandbox's policy elements and resolver (remove, failed create or fork). Pairs go with their instances. */
 export async function forgetNetwork(
-  engine: Engine,
+  engine: SandboxNetworkDeps,
   row: Pick<SandboxRow, 'id' | 'network' | 'net_slot'>,
 ): Promise<void> {
   if (row.net_slot == null) return;

@@ -25,7 +25,6 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { pack } from 'msgpackr';
-import type { Engine } from '../api/engine.js';
 import { HostError, LockstepError, NotFoundError } from '../errors.js';
 import { verifyCheckpoint } from '../checkpoints/integrity.js';
 import { PARENT_LINK, flattenOnto, parentOf } from '../checkpoints/page-delta.js';
@@ -35,6 +34,20 @@ import { SnapshotRows, asCheckpoint, type SnapshotRow, type SnapshotTemplate } f
 import { withSnapshotLock } from './snapshots.js';
 import { hostSigningKey, signDigest } from './signing.js';
 import { VERSION } from '../version.js';
+import type { IntegrityDeps } from '../checkpoints/integrity.js';
+import type { SnapshotsDeps } from './snapshots.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { Logger } from '../log.js';
+import type { StatePaths } from '../paths.js';
+
+/** What export.ts uses of the manager's services (api/engine.ts builds them). */
+export interface ExportDeps extends IntegrityDeps, SnapshotsDeps {
+  agent: AgentState;
+  catalog: Catalog;
+  log: Logger;
+  paths: StatePaths;
+}
 
 export const BUNDLE_FORMAT = 'lockstep-snapshot-bundle';
 export const BUNDLE_VERSION = 1;
@@ -71,7 +84,7 @@ export interface BundleRecords {
   effects: Record<string, unknown>[];
 }
 
-export function snapshotRecords(engine: Engine, snapshotId: string): BundleRecords {
+export function snapshotRecords(engine: ExportDeps, snapshotId: string): BundleRecords {
   const db = engine.catalog.db;
   return {
     observations: db
@@ -92,7 +105,7 @@ export function snapshotRecords(engine: Engine, snapshotId: string): BundleRecor
 }
 
 /** A reflinked copy of an image folder with every parent's pages copied in; the caller removes it. */
-async function flattenedCopy(engine: Engine, source: string): Promise<string> {
+async function flattenedCopy(engine: ExportDeps, source: string): Promise<string> {
   // A sibling of the images (flattenOnto finds parents next to the folder); the reaper removes leftovers.
   const dest = path.join(engine.paths.processImages, `.export-${randomBytes(6).toString('hex')}`);
   fs.mkdirSync(dest, { mode: 0o700 });
@@ -145,7 +158,7 @@ export interface OpenExport {
  * that can be known first (missing, busy, corrupt) are thrown here, before
  * any byte is sent; a failure later errors the stream.
  */
-export async function openExport(engine: Engine, ref: string, tenant?: string | null): Promise<OpenExport> {
+export async function openExport(engine: ExportDeps, ref: string, tenant?: string | null): Promise<OpenExport> {
   const rows = new SnapshotRows(engine.catalog.db);
   const first = rows.require(ref, tenant);
   let release!: () => void;
@@ -234,7 +247,7 @@ export async function openExport(engine: Engine, ref: string, tenant?: string | 
 }
 
 /** The bundle as a stream at once; errors (missing, corrupt, busy) come as the stream's error. */
-export function exportSnapshot(engine: Engine, ref: string, tenant?: string | null): Readable {
+export function exportSnapshot(engine: ExportDeps, ref: string, tenant?: string | null): Readable {
   let inner: Readable | undefined;
   async function* relay(): AsyncGenerator<Buffer> {
     inner = (await openExport(engine, ref, tenant)).stream;
@@ -251,7 +264,7 @@ export function exportSnapshot(engine: Engine, ref: string, tenant?: string | nu
  * request properly: HTTP's Content-Range names the total length).
  */
 export async function bundleIdentity(
-  engine: Engine,
+  engine: ExportDeps,
   ref: string,
   tenant?: string | null,
 ): Promise<{ digest: string; bytes: number }> {

@@ -4,11 +4,20 @@
  * snapshot-rows.ts). Callers run this after the rows are gone.
  */
 import fs from 'node:fs';
-import type { Engine } from '../api/engine.js';
 import { SnapshotRows } from './snapshot-rows.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { LayerPort } from '../ports.js';
+import type { StatePaths } from '../paths.js';
+
+/** What holders.ts uses of the manager's services (api/engine.ts builds them). */
+export interface HoldersDeps {
+  catalog: Catalog;
+  layers: LayerPort;
+  paths: StatePaths;
+}
 
 /** True while a checkpoint row or a snapshot row (other than `except`) names the layer. */
-export function layerHeld(engine: Engine, layerId: string, except?: string): boolean {
+export function layerHeld(engine: HoldersDeps, layerId: string, except?: string): boolean {
   const db = engine.catalog.db;
   if (db.prepare('SELECT 1 FROM checkpoints WHERE layer_id = ? LIMIT 1').get(layerId)) return true;
   return !!db.prepare('SELECT 1 FROM snapshots WHERE layer_id = ? AND id != ? LIMIT 1').get(layerId, except ?? '');
@@ -19,7 +28,7 @@ export function layerHeld(engine: Engine, layerId: string, except?: string): boo
  * more. Called after the rows that held them are gone (checkpoint and
  * sandbox deletion call it too, through releaseCheckpointFiles).
  */
-export async function releaseFiles(engine: Engine, layerId: string, imageDirs: string[]): Promise<void> {
+export async function releaseFiles(engine: HoldersDeps, layerId: string, imageDirs: string[]): Promise<void> {
   if (!layerHeld(engine, layerId)) await engine.layers.deleteLayer(layerId);
   const heldImages = new SnapshotRows(engine.catalog.db).heldImages(engine.paths);
   for (const dir of imageDirs) {
@@ -29,6 +38,10 @@ export async function releaseFiles(engine: Engine, layerId: string, imageDirs: s
 }
 
 /** A checkpoint's row is gone: its layer and image go too, unless a snapshot still holds them. */
-export async function releaseCheckpointFiles(engine: Engine, layerId: string, checkpointId: string): Promise<void> {
+export async function releaseCheckpointFiles(
+  engine: HoldersDeps,
+  layerId: string,
+  checkpointId: string,
+): Promise<void> {
   await releaseFiles(engine, layerId, [checkpointId]);
 }

@@ -32,7 +32,6 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { unpack } from 'msgpackr';
 import { newId } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
 import { HostError, InvalidArgumentError, NotFoundError } from '../errors.js';
 import { layerFingerprint, type CheckpointChecksums } from '../checkpoints/integrity.js';
 import { shareProcessImageWith } from '../instances/id-shift.js';
@@ -43,6 +42,28 @@ import { SnapshotRows, type SnapshotRow } from './snapshot-rows.js';
 import { assertNameFree, validateMetadata, validateSnapshotName } from './snapshots.js';
 import { checkSignature, hostSigningKey } from './signing.js';
 import { checkStoredQuota, StoreReservation, tenantOf } from '../tenants/quotas.js';
+import type { IntegrityDeps } from '../checkpoints/integrity.js';
+import type { ExportDeps } from './export.js';
+import type { SnapshotsDeps } from './snapshots.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { FaultHook } from '../faults.js';
+import type { LayerPort, NativeBinding } from '../ports.js';
+import type { LockstepConfig } from '../config.js';
+import type { Logger } from '../log.js';
+import type { SandboxRuntime } from '../instances/runtime.js';
+
+/** What import.ts uses of the manager's services (api/engine.ts builds them). */
+export interface ImportDeps extends IntegrityDeps, ExportDeps, SnapshotsDeps {
+  agent: AgentState;
+  catalog: Catalog;
+  config: LockstepConfig;
+  fault: FaultHook;
+  layers: LayerPort;
+  log: Logger;
+  native: NativeBinding;
+  runtime: SandboxRuntime;
+}
 
 /** Options of an import. */
 export interface ImportOptions {
@@ -57,7 +78,7 @@ export interface ImportOptions {
 const MAX_SMALL_PART = 256 * 1024 * 1024;
 const IMAGE_FILE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
-function checkHeader(engine: Engine, raw: unknown, opts: ImportOptions): BundleHeader {
+function checkHeader(engine: ImportDeps, raw: unknown, opts: ImportOptions): BundleHeader {
   const h = raw as Partial<BundleHeader>;
   if (!h || h.format !== BUNDLE_FORMAT) throw new BundleCorruptError('its header is not a Lockstep snapshot header');
   if (h.version !== BUNDLE_VERSION)
@@ -140,7 +161,7 @@ function newRecordId(prefix: string): string {
 
 /** Imports a bundle; returns the new snapshot's row. Nothing is left behind on failure. */
 export async function importSnapshot(
-  engine: Engine,
+  engine: ImportDeps,
   source: AsyncIterable<Buffer | Uint8Array | string>,
   opts: ImportOptions = {},
 ): Promise<SnapshotRow> {

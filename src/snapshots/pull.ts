@@ -18,11 +18,19 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import type { Engine } from '../api/engine.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import { ConnectionError, errorFromResponse } from '../errors-from-wire.js';
 import { importSnapshot } from './import.js';
 import type { SnapshotRow } from './snapshot-rows.js';
+import type { ImportDeps } from './import.js';
+import type { Logger } from '../log.js';
+import type { StatePaths } from '../paths.js';
+
+/** What pull.ts uses of the manager's services (api/engine.ts builds them). */
+export interface PullDeps extends ImportDeps {
+  log: Logger;
+  paths: StatePaths;
+}
 
 /** What a pull takes. */
 export interface PullOptions {
@@ -134,7 +142,7 @@ async function downloadOnce(
 }
 
 /** Pulls a snapshot from another server and imports it here. */
-export async function pullSnapshot(engine: Engine, opts: PullOptions): Promise<PullReport> {
+export async function pullSnapshot(engine: PullDeps, opts: PullOptions): Promise<PullReport> {
   const url = validatePull(opts);
   const maxAttempts = opts.maxAttempts ?? 8;
   if (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > 100)

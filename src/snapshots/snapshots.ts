@@ -16,7 +16,6 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { newId, type SandboxRow } from '../catalog/catalog.js';
-import type { Engine } from '../api/engine.js';
 import {
   AlreadyExistsError,
   InvalidArgumentError,
@@ -40,6 +39,33 @@ import {
   type SnapshotRow,
   type SnapshotTemplate,
 } from './snapshot-rows.js';
+import type { IntegrityDeps } from '../checkpoints/integrity.js';
+import type { ProcessImageDeps } from '../checkpoints/process-image.js';
+import type { ForkDeps } from '../checkpoints/fork.js';
+import type { HoldersDeps } from './holders.js';
+import type { CreateDeps } from '../lifecycle/create.js';
+import type { AgentState } from '../agent-state/agent-state.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { CriuClient, ProcessTable } from '../ports.js';
+import type { FaultHook } from '../faults.js';
+import type { ImageStore } from '../images/image-store.js';
+import type { InitWatcher } from '../instances/init-watcher.js';
+import type { Logger } from '../log.js';
+import type { StatePaths } from '../paths.js';
+
+/** What snapshots.ts uses of the manager's services (api/engine.ts builds them). */
+export interface SnapshotsDeps extends IntegrityDeps, ProcessImageDeps, ForkDeps, HoldersDeps, CreateDeps {
+  agent: AgentState;
+  catalog: Catalog;
+  criu: CriuClient;
+  fault: FaultHook;
+  images: ImageStore;
+  inits: InitWatcher;
+  log: Logger;
+  paths: StatePaths;
+  proc: ProcessTable;
+  withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+}
 
 export const MAX_SNAPSHOT_STARTS = 64;
 
@@ -87,7 +113,7 @@ export function validateStartCount(count: unknown): number {
 }
 
 /** The per-object lock of a snapshot (the sandbox-lock machinery, keyed by the snapshot id). */
-export async function withSnapshotLock<T>(engine: Engine, id: string, fn: () => Promise<T>): Promise<T> {
+export async function withSnapshotLock<T>(engine: SnapshotsDeps, id: string, fn: () => Promise<T>): Promise<T> {
   try {
     return await engine.withSandboxLock(id, fn);
   } catch (e) {
@@ -118,7 +144,7 @@ export function assertNameFree(rows: SnapshotRows, name: string | null, tenant: 
 
 /** Promotes a checkpoint to a named snapshot. */
 export async function createSnapshot(
-  engine: Engine,
+  engine: SnapshotsDeps,
   checkpointId: string,
   opts: SnapshotOptions,
 ): Promise<SnapshotRow> {
@@ -198,7 +224,7 @@ export async function createSnapshot(
 }
 
 /** Removes the records a snapshot holds (its rows of the lineage's records and its context); inside a transaction. */
-export function dropSnapshotRecords(engine: Engine, row: SnapshotRow): void {
+export function dropSnapshotRecords(engine: SnapshotsDeps, row: SnapshotRow): void {
   const db = engine.catalog.db;
   db.prepare('DELETE FROM agent_observations WHERE sandbox_id = ?').run(row.id);
   db.prepare('DELETE FROM agent_verdicts WHERE sandbox_id = ?').run(row.id);
@@ -207,7 +233,7 @@ export function dropSnapshotRecords(engine: Engine, row: SnapshotRow): void {
 }
 
 /** Deletes a snapshot; its files go once nothing else holds them. */
-export async function deleteSnapshot(engine: Engine, ref: string, tenant?: string | null): Promise<void> {
+export async function deleteSnapshot(engine: SnapshotsDeps, ref: string, tenant?: string | null): Promise<void> {
   const rows = new SnapshotRows(engine.catalog.db);
   const first = rows.require(ref, tenant);
   await withSnapshotLock(engine, first.id, async () => {
@@ -228,13 +254,13 @@ export async function deleteSnapshot(engine: Engine, ref: string, tenant?: strin
 }
 
 /** The context stored with a snapshot (null if its checkpoint had none). */
-export function snapshotContext(engine: Engine, ref: string, tenant?: string | null): AgentContext | null {
+export function snapshotContext(engine: SnapshotsDeps, ref: string, tenant?: string | null): AgentContext | null {
   const row = new SnapshotRows(engine.catalog.db).require(ref, tenant);
   return row.context_id ? engine.agent.contexts.get(row.context_id) : null;
 }
 
 async function startOne(
-  engine: Engine,
+  engine: SnapshotsDeps,
   snap: SnapshotRow,
   tmpl: SnapshotTemplate,
   tenant: string | null,
@@ -315,7 +341,7 @@ async function startOne(
 
 /** Starts `count` sandboxes from a snapshot (the fork path); one result each. They belong to the snapshot's tenant. */
 export async function startFromSnapshot(
-  engine: Engine,
+  engine: SnapshotsDeps,
   ref: string,
   opts: { count?: number | undefined; tenant?: string | null | undefined; signal?: AbortSignal | undefined } = {},
 ): Promise<ForkResult[]> {

@@ -13,13 +13,22 @@
  * present are not sent again); pull streams the store's verified chunks
  * straight into the import. Neither holds more than a few chunks.
  */
-import type { Engine } from '../api/engine.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
 import { openExport } from './export.js';
 import { importSnapshot } from './import.js';
 import { openSnapshotStore } from './open-store.js';
 import type { SnapshotRow } from './snapshot-rows.js';
 import type { BundleStat, SnapshotStore } from './store.js';
+import type { ExportDeps } from './export.js';
+import type { ImportDeps } from './import.js';
+import type { LockstepConfig } from '../config.js';
+import type { Logger } from '../log.js';
+
+/** What transfer.ts uses of the manager's services (api/engine.ts builds them). */
+export interface TransferDeps extends ExportDeps, ImportDeps {
+  config: LockstepConfig;
+  log: Logger;
+}
 
 /** How far a push or a pull has come; reported about once per chunk. */
 export interface TransferProgress {
@@ -87,7 +96,7 @@ export function validateStoreKey(key: unknown): string {
 }
 
 /** Opens the configured store, or STORE_NOT_CONFIGURED. */
-export async function configuredStore(engine: Engine): Promise<SnapshotStore> {
+export async function configuredStore(engine: TransferDeps): Promise<SnapshotStore> {
   const cfg = engine.config.snapshotStore;
   if (!cfg.url)
     throw new LockstepError(
@@ -103,7 +112,7 @@ function scope(store: SnapshotStore, tenant: string | null | undefined): Snapsho
 }
 
 async function withStore<T>(
-  engine: Engine,
+  engine: TransferDeps,
   opts: TransferCommon,
   fn: (store: SnapshotStore) => Promise<T>,
 ): Promise<T> {
@@ -116,7 +125,7 @@ async function withStore<T>(
 }
 
 /** Exports the snapshot into the store under `key`. */
-export async function pushSnapshot(engine: Engine, ref: string, opts: PushOptions = {}): Promise<PushReport> {
+export async function pushSnapshot(engine: TransferDeps, ref: string, opts: PushOptions = {}): Promise<PushReport> {
   if (opts.key !== undefined) validateStoreKey(opts.key);
   const started = performance.now();
   return withStore(engine, opts, async (store) => {
@@ -145,7 +154,7 @@ export async function pushSnapshot(engine: Engine, ref: string, opts: PushOption
 
 /** Imports the bundle stored under `key` (in the tenant's part of the store) as a new snapshot. */
 export async function pullFromStore(
-  engine: Engine,
+  engine: TransferDeps,
   key: string,
   opts: StorePullOptions = {},
 ): Promise<StorePullReport> {
@@ -177,12 +186,12 @@ export async function pullFromStore(
 }
 
 /** The tenant's bundles in the store. */
-export async function listStored(engine: Engine, opts: TransferCommon = {}): Promise<BundleStat[]> {
+export async function listStored(engine: TransferDeps, opts: TransferCommon = {}): Promise<BundleStat[]> {
   return withStore(engine, opts, (store) => store.list());
 }
 
 /** Removes a bundle from the tenant's part of the store (its chunks go at the next `lockstep store gc`). */
-export async function deleteStored(engine: Engine, key: string, opts: TransferCommon = {}): Promise<void> {
+export async function deleteStored(engine: TransferDeps, key: string, opts: TransferCommon = {}): Promise<void> {
   validateStoreKey(key);
   await withStore(engine, opts, (store) => store.delete(key));
 }

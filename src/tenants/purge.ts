@@ -6,12 +6,22 @@
  * tenant row go. If a sandbox cannot be removed the tenant stays (revoked),
  * and running the command again finishes the job.
  */
-import type { Engine } from '../api/engine.js';
 import { InvalidStateError } from '../errors.js';
 import { removeSandbox } from '../lifecycle/remove.js';
 import { deleteSnapshot } from '../snapshots/snapshots.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
 import { removeTenant, revokeTenantToken } from './tenants.js';
+import type { RemoveDeps } from '../lifecycle/remove.js';
+import type { SnapshotsDeps } from '../snapshots/snapshots.js';
+import type { Catalog } from '../catalog/catalog.js';
+import type { Logger } from '../log.js';
+
+/** What purge.ts uses of the manager's services (api/engine.ts builds them). */
+export interface PurgeDeps extends RemoveDeps, SnapshotsDeps {
+  catalog: Catalog;
+  log: Logger;
+  withSandboxLock<T>(id: string, fn: () => Promise<T>, opts?: { timeoutMs?: number }): Promise<T>;
+}
 
 /** What a purge removed. */
 export interface PurgeReport {
@@ -21,7 +31,7 @@ export interface PurgeReport {
 }
 
 /** Removes a tenant with everything it has (Tenants.purge, `tenant rm --force`). */
-export async function purgeTenantOf(engine: Engine, name: string): Promise<PurgeReport> {
+export async function purgeTenantOf(engine: PurgeDeps, name: string): Promise<PurgeReport> {
   const db = engine.catalog.db;
   const tenant = revokeTenantToken(db, name);
   const removed: string[] = [];
