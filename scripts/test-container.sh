@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `npm run test:container`: the integration tests inside a privileged Docker
-# container, the README's container route run for real.
+# container, the container route of docs/testing.md run for real.
 #
 #   scripts/test-container.sh [ava arguments]   # default: every integration test file
 #   scripts/test-container.sh --image-only      # build (or find) the image, run nothing

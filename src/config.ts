@@ -2,7 +2,7 @@
  * One configuration object per manager. `Lockstep.open()` resolves it once,
  * from its options, then the environment, then the defaults; nothing below
  * the manager reads `process.env`, so two managers in one process can differ.
- * The README's table of environment variables is checked against
+ * The table of environment variables in docs/configuration.md is checked against
  * ENVIRONMENT (test/unit/config.test.ts), in both directions.
  */
 import os from 'node:os';

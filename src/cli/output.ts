@@ -1,7 +1,7 @@
 /**
  * CLI output: stable JSON with --json, readable text otherwise; colour only
  * on a terminal and never when NO_COLOR or CI is set. Exit codes are
- * documented in the README ("Exit codes").
+ * documented in docs/cli.md, "Exit codes".
  */
 import { LockstepError, type ErrorCode } from '../errors.js';
 import { envValue } from '../config.js';
@@ -28,13 +28,13 @@ export class UsageError extends LockstepError {
   }
 }
 
-/** An exit code of the CLI (README, "Exit codes"). */
+/** An exit code of the CLI (docs/cli.md, "Exit codes"). */
 export type ExitCode = (typeof EXIT)[keyof typeof EXIT];
 
 /**
  * The exit code of every error code, in one table the compiler keeps
  * complete (a new ErrorCode does not build until it has an exit code here),
- * grouped as the README's "Exit codes" table lists them.
+ * grouped as the "Exit codes" table of docs/cli.md lists them.
  */
 export const EXIT_CODE = {
   // 2: bad usage or input

@@ -1,4 +1,4 @@
-/** One configuration object: options beat the environment, which beats the defaults; the README's table is the list. */
+/** One configuration object: options beat the environment, which beats the defaults; docs/configuration.md's table is the list. */
 import test from 'ava';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -7,11 +7,10 @@ import { DEFAULTS, ENVIRONMENT, resolveConfig } from '../../src/config.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
-/** The README's "Configuration" table: each variable with its default cell. */
-function readmeVariables(): Map<string, string> {
-  const text = fs.readFileSync(path.join(root, 'README.md'), 'utf8');
-  const section = text.slice(text.indexOf('\n## Configuration\n'));
-  const table = section.slice(0, section.indexOf('\n## ', 5));
+/** docs/configuration.md's table: each variable with its default cell. */
+function documentedVariables(): Map<string, string> {
+  const text = fs.readFileSync(path.join(root, 'docs', 'configuration.md'), 'utf8');
+  const table = text.slice(text.indexOf('# Configuration\n'));
   const out = new Map<string, string>();
   for (const line of table.split('\n')) {
     const cells = line.split('|').map((c) => c.trim());
@@ -21,20 +20,20 @@ function readmeVariables(): Map<string, string> {
   return out;
 }
 
-test("the README's table lists exactly the variables Lockstep reads", (t) => {
-  const documented = [...readmeVariables().keys()].sort();
+test("docs/configuration.md's table lists exactly the variables Lockstep reads", (t) => {
+  const documented = [...documentedVariables().keys()].sort();
   t.true(documented.length > 10, 'the table was not found');
   t.deepEqual(documented, Object.keys(ENVIRONMENT).sort());
 });
 
-test("the README's defaults are the manager's defaults", (t) => {
-  const table = readmeVariables();
+test("docs/configuration.md's defaults are the manager's defaults", (t) => {
+  const table = documentedVariables();
   const defaults = resolveConfig({}, {});
   for (const [name, v] of Object.entries(ENVIRONMENT)) {
     if (!('key' in v) || !(v.key in DEFAULTS)) continue;
     t.true(
       table.get(name)!.includes(String(defaults[v.key])),
-      `${name}: README says ${table.get(name)}, the code ${String(defaults[v.key])}`,
+      `${name}: docs/configuration.md says ${table.get(name)}, the code ${String(defaults[v.key])}`,
     );
   }
 });

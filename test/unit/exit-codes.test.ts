@@ -1,6 +1,6 @@
 /**
  * The CLI's exit codes come from one table keyed by error code
- * (src/cli/output.ts, EXIT_CODE), and the README's "Exit codes" table is
+ * (src/cli/output.ts, EXIT_CODE), and docs/cli.md's "Exit codes" table is
  * that table: every code in exactly one row, the row of its exit code.
  */
 import test from 'ava';
@@ -12,11 +12,11 @@ import { EXIT, EXIT_CODE, exitCodeFor } from '../../src/cli/output.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
-/** The README's "Exit codes" table: exit code -> the error codes its row lists. */
-function readmeExitCodes(): Map<number, string[]> {
-  const text = fs.readFileSync(path.join(root, 'README.md'), 'utf8');
-  const start = text.indexOf('\n#### Exit codes\n');
-  if (start < 0) throw new Error('README.md has no "#### Exit codes" section');
+/** docs/cli.md's "Exit codes" table: exit code -> the error codes its row lists. */
+function documentedExitCodes(): Map<number, string[]> {
+  const text = fs.readFileSync(path.join(root, 'docs', 'cli.md'), 'utf8');
+  const start = text.indexOf('\n## Exit codes\n');
+  if (start < 0) throw new Error('docs/cli.md has no "## Exit codes" section');
   const section = text.slice(start + 1);
   const table = section.slice(0, section.search(/\n#{2,4} /));
   const rows = new Map<number, string[]>();
@@ -48,8 +48,8 @@ test('what is not a known Lockstep error exits 1, never 0', (t) => {
   t.is(exitCodeFor(new LockstepError('SOMETHING_NEW' as ErrorCode, 'x')), EXIT.failure);
 });
 
-test("the README's table lists every code once, in the row of its exit code", (t) => {
-  const rows = readmeExitCodes();
+test("docs/cli.md's table lists every code once, in the row of its exit code", (t) => {
+  const rows = documentedExitCodes();
   t.deepEqual(
     [...rows.keys()].sort(),
     Object.values(EXIT).sort((a, b) => a - b),
