@@ -21,7 +21,7 @@ import type { Engine } from '../src/api/engine.js';
 import { hostOf } from '../src/lifecycle/instance-host.js';
 import type { SandboxRow } from '../src/catalog/catalog.js';
 import type { CriuRequest } from '../src/native/binding.js';
-import { dumpOptions, restoreOptions } from '../src/checkpoints/process-image.js';
+import { dumpOptions, restoreOptions } from '../src/instances/criu-options.js';
 import { criuBinary } from '../src/host/criu-service.js';
 import { startTime } from '../src/host/proc.js';
 import { projectRoot } from '../src/native/binding.js';
@@ -181,7 +181,8 @@ export class CriuCli {
    */
   dumpArgs(instance: string, pid: number, dir: string, logLevel = 2, freezeCgroup = false): string[] {
     const e = this.ls.engine;
-    const req = dumpOptions(e, this.row(instance, pid), dir);
+    const row = this.row(instance, pid);
+    const req = dumpOptions(e, { initPid: pid, instance: row.instance, egress: Boolean(row.network) }, dir);
     const args = ['dump', '-t', String(pid), '-D', dir, '-o', 'dump.log', `-v${logLevel}`, ...criuCliFlags(e, req)];
     if (freezeCgroup) args.push('--freeze-cgroup', req.freezeCgroup!);
     return args;

@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { CriuError, InvalidArgumentError, InvalidStateError, LockstepError, StoreFullError } from '../errors.js';
 import { processVitals } from '../host/proc.js';
-import { dumpOptions } from './process-image.js';
+import { dumpOptions } from '../instances/criu-options.js';
 import { shareProcessImageWith } from '../instances/id-shift.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { AgentState } from '../agent-state/agent-state.js';
@@ -161,12 +161,20 @@ export async function checkpointSandbox(
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
-      await engine.criu.dump(dumpOptions(engine, row, imagesDir)).catch((e: unknown) => {
-        // What the init was when frozen, and after: says whether something had killed it (pending SIGKILL, bit 9).
-        if (e instanceof LockstepError)
-          Object.assign(e.details, { initVitals: { frozen: vitals, afterDump: processVitals(row.init_pid!) } });
-        throw e;
-      });
+      await engine.criu
+        .dump(
+          dumpOptions(
+            engine,
+            { initPid: row.init_pid!, instance: row.instance, egress: Boolean(row.network) },
+            imagesDir,
+          ),
+        )
+        .catch((e: unknown) => {
+          // What the init was when frozen, and after: says whether something had killed it (pending SIGKILL, bit 9).
+          if (e instanceof LockstepError)
+            Object.assign(e.details, { initVitals: { frozen: vitals, afterDump: processVitals(row.init_pid!) } });
+          throw e;
+        });
       t.dumpMs = performance.now() - ts;
       engine.fault('checkpoint:dumped');
     } finally {

@@ -14,7 +14,8 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidStateError, NotFoundError } from '../errors.js';
 import { hostOf } from '../lifecycle/instance-host.js';
-import { restoreOptions } from './process-image.js';
+import { restoreInstance } from '../instances/restore.js';
+import { limitsOf } from '../lifecycle/create.js';
 import { prepareRestoredNetwork, swapLinks } from '../network/sandbox-network.js';
 import { outsideConnections, type ConnectionInfo } from '../network/connections.js';
 import {
@@ -116,26 +117,34 @@ export async function restoreSandboxTo(
   opId: string,
   t: Partial<RollbackTimings>,
 ): Promise<number> {
-  const { runtime, layers } = engine;
   await killCurrentTree(engine, row, opId, t);
 
   let m = performance.now();
-  runtime.unmountRoot(row.instance);
-  // The cgroup, and so its limits, stay; mountRoot sets the disk quota.
-  await layers.resetUpperTo(row.instance, ckpt.layer_id);
-  t.layerMs = performance.now() - m;
-  engine.fault('rollback:layer-reset');
-
-  m = performance.now();
-  await runtime.mountRoot({ ...hostOf(engine, row), runtimeLayer: ckpt.runtime_layer });
-  t.mountMs = performance.now() - m;
-  engine.fault('rollback:mounted');
-
-  m = performance.now();
-  // The old tree's namespace (and with it its eth0) is going away: a fresh pair for the restored one.
-  const veth = await prepareRestoredNetwork(engine, row.instance, row, { standby: false });
-  const pid = await engine.criu.restore(
-    restoreOptions(engine, row.instance, engine.paths.processImage(ckpt.id), row.id_base, veth),
+  const pid = await restoreInstance(
+    engine,
+    {
+      host: { ...hostOf(engine, row), runtimeLayer: ckpt.runtime_layer },
+      limits: limitsOf(row),
+      layerId: ckpt.layer_id,
+      processImage: engine.paths.processImage(ckpt.id),
+      fromIdBase: null,
+    },
+    {
+      inPlace: true,
+      // The old tree's namespace (and with it its eth0) is going away: a fresh pair for the restored one.
+      network: () => prepareRestoredNetwork(engine, row.instance, row, { standby: false }),
+      at: (point) => {
+        const now = performance.now();
+        if (point === 'layer') {
+          t.layerMs = now - m;
+          engine.fault('rollback:layer-reset');
+        } else if (point === 'mounted') {
+          t.mountMs = now - m;
+          engine.fault('rollback:mounted');
+        }
+        m = performance.now();
+      },
+    },
   );
   t.restoreMs = performance.now() - m;
   engine.fault('rollback:restored');
