@@ -23,7 +23,14 @@ import { spawnDetached, validateCommand } from '../instances/commands.js';
 import { RELAY_PATH } from '../instances/background-output.js';
 import { CommandHandle, inputBytes } from './sandbox-commands.js';
 import type { SandboxCore } from './sandbox-core.js';
-import { dataRecords, relayInputs, relayReady, resizeRecord, timelineOf, type FifoAddress } from '../instances/relay.js';
+import {
+  dataRecords,
+  relayInputs,
+  relayReady,
+  resizeRecord,
+  timelineOf,
+  type FifoAddress,
+} from '../instances/relay.js';
 
 /** At most this many entries of PTY_DIR are read to list the PTYs (three per PTY: about 680 PTYs). */
 export const MAX_PTY_ENTRIES_LISTED = 2048;

@@ -57,7 +57,6 @@ export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWith
 
 const enc = encodeURIComponent;
 
-
 /** A handle on a sandbox of the calling tenant, over HTTP. */
 export class Sandbox {
   readonly commands: RemoteCommands;
@@ -450,7 +449,6 @@ export class RemoteCommands {
     return { ...result, stdout, stderr };
   }
 }
-
 
 /** A file being downloaded. */
 export interface RemoteReadStream {

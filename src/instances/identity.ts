@@ -23,12 +23,7 @@ export interface IdentityDeps {
  * time is read on both sides of the membership check, so a pid that changed
  * hands in between is not taken for the init.
  */
-export function isInitOf(
-  engine: IdentityDeps,
-  instance: string,
-  pid: number | null,
-  start: number | null,
-): boolean {
+export function isInitOf(engine: IdentityDeps, instance: string, pid: number | null, start: number | null): boolean {
   if (pid === null || start === null) return false;
   if (engine.proc.startTime(pid) !== start) return false;
   if (!engine.cgroups.pids(engine.runtime.cgroupName(instance)).includes(pid)) return false;
