@@ -27,8 +27,6 @@ import { assertSupportedPlatform, native as loadNative } from '../native/binding
 import { HostError, InvalidArgumentError } from '../errors.js';
 import { reap, type ReapReport } from '../lifecycle/reaper.js';
 import { AgentState } from '../agent-state/agent-state.js';
-import { migrateAgentState } from '../agent-state/schema.js';
-import { migrateTenants } from '../tenants/tenants.js';
 import { Tenants } from './tenants.js';
 import { createSandbox, type CreateOptions } from '../lifecycle/create.js';
 import { removeSandbox } from '../lifecycle/remove.js';
@@ -172,7 +170,7 @@ export class Lockstep {
     }
 
     const log = opts.logger ?? createLogger(config.logLevel);
-    const catalog = new Catalog(paths.catalog, [migrateAgentState, migrateTenants]);
+    const catalog = new Catalog(paths.catalog);
     opened(catalog);
     fault('open:catalog');
     const layers = opts.layers ?? LayerStore.open(paths, config);

@@ -8,13 +8,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import {
-  Catalog,
-  MIGRATIONS,
-  SCHEMA_VERSION,
-  migrateCatalog,
-  type CatalogMigration,
-} from '../../src/catalog/catalog.js';
+import { Catalog } from '../../src/catalog/catalog.js';
+import { MIGRATIONS, SCHEMA_VERSION, migrateCatalog, type CatalogMigration } from '../../src/catalog/migrations.js';
 
 function tempFile(t: { teardown: (fn: () => void) => void }): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-migrations-'));
