@@ -269,16 +269,17 @@ export class Catalog {
           @created_at, @expires_at, @instance, @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base, @network, @net_slot)`,
     ).run({ network: null, net_slot: null, ...row });
   }
-  updateSandbox(id: string, fields: Partial<SandboxRow>): void {
+  /** Sets fields of a sandbox's row; returns the row as updated (undefined: no such sandbox). */
+  updateSandbox(id: string, fields: Partial<SandboxRow>): SandboxRow | undefined {
     const keys = Object.keys(fields);
-    if (!keys.length) return;
-    this.statement(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`).run({
-      ...fields,
-      id,
-    });
+    if (!keys.length) return this.sandbox(id);
+    const row = this.statement(
+      `UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id RETURNING *`,
+    ).get({ ...fields, id }) as SandboxRow | undefined;
     // A sandbox that stops (its init exited, a failed rollback) or goes closes its exposed ports:
     // one place, whichever path stopped it (src/network/exposed-ports.ts).
     if (fields.state === 'stopped' || fields.state === 'removing') this.deleteExposuresOf(id);
+    return row;
   }
   /** Closes every exposed port of a sandbox (its rows; the proxy looks them up per connection). */
   deleteExposuresOf(sandboxId: string): void {
