@@ -179,7 +179,7 @@ test('unsynced() commits without fsync, then puts synchronous=FULL back, also wh
   t.is(seen, 2, 'a transaction keeps its level');
 });
 
-/** The agent-state tables at their version 1, as src/agent-state/schema.ts wrote them (with agent_state_meta). */
+/** The agent-state tables at their version 1, as Lockstep wrote them before catalog version 10 (with agent_state_meta). */
 const AGENT_STATE_V1_SQL = `
 CREATE TABLE IF NOT EXISTS agent_state_meta (
   key   TEXT PRIMARY KEY,
