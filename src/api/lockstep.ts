@@ -7,7 +7,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type net from 'node:net';
 import { createHash } from 'node:crypto';
+import type BetterSqlite3 from 'better-sqlite3';
 import { Catalog } from '../catalog/catalog.js';
+import { migrateExtension } from '../catalog/extensions.js';
 import { detectCgroups, type CgroupDriver } from '../host/cgroups.js';
 import { CriuService } from '../host/criu-service.js';
 import { Supervisor } from '../host/supervisor.js';
@@ -27,8 +29,6 @@ import { assertSupportedPlatform, native as loadNative } from '../native/binding
 import { HostError, InvalidArgumentError } from '../errors.js';
 import { reap, type ReapReport } from '../lifecycle/reaper.js';
 import { AgentState } from '../agent-state/agent-state.js';
-import { migrateAgentState } from '../agent-state/schema.js';
-import { migrateTenants } from '../tenants/tenants.js';
 import { Tenants } from './tenants.js';
 import { createSandbox, type CreateOptions } from '../lifecycle/create.js';
 import { removeSandbox } from '../lifecycle/remove.js';
@@ -172,7 +172,7 @@ export class Lockstep {
     }
 
     const log = opts.logger ?? createLogger(config.logLevel);
-    const catalog = new Catalog(paths.catalog, [migrateAgentState, migrateTenants]);
+    const catalog = new Catalog(paths.catalog);
     opened(catalog);
     fault('open:catalog');
     const layers = opts.layers ?? LayerStore.open(paths, config);
@@ -258,6 +258,21 @@ export class Lockstep {
   /** The manager's logger (OpenOptions.logger, or its own pino logger); front ends log through child loggers of it. */
   get logger(): Logger {
     return this.engine.log;
+  }
+
+  /**
+   * The catalog's SQLite database, for a catalog extension that keeps its
+   * own tables in it (the LangGraph saver, src/integrations/langgraph.ts):
+   * first brings the tables of the extension registered under `name`
+   * (src/catalog/extensions.ts) to their latest version. Refuses an
+   * unregistered name (INVALID_ARGUMENT) and tables written by a newer
+   * Lockstep (CATALOG_TOO_NEW). The extension reads and writes its own
+   * tables only; the catalog's are the manager's.
+   */
+  extensionDatabase(name: string): BetterSqlite3.Database {
+    this.assertOpen();
+    migrateExtension(this.engine.catalog.db, name);
+    return this.engine.catalog.db;
   }
 
   /**

@@ -5,7 +5,10 @@
  */
 import { networkInfo, type NetworkInfo } from '../host/network/policy.js';
 import { slotAddresses } from '../host/network/addresses.js';
+import type BetterSqlite3 from 'better-sqlite3';
 import type { SandboxRow } from '../catalog/catalog.js';
+import { migrateExtension } from '../catalog/extensions.js';
+import type { Logger } from '../log.js';
 import type { Engine } from './engine.js';
 import { CPU_PERIOD_US } from '../host/cgroups.js';
 import type { AgentContext } from '../context/formats.js';
@@ -137,6 +140,21 @@ export class Sandbox {
     this.effects = new SandboxEffects(this.core);
     this.verdicts = new SandboxVerdicts(this.core, raw);
     this.ports = new SandboxPorts(this.core);
+  }
+
+  /** The logger of the sandbox's manager (Lockstep.logger). */
+  get logger(): Logger {
+    return this.core.engine.log;
+  }
+
+  /**
+   * The catalog database of the sandbox's manager, for a catalog extension:
+   * the same as Lockstep.extensionDatabase(name), which runs that
+   * extension's schema steps first.
+   */
+  extensionDatabase(name: string): BetterSqlite3.Database {
+    migrateExtension(this.core.engine.catalog.db, name);
+    return this.core.engine.catalog.db;
   }
 
   info(): SandboxInfo {

@@ -1,14 +1,17 @@
 /**
  * The catalog: durable metadata in SQLite (WAL, synchronous=FULL). It holds
  * images, sandboxes, layers, checkpoints and the operation journal that
- * makes checkpoint, rollback and fork crash-safe. A checkpoint exists once
+ * makes checkpoint, rollback and fork crash-safe; the same database holds
+ * the agent state, tenants and stored replies, whose modules read and write
+ * their own rows. Every table is made and upgraded by src/catalog/migrations.ts. A checkpoint exists once
  * its row is committed; everything on disk without a row is garbage the
  * reaper removes.
  */
 import Database from 'better-sqlite3';
 import fs from 'node:fs';
 import { randomBytes } from 'node:crypto';
-import { LockstepError, NotFoundError } from '../errors.js';
+import { NotFoundError } from '../errors.js';
+import { migrateCatalog } from './migrations.js';
 
 export type SandboxState = 'creating' | 'running' | 'stopped' | 'removing';
 
@@ -113,244 +116,6 @@ export interface OperationRow {
   started_at: number;
 }
 
-// ---- schema versions ---------------------------------------------------------
-// The catalog's schema version is SQLite's `user_version`. Each numbered step
-// below moves a catalog from the previous version to its own, in a transaction
-// of its own that also records the new version, so a crash leaves the
-// catalog at a whole version. Opening runs the steps a catalog lacks; a
-// catalog from a newer Lockstep is refused (CATALOG_TOO_NEW), never guessed at.
-//
-// To change the schema: append a step with the next number (and say in
-// CHANGELOG.md whether the on-disk change is breaking). Never edit or reorder
-// a step that has shipped: catalogs already past it will not run it again.
-// Steps are idempotent (CREATE ... IF NOT EXISTS, addColumn skips existing
-// columns), because catalogs written before versions were recorded start at
-// 0 with some of the later tables and columns already in place.
-
-/** One forward step of the catalog schema. */
-export interface CatalogMigration {
-  version: number;
-  /** What the step adds, for logs and the changelog. */
-  description: string;
-  up(db: Database.Database): void;
-}
-
-/** Adds a column unless the table already has it. */
-export function addColumn(db: Database.Database, table: string, column: string, type: string): void {
-  const cols = db.prepare(`PRAGMA table_info(${table})`).all() as { name: string }[];
-  if (!cols.some((c) => c.name === column)) db.exec(`ALTER TABLE ${table} ADD COLUMN ${column} ${type}`);
-}
-
-/** Every schema step, in order; the last one's number is SCHEMA_VERSION. */
-export const MIGRATIONS: readonly CatalogMigration[] = [
-  {
-    version: 1,
-    description: 'images, sandboxes, layers, checkpoints and the operation journal',
-    up: (db) =>
-      db.exec(`
-CREATE TABLE IF NOT EXISTS images (
-  name TEXT PRIMARY KEY,
-  rootfs TEXT NOT NULL,
-  source TEXT NOT NULL,
-  size_bytes INTEGER NOT NULL DEFAULT 0,
-  created_at INTEGER NOT NULL,
-  deleted INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS sandboxes (
-  id TEXT PRIMARY KEY,
-  tenant TEXT,
-  image TEXT NOT NULL REFERENCES images(name),
-  runtime_layer TEXT NOT NULL,
-  state TEXT NOT NULL,
-  init_pid INTEGER,
-  init_start INTEGER,
-  memory_bytes INTEGER,
-  pids_max INTEGER,
-  hostname TEXT NOT NULL,
-  lineage_id TEXT NOT NULL,
-  branch_id TEXT NOT NULL,
-  head_checkpoint_id TEXT,
-  forked_from TEXT,
-  env TEXT NOT NULL DEFAULT '{}',
-  metadata TEXT NOT NULL DEFAULT '{}',
-  created_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sandboxes_tenant ON sandboxes(tenant);
-CREATE TABLE IF NOT EXISTS layers (
-  id TEXT PRIMARY KEY,
-  kind TEXT NOT NULL CHECK (kind IN ('upper', 'checkpoint')),
-  sandbox_id TEXT NOT NULL,
-  created_at INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS checkpoints (
-  id TEXT PRIMARY KEY,
-  sandbox_id TEXT NOT NULL REFERENCES sandboxes(id),
-  parent_id TEXT,
-  layer_id TEXT NOT NULL REFERENCES layers(id),
-  image TEXT NOT NULL REFERENCES images(name),
-  runtime_layer TEXT NOT NULL,
-  branch_id TEXT NOT NULL,
-  label TEXT,
-  ledger_cursor INTEGER NOT NULL DEFAULT 0,
-  context_id TEXT,
-  sizes TEXT NOT NULL DEFAULT '{}',
-  timings TEXT NOT NULL DEFAULT '{}',
-  created_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id);
-CREATE TABLE IF NOT EXISTS operations (
-  id TEXT PRIMARY KEY,
-  kind TEXT NOT NULL,
-  sandbox_id TEXT NOT NULL,
-  phase TEXT NOT NULL,
-  payload TEXT NOT NULL DEFAULT '{}',
-  started_at INTEGER NOT NULL
-);`),
-  },
-  {
-    version: 2,
-    description: 'sandbox lifetimes (sandboxes.expires_at)',
-    up: (db) => addColumn(db, 'sandboxes', 'expires_at', 'INTEGER'),
-  },
-  {
-    version: 3,
-    description: 'instances and warm standbys',
-    up: (db) => {
-      for (const [col, type] of [
-        ['instance', 'TEXT'],
-        ['standby_instance', 'TEXT'],
-        ['standby_checkpoint', 'TEXT'],
-        ['standby_pid', 'INTEGER'],
-        ['standby_start', 'INTEGER'],
-      ] as const) {
-        addColumn(db, 'sandboxes', col, type);
-      }
-      db.exec('UPDATE sandboxes SET instance = id WHERE instance IS NULL');
-    },
-  },
-  {
-    version: 4,
-    description: 'checksums recorded at checkpoint time (checkpoints.checksums)',
-    up: (db) => addColumn(db, 'checkpoints', 'checksums', 'TEXT'),
-  },
-  {
-    version: 5,
-    description:
-      'checkpoints made durable after they are runnable (checkpoints.durable_at, boot_id); standby LRU order (sandboxes.standby_at)',
-    up: (db) => {
-      addColumn(db, 'checkpoints', 'durable_at', 'INTEGER');
-      addColumn(db, 'checkpoints', 'boot_id', 'TEXT');
-      // The standby policy's LRU order (src/checkpoints/standby-policy.ts).
-      addColumn(db, 'sandboxes', 'standby_at', 'INTEGER');
-      // Every checkpoint before this step was durable when its row committed.
-      db.exec('UPDATE checkpoints SET durable_at = created_at WHERE durable_at IS NULL');
-    },
-  },
-  {
-    version: 6,
-    description: 'named snapshots that outlive their sandbox (snapshots)',
-    up: (db) =>
-      db.exec(`
-CREATE TABLE IF NOT EXISTS snapshots (
-  id                TEXT PRIMARY KEY,
-  tenant            TEXT,
-  name              TEXT,
-  metadata          TEXT NOT NULL DEFAULT '{}',
-  size_bytes        INTEGER NOT NULL,
-  layer_id          TEXT NOT NULL,
-  process_image     TEXT NOT NULL,
-  image             TEXT NOT NULL REFERENCES images(name),
-  image_source      TEXT NOT NULL,
-  runtime_layer     TEXT NOT NULL,
-  checksums         TEXT NOT NULL,
-  context_id        TEXT,
-  lineage_id        TEXT NOT NULL,
-  ledger_cursor     INTEGER NOT NULL DEFAULT 0,
-  source_sandbox    TEXT,
-  source_checkpoint TEXT,
-  template          TEXT NOT NULL,
-  digest            TEXT,
-  bundle_bytes      INTEGER,
-  created_at        INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS snapshots_name ON snapshots(coalesce(tenant, ''), name) WHERE name IS NOT NULL;
-CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots(tenant);
-CREATE INDEX IF NOT EXISTS snapshots_layer ON snapshots(layer_id);`),
-  },
-  {
-    version: 7,
-    description:
-      'network modes (sandboxes.network, sandboxes.net_slot) and the outside connections a checkpoint held (checkpoints.connections)',
-    up: (db) => {
-      addColumn(db, 'sandboxes', 'network', 'TEXT');
-      addColumn(db, 'sandboxes', 'net_slot', 'INTEGER');
-      db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_net_slot ON sandboxes(net_slot)');
-      addColumn(db, 'checkpoints', 'connections', 'TEXT');
-    },
-  },
-  {
-    version: 8,
-    description: 'exposed ports of sandboxes, reached through the manager (exposures; tokens kept as sha256 hashes)',
-    up: (db) =>
-      db.exec(`
-CREATE TABLE IF NOT EXISTS exposures (
-  id          TEXT PRIMARY KEY,
-  sandbox_id  TEXT NOT NULL,
-  tenant      TEXT,
-  port        INTEGER NOT NULL,
-  token_hash  TEXT NOT NULL,
-  created_at  INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS exposures_port ON exposures(sandbox_id, port);`),
-  },
-];
-
-/** The schema version this build of Lockstep writes. */
-export const SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
-
-/** The catalog was written by a newer Lockstep than this one; nothing was changed. */
-export class CatalogVersionError extends LockstepError {
-  constructor(file: string, found: number, supported: number) {
-    super(
-      'CATALOG_TOO_NEW',
-      `The catalog ${file} has schema version ${found}, newer than version ${supported} that ` +
-        `this Lockstep understands: upgrade Lockstep (downgrades are not supported)`,
-      {
-        details: { file, found, supported },
-      },
-    );
-  }
-}
-
-/**
- * Brings a catalog database forward to the last step of `steps`, one
- * transaction per step; returns the version it started from.
- * Refuses (CatalogVersionError) a catalog newer than the last step.
- */
-export function migrateCatalog(
-  db: Database.Database,
-  steps: readonly CatalogMigration[] = MIGRATIONS,
-  file = db.name,
-): number {
-  const target = steps[steps.length - 1]!.version;
-  const current = () => db.pragma('user_version', { simple: true }) as number;
-  const from = current();
-  if (from > target) throw new CatalogVersionError(file, from, target);
-  for (const step of steps) {
-    // IMMEDIATE: take the write lock up front, so concurrent managers opening
-    // the same directory wait (busy_timeout) and then see the step done,
-    // instead of failing to upgrade a read transaction ("database is locked").
-    db.transaction(() => {
-      const v = current();
-      if (v > target) throw new CatalogVersionError(file, v, target);
-      if (v >= step.version) return;
-      step.up(db);
-      db.pragma(`user_version = ${step.version}`);
-    }).immediate();
-  }
-  return from;
-}
-
 /** Random ids with a readable prefix: sbx_, ckpt_, lyr_, op_, br_. */
 export function newId(prefix: string): string {
   return `${prefix}_${randomBytes(9).toString('base64url').replace(/[-_]/g, 'x').toLowerCase()}`;
@@ -359,10 +124,10 @@ export function newId(prefix: string): string {
 /** Typed access to the catalog database. */
 export class Catalog {
   readonly db: Database.Database;
-  private readonly extraMigrations: ((db: Database.Database) => void)[] = [];
   private readonly statements = new Map<string, Database.Statement>();
 
-  constructor(file: string, migrations: ((db: Database.Database) => void)[] = []) {
+  /** Opens (or creates) the catalog file and brings its schema to SCHEMA_VERSION (src/catalog/migrations.ts). */
+  constructor(file: string) {
     const existed = fs.existsSync(file);
     this.db = new Database(file);
     if (!existed) fs.chmodSync(file, 0o600);
@@ -370,25 +135,12 @@ export class Catalog {
     this.db.pragma('synchronous = FULL');
     this.db.pragma('foreign_keys = ON');
     this.db.pragma('busy_timeout = 10000');
-    this.extraMigrations = migrations;
-    this.migrate();
-  }
-
-  private migrate(): void {
-    migrateCatalog(this.db);
-    // Tables owned by other modules (agent state, tenants): idempotent, run on every open.
-    // Columns added with the old ad-hoc pattern go here until folded into MIGRATIONS.
-    this.db
-      .transaction(() => {
-        // Resource limits beyond memory and pids (CPU, I/O, disk quota).
-        for (const col of ['cpu_weight', 'cpu_quota_us', 'io_weight', 'disk_bytes'])
-          addColumn(this.db, 'sandboxes', col, 'INTEGER');
-        // User namespaces: each sandbox's host id range.
-        addColumn(this.db, 'sandboxes', 'id_base', 'INTEGER');
-        this.db.exec('CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_id_base ON sandboxes(id_base)');
-        for (const m of this.extraMigrations) m(this.db);
-      })
-      .immediate();
+    try {
+      migrateCatalog(this.db);
+    } catch (e) {
+      this.db.close();
+      throw e;
+    }
   }
 
   close(): void {
@@ -517,16 +269,17 @@ export class Catalog {
           @created_at, @expires_at, @instance, @cpu_weight, @cpu_quota_us, @io_weight, @disk_bytes, @id_base, @network, @net_slot)`,
     ).run({ network: null, net_slot: null, ...row });
   }
-  updateSandbox(id: string, fields: Partial<SandboxRow>): void {
+  /** Sets fields of a sandbox's row; returns the row as updated (undefined: no such sandbox). */
+  updateSandbox(id: string, fields: Partial<SandboxRow>): SandboxRow | undefined {
     const keys = Object.keys(fields);
-    if (!keys.length) return;
-    this.statement(`UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id`).run({
-      ...fields,
-      id,
-    });
+    if (!keys.length) return this.sandbox(id);
+    const row = this.statement(
+      `UPDATE sandboxes SET ${keys.map((k) => `${k} = @${k}`).join(', ')} WHERE id = @id RETURNING *`,
+    ).get({ ...fields, id }) as SandboxRow | undefined;
     // A sandbox that stops (its init exited, a failed rollback) or goes closes its exposed ports:
     // one place, whichever path stopped it (src/network/exposed-ports.ts).
     if (fields.state === 'stopped' || fields.state === 'removing') this.deleteExposuresOf(id);
+    return row;
   }
   /** Closes every exposed port of a sandbox (its rows; the proxy looks them up per connection). */
   deleteExposuresOf(sandboxId: string): void {

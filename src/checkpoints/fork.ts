@@ -120,15 +120,20 @@ async function forkOne(
     const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));
     engine.fault('fork:restored');
     await addForkPolicy(engine, child);
-    catalog.tx(() => {
+    const running = catalog.tx(() => {
       catalog.insertLayer(`upper_${id}`, 'upper', id);
-      catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: engine.proc.startTime(pid) ?? null });
-      engine.agent.onFork(parent, ckpt, catalog.sandbox(id)!);
-      onCreated?.(catalog.sandbox(id)!);
+      const r = catalog.updateSandbox(id, {
+        state: 'running',
+        init_pid: pid,
+        init_start: engine.proc.startTime(pid) ?? null,
+      })!;
+      engine.agent.onFork(parent, ckpt, r);
+      onCreated?.(r);
       catalog.endOperation(opId);
+      return r;
     });
     engine.fault('fork:committed');
-    engine.inits.track(catalog.sandbox(id)!);
+    engine.inits.track(running);
     return { ok: true, id, pid, ms: performance.now() - started };
   } catch (e) {
     engine.log.warn({ err: e, sandboxId: id }, 'fork failed; removing it');

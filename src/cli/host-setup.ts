@@ -16,7 +16,7 @@ import Database from 'better-sqlite3';
 import { assertSupportedPlatform, helperPath, initPath, native, projectRoot, relayPath } from '../native/binding.js';
 import { HostError, InvalidArgumentError, SETUP_COMMAND } from '../errors.js';
 import { StatePaths, resolveHome } from '../paths.js';
-import { SCHEMA_VERSION } from '../catalog/catalog.js';
+import { SCHEMA_VERSION } from '../catalog/migrations.js';
 import { ImageStore, buildCacheDir, listRecipes, recipeHash, validateImageName } from '../images/image-store.js';
 import { FS_MAGIC } from '../native/binding.js';
 import { Lockstep } from '../api/lockstep.js';

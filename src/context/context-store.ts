@@ -17,7 +17,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import type BetterSqlite3 from 'better-sqlite3';
 import { Packr } from 'msgpackr';
 import { NotFoundError } from '../errors.js';
-import { migrateAgentState } from '../agent-state/schema.js';
+import { ensureTables } from '../catalog/migrations.js';
 import { type AgentContext, contextHeader, contextItems, rebuild, validateContext } from './formats.js';
 
 type Database = BetterSqlite3.Database;
@@ -77,7 +77,7 @@ export class ContextStore {
   constructor(db: Database, clock: () => number = Date.now) {
     this.db = db;
     this.clock = clock;
-    migrateAgentState(db);
+    ensureTables(db, 'agent-state');
     this.stmt = {
       addItem: db.prepare(`INSERT OR IGNORE INTO agent_context_items(hash, data, refs) VALUES (?, ?, 1)`),
       refItem: db.prepare(`UPDATE agent_context_items SET refs = refs + 1 WHERE hash = ?`),

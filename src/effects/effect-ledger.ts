@@ -18,7 +18,7 @@ import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import type BetterSqlite3 from 'better-sqlite3';
 import { InvalidArgumentError, InvalidStateError, LockstepError, NotFoundError } from '../errors.js';
-import { migrateAgentState } from '../agent-state/schema.js';
+import { ensureTables } from '../catalog/migrations.js';
 import { type EffectScope, type JsonValue, canonicalJson, deriveKey } from './idempotency.js';
 import { memo } from '../provenance/memo.js';
 
@@ -216,7 +216,7 @@ export class EffectLedger {
   constructor(db: Database, clock: () => number = Date.now) {
     this.db = db;
     this.clock = clock;
-    migrateAgentState(db);
+    ensureTables(db, 'agent-state');
     const live = LIVE.map((s) => `'${s}'`).join(',');
     this.stmt = {
       byId: db.prepare(`SELECT * FROM agent_effects WHERE id = ?`),

@@ -21,6 +21,9 @@
  * - pending writes: table `langgraph_writes` in the catalog. They arrive
  *   after their checkpoint was taken, and a Lockstep checkpoint's context is
  *   immutable, so they cannot live in it.
+ * Both tables are the catalog extension `langgraph` (src/catalog/extensions.ts):
+ * made when a saver asks for the database (`extensionDatabase`), versioned
+ * in `catalog_extensions`.
  *
  * Channel values follow LangGraph's versioning (what its conformance suite
  * checks): a checkpoint holds the value of a channel named in `newVersions`
@@ -52,6 +55,7 @@ import type { RollbackReport } from '../checkpoints/rollback.js';
 import type { RollbackAgentOptions } from '../agent-state/agent-state.js';
 import { InvalidArgumentError, InvalidStateError, LockstepError } from '../errors.js';
 import { createLogger, type Logger } from '../log.js';
+import { migrateExtension, registerExtension, type CatalogExtension } from '../catalog/extensions.js';
 
 /** LangChain's RunnableConfig, taken from the saver's own signature so this file needs no @langchain/core import. */
 export type RunnableConfig = Parameters<BaseCheckpointSaver['put']>[0];
@@ -101,7 +105,7 @@ interface CommonOptions {
   /** LangGraph serializer (default: LangGraph's JsonPlusSerializer). */
   serde?: SerializerProtocol | undefined;
   logger?: Logger | undefined;
-  /** @internal The catalog database; taken from the sandbox or manager when omitted. */
+  /** @internal The catalog database; taken from the sandbox or manager (`extensionDatabase`) when omitted. */
   db?: BetterSqlite3.Database | undefined;
 }
 
@@ -124,7 +128,8 @@ export const LABEL_PREFIX = 'langgraph:';
 /** Key of the wrapper used when the serde produces something other than JSON. */
 const SERDE_KEY = '__lockstep_serde';
 
-const SCHEMA = `
+/** The saver's tables as their version 1 made them. */
+const TABLES_V1 = `
 CREATE TABLE IF NOT EXISTS langgraph_checkpoints (
   thread_id TEXT NOT NULL,
   checkpoint_ns TEXT NOT NULL,
@@ -150,6 +155,23 @@ CREATE TABLE IF NOT EXISTS langgraph_writes (
   PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
 );
 `;
+
+/**
+ * The saver's tables in the catalog, as a catalog extension. Version 1 is
+ * what savers made on every open before extensions were versioned
+ * (idempotent: such catalogs already have the tables).
+ */
+export const LANGGRAPH_EXTENSION: CatalogExtension = {
+  name: 'langgraph',
+  migrations: [
+    {
+      version: 1,
+      description: 'LangGraph checkpoint index and pending writes (langgraph_checkpoints, langgraph_writes)',
+      up: (db) => db.exec(TABLES_V1),
+    },
+  ],
+};
+registerExtension(LANGGRAPH_EXTENSION);
 
 interface IndexRow {
   thread_id: string;
@@ -183,20 +205,21 @@ export class LockstepSaver extends BaseCheckpointSaver {
     this.followTimeTravel = options.followTimeTravel ?? true;
     this.rollbackOptions = options.rollback ?? {};
     this.onTimeTravel = options.onTimeTravel;
-    let db = options.db;
-    let log = options.logger;
+    // A real Sandbox or Lockstep gives the catalog database and the log
+    // through its public API; the saver's own types (and unit tests' fakes) need not.
+    let owner: Partial<Pick<Sandbox | Lockstep, 'extensionDatabase' | 'logger'>>;
     if ('sandbox' in options) {
       this.single = options.sandbox;
-      const engine = (options.sandbox as Partial<Sandbox>).core?.engine;
-      db ??= engine?.catalog.db;
-      log ??= engine?.log;
+      owner = options.sandbox as Partial<Sandbox>;
     } else {
       this.lockstep = options.lockstep;
       this.sandboxFor = options.sandboxFor;
-      const engine = (options.lockstep as Partial<Lockstep>).engine;
-      db ??= engine?.catalog.db;
-      log ??= engine?.log;
+      owner = options.lockstep as Partial<Lockstep>;
     }
+    let db = options.db;
+    if (db) migrateExtension(db, LANGGRAPH_EXTENSION.name);
+    else db = owner.extensionDatabase?.(LANGGRAPH_EXTENSION.name);
+    const log = options.logger ?? owner.logger;
     if (!db)
       throw new InvalidArgumentError(
         'db',
@@ -205,7 +228,6 @@ export class LockstepSaver extends BaseCheckpointSaver {
       );
     this.db = db;
     this.log = (log ?? createLogger()).child({ component: 'langgraph' });
-    this.db.exec(SCHEMA);
     // Lockstep checkpoints deleted behind the saver's back (sandbox removed,
     // deleteCheckpoint) leave index rows and writes that point nowhere.
     this.db.exec(`DELETE FROM langgraph_checkpoints WHERE lockstep_checkpoint_id NOT IN (SELECT id FROM checkpoints);

@@ -309,12 +309,11 @@ export async function createSandbox(engine: CreateDeps, options: CreateOptions):
     await engine.runtime.mountRoot(hostOf(engine, row));
     const { pid, start } = await engine.runtime.startInit(hostOf(engine, row));
     await attachNewSandbox(engine, row, pid);
-    engine.catalog.tx(() => {
+    const created = engine.catalog.tx(() => {
       engine.catalog.insertLayer(`upper_${id}`, 'upper', id);
-      engine.catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: start });
+      return engine.catalog.updateSandbox(id, { state: 'running', init_pid: pid, init_start: start })!;
     });
     log.info({ pid, image: image.name }, 'sandbox created');
-    const created = engine.catalog.sandbox(id)!;
     engine.inits.track(created);
     return created;
   } catch (e) {

@@ -15,7 +15,7 @@
 import { randomBytes } from 'node:crypto';
 import type BetterSqlite3 from 'better-sqlite3';
 import { InvalidArgumentError, NotFoundError } from '../errors.js';
-import { migrateAgentState } from '../agent-state/schema.js';
+import { ensureTables } from '../catalog/migrations.js';
 import { memo } from './memo.js';
 
 type Database = BetterSqlite3.Database;
@@ -102,7 +102,7 @@ export class ObservationLog {
   constructor(db: Database, clock: () => number = Date.now) {
     this.db = db;
     this.clock = clock;
-    migrateAgentState(db);
+    ensureTables(db, 'agent-state');
     this.stmt = {
       insert: db.prepare(`INSERT INTO agent_observations
         (id, sandbox_id, branch_id, lineage_id, epoch_checkpoint_id, kind, tool_call_id, subject, content_hash,

@@ -13,6 +13,8 @@
  * request ran, but its reply was too large to keep.
  */
 import type Database from 'better-sqlite3';
+import { ensureTables } from '../catalog/migrations.js';
+import { ROW_OVERHEAD } from '../catalog/schema/replies.js';
 
 /** What a request answered. */
 export interface StoredResponse {
@@ -31,38 +33,20 @@ export interface StoredReply extends StoredResponse {
   replyBytes: number;
 }
 
-/** What a row costs beside its body: the key, the hash, and SQLite's own bytes of a row (about). */
-export const ROW_OVERHEAD = 64;
+export { ROW_OVERHEAD };
 
 /** The bytes a row costs: its body (none when not kept), key and hash, and the row's own. */
 export function rowBytes(key: string, requestHash: string, bodyBytes: number): number {
   return bodyBytes + Buffer.byteLength(key) + requestHash.length + ROW_OVERHEAD;
 }
 
-/** Creates the replies table (idempotent). */
+/**
+ * Makes the replies table on a database the catalog did not open (idempotent).
+ * The catalog makes and upgrades it itself (src/catalog/schema/replies.ts, a
+ * step of src/catalog/migrations.ts): on a catalog this does nothing.
+ */
 export function migrateIdempotency(db: Database.Database): void {
-  db.exec(`
-CREATE TABLE IF NOT EXISTS http_idempotency (
-  tenant       TEXT NOT NULL,
-  key          TEXT NOT NULL,
-  request_hash TEXT NOT NULL,
-  status       INTEGER NOT NULL,
-  body         TEXT NOT NULL,
-  streamed     INTEGER NOT NULL DEFAULT 0,
-  created_at   INTEGER NOT NULL,
-  PRIMARY KEY (tenant, key)
-);
-CREATE INDEX IF NOT EXISTS http_idempotency_created ON http_idempotency(created_at);`);
-  // Byte accounting (issue 23, finding 11) came later: older rows are measured once.
-  const cols = db.prepare('PRAGMA table_info(http_idempotency)').all() as { name: string }[];
-  if (!cols.some((c) => c.name === 'bytes')) {
-    db.exec(`ALTER TABLE http_idempotency ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE http_idempotency ADD COLUMN kept INTEGER NOT NULL DEFAULT 1;
-ALTER TABLE http_idempotency ADD COLUMN reply_bytes INTEGER NOT NULL DEFAULT 0;
-UPDATE http_idempotency SET reply_bytes = length(CAST(body AS BLOB)),
-  bytes = length(CAST(body AS BLOB)) + length(key) + length(request_hash) + ${ROW_OVERHEAD};`);
-  }
-  db.exec('CREATE INDEX IF NOT EXISTS http_idempotency_tenant ON http_idempotency(tenant, created_at)');
+  ensureTables(db, 'replies');
 }
 
 /** The replies table of one catalog. */

@@ -16,6 +16,8 @@ import type Database from 'better-sqlite3';
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import { AlreadyExistsError, InvalidArgumentError, InvalidStateError, NotFoundError } from '../errors.js';
 import { NETWORK_MODES, type NetworkMode } from '../host/network/policy.js';
+import { ensureTables } from '../catalog/migrations.js';
+import { newTenantId } from '../catalog/schema/tenants.js';
 
 /** A tenant as callers see it (never the token or its hash). */
 export interface Tenant {
@@ -75,60 +77,15 @@ interface TenantRow {
 export const TOKEN_PREFIX = 'lst_';
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
-/** A new tenant id: "tn_" and 20 random base32 characters (100 bits). */
-export function newTenantId(): string {
-  const alphabet = 'abcdefghijklmnopqrstuvwxyz234567';
-  return 'tn_' + [...randomBytes(20)].map((b) => alphabet[b & 31]).join('');
-}
+export { newTenantId };
 
 /**
- * Creates the tenants table (idempotent). The catalog runs it inside its
- * migration transaction; callers that open a database the catalog did not
- * migrate may run it themselves.
- *
- * Catalogs from before tenant ids: each tenant gets an id, and its
- * sandboxes and stored responses are re-keyed from its name to that id, in
- * the same transaction. Rows left by a tenant removed before (keyed by a
- * name no tenant has) keep that name, which no id can equal: no tenant
- * ever sees them.
+ * Makes the tenants table on a database the catalog did not open (idempotent).
+ * The catalog makes and upgrades it itself (src/catalog/schema/tenants.ts, a
+ * step of src/catalog/migrations.ts): on a catalog this does nothing.
  */
 export function migrateTenants(db: Database.Database): void {
-  db.transaction(() => {
-    db.exec(`
-CREATE TABLE IF NOT EXISTS tenants (
-  name          TEXT PRIMARY KEY,
-  token_hash    BLOB NOT NULL UNIQUE,
-  created_at    INTEGER NOT NULL,
-  max_sandboxes INTEGER,
-  max_memory_mb INTEGER,
-  id            TEXT
-);`);
-    // CPU and checkpoint quotas came later: tables made before lack them.
-    const cols = db.prepare('PRAGMA table_info(tenants)').all() as { name: string }[];
-    // maxDiskMb (issue 23) later still.
-    for (const col of ['default_cpu_weight', 'max_cpu_weight', 'max_checkpoint_mb', 'max_disk_mb']) {
-      if (!cols.some((c) => c.name === col)) db.exec(`ALTER TABLE tenants ADD COLUMN ${col} INTEGER`);
-    }
-    // Network modes (issue 13) came later still.
-    for (const col of ['default_network', 'max_network']) {
-      if (!cols.some((c) => c.name === col)) db.exec(`ALTER TABLE tenants ADD COLUMN ${col} TEXT`);
-    }
-    if (!cols.some((c) => c.name === 'id')) db.exec('ALTER TABLE tenants ADD COLUMN id TEXT');
-    db.exec('CREATE UNIQUE INDEX IF NOT EXISTS tenants_id ON tenants(id)');
-    const unkeyed = db.prepare('SELECT name FROM tenants WHERE id IS NULL').all() as { name: string }[];
-    if (unkeyed.length === 0) return;
-    const hasTable = (t: string) =>
-      db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(t) !== undefined;
-    const rekey = [
-      hasTable('sandboxes') ? 'sandboxes' : null,
-      hasTable('http_idempotency') ? 'http_idempotency' : null,
-    ].filter((t): t is string => t !== null);
-    for (const { name } of unkeyed) {
-      const id = newTenantId();
-      db.prepare('UPDATE tenants SET id = ? WHERE name = ?').run(id, name);
-      for (const table of rekey) db.prepare(`UPDATE ${table} SET tenant = ? WHERE tenant = ?`).run(id, name);
-    }
-  })();
+  ensureTables(db, 'tenants');
 }
 
 /** Checks a tenant name: lower-case letters, digits, "-" and "_", at most 63 characters. */

@@ -2,7 +2,7 @@ import { statSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import test, { type ExecutionContext } from 'ava';
 import Database from 'better-sqlite3';
-import { migrateAgentState } from '../../src/agent-state/schema.js';
+import { ensureTables } from '../../src/catalog/migrations.js';
 import { ContextStore, MAX_DEPTH } from '../../src/context/context-store.js';
 import {
   type AgentContext,
@@ -273,11 +273,11 @@ test('writes join the caller transaction: a checkpoint that fails leaves no trac
   t.deepEqual(store.stats(), before);
 });
 
-test('migrateAgentState is idempotent and creates every table', (t) => {
+test('ensureTables(agent-state) is idempotent and creates every table', (t) => {
   const db = openDb(t);
-  migrateAgentState(db);
-  migrateAgentState(db);
-  db.transaction(() => migrateAgentState(db))();
+  ensureTables(db, 'agent-state');
+  ensureTables(db, 'agent-state');
+  db.transaction(() => ensureTables(db, 'agent-state'))();
   const tables = db
     .prepare(`SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'agent_%' ORDER BY name`)
     .pluck()
@@ -288,7 +288,6 @@ test('migrateAgentState is idempotent and creates every table', (t) => {
     'agent_effect_views',
     'agent_effects',
     'agent_observations',
-    'agent_state_meta',
     'agent_verdicts',
   ]);
 });

@@ -48,7 +48,7 @@ class FakeWatcher implements PidWatcher {
 
 function setup(t: { teardown: (fn: () => void) => void }) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-inits-'));
-  const catalog = new Catalog(path.join(dir, 'catalog.db'), []);
+  const catalog = new Catalog(path.join(dir, 'catalog.db'));
   catalog.putImage({ name: 'base', rootfs: '/nowhere', source: 'test', size_bytes: 0, created_at: 0, deleted: 0 });
   const killed: string[] = [];
   const alive = new Map<number, number>();

@@ -6,6 +6,7 @@
  */
 import test from 'ava';
 import Database from 'better-sqlite3';
+import { EXTENSIONS_TABLE } from '../../src/catalog/schema/extensions.js';
 import { HumanMessage, AIMessage } from '@langchain/core/messages';
 import {
   Annotation,
@@ -99,6 +100,7 @@ class FakeSandbox {
 function world() {
   const db = new Database(':memory:');
   db.exec('CREATE TABLE checkpoints (id TEXT PRIMARY KEY)');
+  db.exec(EXTENSIONS_TABLE);
   const contexts = new ContextStore(db);
   const sandboxes = new Map<string, FakeSandbox>();
   const make = (id: string) => {

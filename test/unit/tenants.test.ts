@@ -4,6 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { Catalog, type SandboxState } from '../../src/catalog/catalog.js';
+import { MIGRATIONS, type TableGroup } from '../../src/catalog/migrations.js';
 import {
   addTenant,
   authenticate,
@@ -25,15 +26,25 @@ import {
   tenantUsage,
 } from '../../src/tenants/quotas.js';
 
-function catalog(t: { teardown: (fn: () => void) => void }, migrations = [migrateTenants]): Catalog {
+function catalog(t: { teardown: (fn: () => void) => void }): Catalog {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'lockstep-tenants-'));
-  const c = new Catalog(path.join(dir, 'catalog.db'), migrations);
+  const c = new Catalog(path.join(dir, 'catalog.db'));
   c.putImage({ name: 'base', rootfs: '/nowhere', source: 'test', size_bytes: 0, created_at: 0, deleted: 0 });
   t.teardown(() => {
     c.close();
     fs.rmSync(dir, { recursive: true, force: true });
   });
   return c;
+}
+
+/** Closes c, sets its file back to the version before the first step of a group of tables, and opens it again. */
+function reopenBefore(t: { teardown: (fn: () => void) => void }, c: Catalog, group: TableGroup): Catalog {
+  c.db.pragma(`user_version = ${MIGRATIONS.find((m) => m.group === group)!.version - 1}`);
+  const file = c.db.name;
+  c.close();
+  const again = new Catalog(file);
+  t.teardown(() => again.close());
+  return again;
 }
 
 let n = 0;
@@ -134,13 +145,11 @@ test('names are validated; a name is unique; removal revokes the token and refus
 
 test('removing a tenant forgets its stored idempotent responses', (t) => {
   const c = catalog(t);
-  c.db.exec(
-    'CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)',
-  );
+  // The catalog has the replies table (src/catalog/schema/replies.ts).
   const { tenant } = addTenant(c.db, 'acme');
   c.db
     .prepare(
-      "INSERT INTO http_idempotency VALUES (?, 'k', 'h', 201, '{}', 0, 0), ('tn_other', 'k', 'h', 201, '{}', 0, 0), ('acme', 'k2', 'h', 201, '{}', 0, 0)",
+      "INSERT INTO http_idempotency (tenant, key, request_hash, status, body, streamed, created_at) VALUES (?, 'k', 'h', 201, '{}', 0, 0), ('tn_other', 'k', 'h', 201, '{}', 0, 0), ('acme', 'k2', 'h', 201, '{}', 0, 0)",
     )
     .run(tenant.id);
   removeTenant(c.db, 'acme');
@@ -172,8 +181,10 @@ test('a tenant added again under a removed name gets a new id and none of the ol
 });
 
 test('catalogs from before tenant ids: each tenant gets an id and its rows are re-keyed from name to id, once', (t) => {
-  const c = catalog(t, []);
-  // The tenants table as it was (no id column), with its rows keyed by name.
+  let c = catalog(t);
+  // The tenants table as it was (no id column), with its rows keyed by name, in a catalog from
+  // before the step that makes the tenants table.
+  c.db.exec('DROP TABLE tenants; DROP TABLE http_idempotency');
   c.db
     .exec(`CREATE TABLE tenants (name TEXT PRIMARY KEY, token_hash BLOB NOT NULL UNIQUE, created_at INTEGER NOT NULL, max_sandboxes INTEGER, max_memory_mb INTEGER);
     CREATE TABLE http_idempotency (tenant TEXT, key TEXT, request_hash TEXT, status INTEGER, body TEXT, streamed INTEGER, created_at INTEGER)`);
@@ -187,7 +198,7 @@ test('catalogs from before tenant ids: each tenant gets an id and its rows are r
     )
     .run();
 
-  migrateTenants(c.db);
+  c = reopenBefore(t, c, 'tenants');
   const acme = getTenant(c.db, 'acme');
   const globex = getTenant(c.db, 'globex');
   t.regex(acme.id, /^tn_/);
@@ -203,6 +214,7 @@ test('catalogs from before tenant ids: each tenant gets an id and its rows are r
 
   // Running it again changes nothing (a new tenant named like an old one stays apart).
   addTenant(c.db, 'removed-long-ago');
+  c = reopenBefore(t, c, 'tenants');
   migrateTenants(c.db);
   t.is(getTenant(c.db, 'acme').id, acme.id);
   t.is(c.sandbox(gone)!.tenant, 'removed-long-ago');

@@ -9,12 +9,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Catalog, newId, type SandboxRow } from '../../src/catalog/catalog.js';
 import { AgentState } from '../../src/agent-state/agent-state.js';
-import { migrateAgentState } from '../../src/agent-state/schema.js';
 
 /** Sandboxes' agent side over one catalog, with the core's checkpoint, rollback and fork bookkeeping done by hand. */
 function family(t: ExecutionContext) {
   const dir = mkdtempSync(join(tmpdir(), 'lockstep-verdict-timelines-'));
-  const catalog = new Catalog(join(dir, 'catalog.db'), [migrateAgentState]);
+  const catalog = new Catalog(join(dir, 'catalog.db'));
   t.teardown(() => {
     catalog.close();
     rmSync(dir, { recursive: true, force: true });

@@ -1,23 +1,20 @@
 /**
  * Tables of the agent-state half of a checkpoint: context snapshots, observations, verdicts
- * and the effect ledger. They live in the catalog database next to the core's tables but
- * never reference them with foreign keys: the core writes both in one transaction, and keeping
- * ids as plain TEXT lets either side evolve its schema alone.
+ * and the effect ledger (src/context/, src/provenance/, src/effects/, src/agent-state/). They
+ * live in the catalog database next to the core's tables but never reference them with foreign
+ * keys: the core writes both in one transaction, and keeping ids as plain TEXT lets either side
+ * evolve its schema alone.
+ *
+ * Until catalog version 12 these tables kept their own version in a table `agent_state_meta`
+ * (versions 1 to 3); steps 10 to 12 of src/catalog/migrations.ts are those versions, and step
+ * 12 drops that table.
  */
-import type { Database } from 'better-sqlite3';
-import { InvalidStateError } from '../errors.js';
+import type Database from 'better-sqlite3';
+import { InvalidStateError } from '../../errors.js';
+import { addColumn, hasTable } from './columns.js';
 
-/** Version of the agent-state tables; bump with a new step in MIGRATIONS. */
-export const AGENT_STATE_SCHEMA_VERSION = 3;
-
-// Every statement is idempotent (IF NOT EXISTS). No PRAGMA journal_mode, VACUUM or exclusive
-// locking: the owner of the connection decides those, and they fail inside transactions.
-const V1 = `
-CREATE TABLE IF NOT EXISTS agent_state_meta (
-  key   TEXT PRIMARY KEY,
-  value TEXT NOT NULL
-);
-
+/** The agent-state tables as their version 1 made them. */
+export const AGENT_STATE_TABLES = `
 -- Content-addressed context items (messages, response items, headers), shared by snapshots.
 -- A rowid table (not WITHOUT ROWID keyed by hash): rows of 1-2 KB appended in rowid order pack
 -- pages nearly full, where random-hash keys split pages and leave them half empty.
@@ -126,49 +123,50 @@ CREATE TABLE IF NOT EXISTS agent_effect_views (
 ) WITHOUT ROWID;
 `;
 
-// v2: the process that runs an effect through run() (pid:start-time), so
-// that only attempts interrupted by that process's death become unknown;
-// attempts begun through begin() are run by the caller and stay pending
-// until the caller settles them.
-const V2 = `ALTER TABLE agent_effects ADD COLUMN runner TEXT;`;
+/**
+ * Agent-state version 2: the process that runs an effect through run() (pid:start-time), so
+ * that only attempts interrupted by that process's death become unknown; attempts begun
+ * through begin() are run by the caller and stay pending until the caller settles them.
+ */
+export function addEffectRunner(db: Database.Database): void {
+  addColumn(db, 'agent_effects', 'runner', 'TEXT');
+}
 
-// v3: verdicts belong to the timeline they were made on (sealed by a checkpoint, abandoned by a
-// rollback), so that a rollback judges exactly the verdicts of the restored and abandoned
-// timelines. Verdicts recorded before the upgrade look unsealed: the next checkpoint seals them
-// into the sandbox's current timeline, which is where the agent last held them.
-const V3 = `ALTER TABLE agent_verdicts ADD COLUMN sealed_by TEXT;
-ALTER TABLE agent_verdicts ADD COLUMN abandoned_by TEXT;`;
+/**
+ * Agent-state version 3: verdicts belong to the timeline they were made on (sealed by a
+ * checkpoint, abandoned by a rollback), so that a rollback judges exactly the verdicts of the
+ * restored and abandoned timelines. Verdicts recorded before the upgrade look unsealed: the next
+ * checkpoint seals them into the sandbox's current timeline, which is where the agent last held
+ * them.
+ */
+export function addVerdictTimelines(db: Database.Database): void {
+  addColumn(db, 'agent_verdicts', 'sealed_by', 'TEXT');
+  addColumn(db, 'agent_verdicts', 'abandoned_by', 'TEXT');
+}
 
-const MIGRATIONS: readonly string[] = [V1, V2, V3];
+/** The last version `agent_state_meta` ever recorded. */
+const LAST_META_VERSION = 3;
 
-/** Creates or upgrades every agent-state table; idempotent and safe inside the caller's transaction. */
-export function migrateAgentState(db: Database): void {
-  // Fast path without a write lock: every store constructor calls this.
-  const hasMeta =
-    db.prepare(`SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agent_state_meta'`).get() !== undefined;
-  if (hasMeta) {
-    const v = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).pluck().get() as
-      string | undefined;
-    if (v !== undefined && Number(v) === AGENT_STATE_SCHEMA_VERSION) return;
-  }
-  // db.transaction() nests as a SAVEPOINT when the core already holds a transaction.
-  db.transaction(() => {
-    db.exec(MIGRATIONS[0]!);
-    const row = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).get() as
-      { value: string } | undefined;
-    const current = row === undefined ? 1 : Number(row.value);
-    if (current > AGENT_STATE_SCHEMA_VERSION) {
-      throw new InvalidStateError(
-        'AGENT_STATE_SCHEMA_TOO_NEW',
-        `The agent-state tables are at schema version ${current}, newer than ` +
-          `this build understands (${AGENT_STATE_SCHEMA_VERSION})`,
-        { current, supported: AGENT_STATE_SCHEMA_VERSION },
-      );
-    }
-    for (let v = current; v < MIGRATIONS.length; v++) db.exec(MIGRATIONS[v]!);
-    db.prepare(
-      `INSERT INTO agent_state_meta(key, value) VALUES ('schema_version', ?)
-                ON CONFLICT(key) DO UPDATE SET value = excluded.value`,
-    ).run(String(AGENT_STATE_SCHEMA_VERSION));
-  })();
+/**
+ * Refuses (AGENT_STATE_SCHEMA_TOO_NEW) agent-state tables whose `agent_state_meta` records a
+ * version above 3: a build this one does not know wrote them.
+ */
+export function refuseNewerAgentState(db: Database.Database): void {
+  if (!hasTable(db, 'agent_state_meta')) return;
+  const v = db.prepare(`SELECT value FROM agent_state_meta WHERE key = 'schema_version'`).pluck().get() as
+    string | undefined;
+  const current = v === undefined ? 1 : Number(v);
+  if (current > LAST_META_VERSION)
+    throw new InvalidStateError(
+      'AGENT_STATE_SCHEMA_TOO_NEW',
+      `The agent-state tables are at schema version ${current}, newer than ` +
+        `this build understands (${LAST_META_VERSION})`,
+      { current, supported: LAST_META_VERSION },
+    );
+}
+
+/** Drops `agent_state_meta`: the catalog's user_version now versions these tables. */
+export function dropAgentStateMeta(db: Database.Database): void {
+  refuseNewerAgentState(db);
+  db.exec('DROP TABLE IF EXISTS agent_state_meta');
 }
