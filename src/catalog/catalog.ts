@@ -529,7 +529,7 @@ export class Catalog {
   standbys(): Standby[] {
     return (
       this.statement(
-        "SELECT i.sandbox_id, i.id, i.checkpoint_id, i.pid, i.start, i.created_at FROM instances i " +
+        'SELECT i.sandbox_id, i.id, i.checkpoint_id, i.pid, i.start, i.created_at FROM instances i ' +
           "JOIN sandboxes s ON s.id = i.sandbox_id WHERE i.role = 'standby' ORDER BY i.created_at, s.created_at, s.rowid",
       ).all() as StandbyRow[]
     ).map(toStandby);
@@ -734,7 +734,14 @@ interface StandbyRow {
 }
 
 function toStandby(r: StandbyRow): Standby {
-  return { sandboxId: r.sandbox_id, instance: r.id, checkpoint: r.checkpoint_id, pid: r.pid, start: r.start, at: r.created_at };
+  return {
+    sandboxId: r.sandbox_id,
+    instance: r.id,
+    checkpoint: r.checkpoint_id,
+    pid: r.pid,
+    start: r.start,
+    at: r.created_at,
+  };
 }
 
 /** What IMAGE_NOT_FOUND says when a sandbox's or checkpoint's image row is gone: the commands that make it again. */

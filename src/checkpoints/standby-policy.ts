@@ -79,7 +79,11 @@ export function evictStandby(engine: StandbyPolicyDeps, victim: StandbyUse, why:
     .withSandboxLock(victim.sandboxId, async () => {
       // A rollback that had already chosen this standby may have swapped it in meanwhile.
       const fresh = engine.catalog.sandbox(victim.sandboxId);
-      if (fresh && (fresh.instance === victim.instance || engine.catalog.standby(victim.sandboxId)?.instance === victim.instance)) return;
+      if (
+        fresh &&
+        (fresh.instance === victim.instance || engine.catalog.standby(victim.sandboxId)?.instance === victim.instance)
+      )
+        return;
       await engine.runtime.destroy(victim.instance);
     })
     .catch((err: unknown) =>

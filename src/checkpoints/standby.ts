@@ -49,9 +49,7 @@ export function hasStandbyFor(
   checkpointId: string,
 ): boolean {
   const standby = engine.catalog.standby(row.id);
-  return (
-    standby?.checkpoint === checkpointId && isInitOf(engine, standby.instance, standby.pid, standby.start)
-  );
+  return standby?.checkpoint === checkpointId && isInitOf(engine, standby.instance, standby.pid, standby.start);
 }
 
 /** Removes the sandbox's standby, if any (idempotent). */

@@ -53,7 +53,12 @@ export async function openFake(
     await ls.close();
     if (!opts.home) fs.rmSync(home, { recursive: true, force: true });
   });
-  return { ls, host, engine, home, row: (id) => engine.catalog.sandbox(id)!,
+  return {
+    ls,
+    host,
+    engine,
+    home,
+    row: (id) => engine.catalog.sandbox(id)!,
     standby: (id) => engine.catalog.standby(id),
   };
 }
