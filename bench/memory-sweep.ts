@@ -96,9 +96,10 @@ async function untilGenerationAbove(sb: Sandbox, before: number): Promise<void> 
 /** Resident memory of the sandbox's warm standby (all its processes), in bytes; 0 without one. */
 function standbyRssBytes(ctx: BenchContext, sandboxId: string): number {
   const e = ctx.ls.engine;
-  const row = e.catalog.requireSandbox(sandboxId);
-  if (!row.standby_instance) return 0;
-  return e.cgroups.pids(e.runtime.cgroupName(row.standby_instance)).reduce((s, p) => s + rssKiB(p) * 1024, 0);
+  e.catalog.requireSandbox(sandboxId);
+  const standby = e.catalog.standby(sandboxId);
+  if (!standby) return 0;
+  return e.cgroups.pids(e.runtime.cgroupName(standby.instance)).reduce((s, p) => s + rssKiB(p) * 1024, 0);
 }
 
 function sandboxRssBytes(ctx: BenchContext, sandboxId: string): number {

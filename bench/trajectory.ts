@@ -150,7 +150,8 @@ function memoryNow(ls: Lockstep, sandboxId: string): { total: number; standby: n
   const { catalog, cgroups, runtime } = ls.engine;
   const row = catalog.sandbox(sandboxId)!;
   const own = cgroups.memoryBytes(runtime.cgroupName(row.instance));
-  const standby = row.standby_instance ? cgroups.memoryBytes(runtime.cgroupName(row.standby_instance)) : 0;
+  const key = catalog.standby(sandboxId)?.instance;
+  const standby = key ? cgroups.memoryBytes(runtime.cgroupName(key)) : 0;
   return { total: own + standby, standby };
 }
 

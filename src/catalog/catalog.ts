@@ -47,16 +47,10 @@ export interface SandboxRow {
   /**
    * Key of the host resources (run folder, writable layer, cgroup) of the
    * running instance. It starts as the sandbox id; a rollback to a warm
-   * standby swaps in the standby's key.
+   * standby swaps in the standby's key. Its `instances` row (role 'live')
+   * follows this column and init_pid/init_start through triggers.
    */
   instance: string;
-  /** A frozen, already-restored instance of standby_checkpoint, or null. */
-  standby_instance: string | null;
-  standby_checkpoint: string | null;
-  standby_pid: number | null;
-  standby_start: number | null;
-  /** When the standby was made (ms since the epoch): the policy evicts the least recently made first. */
-  standby_at?: number | null;
   /** CPU weight (cgroup v2 scale, 1-10000); null on rows made before limits existed. */
   cpu_weight: number | null;
   /** Hard CPU cap in microseconds per 100 ms period, or null for none. */
@@ -106,6 +100,24 @@ export interface CheckpointRow {
   /** JSON list of the TCP connections to the outside the tree held (egress sandboxes). */
   connections?: string | null;
 }
+
+/** A sandbox's warm standby: a frozen, already-restored instance of a checkpoint (an `instances` row of role 'standby'). */
+export interface Standby {
+  sandboxId: string;
+  /** Key of its host resources (run folder, writable layer, cgroup). */
+  instance: string;
+  checkpoint: string;
+  /** Its init process and that process's start time (a reused pid has another). */
+  pid: number | null;
+  start: number | null;
+  /** When it was made (ms since the epoch): the standby policy evicts the least recently made first. */
+  at: number;
+}
+
+/** What a `holds` row keeps: a layer (store/layers), an image (images row) or a process image folder. */
+export type HeldKind = 'layer' | 'image' | 'process-image';
+/** The kind of row that holds it. */
+export type HolderKind = 'sandbox' | 'checkpoint' | 'snapshot' | 'instance';
 
 export interface OperationRow {
   id: string;
@@ -194,17 +206,12 @@ export class Catalog {
     if (!row || row.deleted) throw new NotFoundError('image', name, imageGone(name));
     return row;
   }
-  /** The image of an existing sandbox or checkpoint, even if it was removed (hidden) since. */
-  /** Every instance key the catalog knows (current and standby), for the reaper. */
+  /** Every instance key the catalog knows (live and standby), for the reaper. */
   instanceKeys(): Set<string> {
-    const keys = new Set<string>();
-    for (const r of this.allSandboxes()) {
-      keys.add(r.instance ?? r.id);
-      if (r.standby_instance) keys.add(r.standby_instance);
-    }
-    return keys;
+    return new Set((this.statement('SELECT id FROM instances').all() as { id: string }[]).map((r) => r.id));
   }
 
+  /** The image of an existing sandbox or checkpoint, even if it was removed (hidden) since. */
   liveImageOrHidden(name: string): ImageRow {
     const row = this.image(name);
     if (!row) throw new NotFoundError('image', name, imageGone(name));
@@ -228,11 +235,62 @@ export class Catalog {
   deleteImageRow(name: string): void {
     this.statement('DELETE FROM images WHERE name = ?').run(name);
   }
+  /** How many rows (sandboxes, their instances, checkpoints, snapshots) hold the image. */
   imageReferences(name: string): number {
-    const a = this.statement('SELECT COUNT(*) AS n FROM sandboxes WHERE image = ?').get(name) as { n: number };
-    const b = this.statement('SELECT COUNT(*) AS n FROM checkpoints WHERE image = ?').get(name) as { n: number };
-    const c = this.statement('SELECT COUNT(*) AS n FROM snapshots WHERE image = ?').get(name) as { n: number };
-    return a.n + b.n + c.n;
+    return this.holders('image', name).length;
+  }
+
+  // ---- holds (kept by triggers: src/catalog/schema/instances.ts)
+  /** The rows that hold a layer, an image or a process image folder. */
+  holders(what: HeldKind, id: string): { holder_kind: HolderKind; holder_id: string }[] {
+    return this.statement('SELECT holder_kind, holder_id FROM holds WHERE what = ? AND id = ?').all(what, id) as {
+      holder_kind: HolderKind;
+      holder_id: string;
+    }[];
+  }
+  /** True while any row holds it: its files may go only once this is false. */
+  isHeld(what: HeldKind, id: string): boolean {
+    return !!this.statement('SELECT 1 FROM holds WHERE what = ? AND id = ? LIMIT 1').get(what, id);
+  }
+  /** Everything of one kind that some row (of one kind of holder, if given) holds. */
+  heldIds(what: HeldKind, holderKind?: HolderKind): Set<string> {
+    const rows = (
+      holderKind === undefined
+        ? this.statement('SELECT DISTINCT id FROM holds WHERE what = ?').all(what)
+        : this.statement('SELECT DISTINCT id FROM holds WHERE what = ? AND holder_kind = ?').all(what, holderKind)
+    ) as { id: string }[];
+    return new Set(rows.map((r) => r.id));
+  }
+
+  // ---- instances (the live one is kept by triggers on sandboxes)
+  /** The sandbox's warm standby, or undefined. */
+  standby(sandboxId: string): Standby | undefined {
+    const r = this.statement(
+      "SELECT sandbox_id, id, checkpoint_id, pid, start, created_at FROM instances WHERE sandbox_id = ? AND role = 'standby'",
+    ).get(sandboxId) as StandbyRow | undefined;
+    return r && toStandby(r);
+  }
+  /** Every warm standby, least recently made first. */
+  standbys(): Standby[] {
+    return (
+      this.statement(
+        'SELECT i.sandbox_id, i.id, i.checkpoint_id, i.pid, i.start, i.created_at FROM instances i ' +
+          "JOIN sandboxes s ON s.id = i.sandbox_id WHERE i.role = 'standby' ORDER BY i.created_at, s.created_at, s.rowid",
+      ).all() as StandbyRow[]
+    ).map(toStandby);
+  }
+  /** Records the sandbox's warm standby, replacing the one it had. */
+  setStandby(sandboxId: string, s: Omit<Standby, 'sandboxId'>): void {
+    this.tx(() => {
+      this.clearStandby(sandboxId);
+      this.statement(
+        "INSERT INTO instances (id, sandbox_id, role, checkpoint_id, pid, start, created_at) VALUES (?, ?, 'standby', ?, ?, ?, ?)",
+      ).run(s.instance, sandboxId, s.checkpoint, s.pid, s.start, s.at);
+    });
+  }
+  /** Forgets the sandbox's warm standby (its host resources are the caller's to destroy). */
+  clearStandby(sandboxId: string): void {
+    this.statement("DELETE FROM instances WHERE sandbox_id = ? AND role = 'standby'").run(sandboxId);
   }
 
   // ---- sandboxes
@@ -410,6 +468,26 @@ export class Catalog {
   operations(): OperationRow[] {
     return this.statement('SELECT * FROM operations ORDER BY started_at').all() as OperationRow[];
   }
+}
+
+interface StandbyRow {
+  sandbox_id: string;
+  id: string;
+  checkpoint_id: string;
+  pid: number | null;
+  start: number | null;
+  created_at: number;
+}
+
+function toStandby(r: StandbyRow): Standby {
+  return {
+    sandboxId: r.sandbox_id,
+    instance: r.id,
+    checkpoint: r.checkpoint_id,
+    pid: r.pid,
+    start: r.start,
+    at: r.created_at,
+  };
 }
 
 /** What IMAGE_NOT_FOUND says when a sandbox's or checkpoint's image row is gone: the commands that make it again. */

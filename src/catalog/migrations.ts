@@ -22,6 +22,7 @@
 import type Database from 'better-sqlite3';
 import { LockstepError } from '../errors.js';
 import { addColumn } from './schema/columns.js';
+import { instancesAndHolds } from './schema/instances.js';
 import { CORE_TABLES } from './schema/sandboxes.js';
 import { SNAPSHOTS_TABLE } from './schema/snapshots.js';
 import { EXPOSURES_TABLE } from './schema/exposures.js';
@@ -169,6 +170,12 @@ export const MIGRATIONS: readonly CatalogMigration[] = [
     version: 15,
     description: 'schema versions of catalog extensions (catalog_extensions)',
     up: (db) => db.exec(EXTENSIONS_TABLE),
+  },
+  {
+    version: 16,
+    description:
+      'process instances of sandboxes (instances, replacing sandboxes.standby_*) and who holds layers and images (holds), kept by triggers',
+    up: instancesAndHolds,
   },
 ];
 

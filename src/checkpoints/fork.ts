@@ -79,10 +79,6 @@ async function forkOne(
     created_at: Date.now(),
     expires_at: parent.expires_at,
     instance: id,
-    standby_instance: null,
-    standby_checkpoint: null,
-    standby_pid: null,
-    standby_start: null,
     id_base: null,
     net_slot: null,
     // A parent made before every layer had a limit: its forks get the default.

@@ -166,7 +166,8 @@ export async function swapInStandby(
   t: Partial<RollbackTimings>,
 ) {
   const { runtime, cgroups } = engine;
-  const key = row.standby_instance!;
+  const standby = engine.catalog.standby(row.id)!;
+  const key = standby.instance;
   // Freezing is enough here: the old tree can do nothing more, and killing a
   // big tree (waiting for its memory to be freed) happens after the answer,
   // with the rest of the old instance.
@@ -183,13 +184,7 @@ export async function swapInStandby(
     t.killMs = performance.now() - m;
     engine.fault('rollback:killed');
     m = performance.now();
-    parts = commitRollback(engine, row, ckpt, opId, row.standby_pid!, branchId, {
-      instance: key,
-      standby_instance: null,
-      standby_checkpoint: null,
-      standby_pid: null,
-      standby_start: null,
-    });
+    parts = commitRollback(engine, row, ckpt, opId, standby.pid!, branchId, { instance: key });
   } catch (e) {
     try {
       swapLinks(engine, row, key, row.instance);
@@ -211,7 +206,7 @@ export async function swapInStandby(
   t.layerMs = 0;
   t.mountMs = 0;
   t.restoreMs = performance.now() - m;
-  return { parts, pid: row.standby_pid!, oldInstance: row.instance };
+  return { parts, pid: standby.pid!, oldInstance: row.instance };
 }
 
 /**
@@ -246,6 +241,8 @@ export function commitRollback(
 ) {
   const { catalog } = engine;
   const parts = catalog.tx(() => {
+    // A standby swapped in is the live instance from now on: no longer the standby.
+    if (extra.instance !== undefined) catalog.clearStandby(row.id);
     catalog.updateSandbox(row.id, {
       state: 'running',
       init_pid: pid,
@@ -289,7 +286,7 @@ export async function rollbackSandbox(
   const branchId = newId('br');
   const t: Partial<RollbackTimings> = {};
   const t0 = performance.now();
-  const standby = hasStandbyFor(engine, row, ckpt.id) ? row.standby_instance : null;
+  const standby = hasStandbyFor(engine, row, ckpt.id) ? catalog.standby(row.id)!.instance : null;
   // Read before the tree is replaced (a bounded file read on libuv's pool; egress sandboxes only).
   const table = row.network ? await outsideConnections(row.init_pid) : { connections: [], truncated: false };
   const connectionsReset = table.connections;
@@ -341,14 +338,8 @@ export async function rollbackSandbox(
   }
   // A standby of another checkpoint is stale once the tree is replaced: forget
   // it now (the reaper removes it after a crash) and remove it after answering.
-  const staleStandby = row.standby_instance;
-  if (staleStandby)
-    catalog.updateSandbox(row.id, {
-      standby_instance: null,
-      standby_checkpoint: null,
-      standby_pid: null,
-      standby_start: null,
-    });
+  const staleStandby = catalog.standby(row.id)?.instance;
+  if (staleStandby) catalog.clearStandby(row.id);
   let parts: ReturnType<typeof commitRollback>;
   let pid: number | undefined;
   try {

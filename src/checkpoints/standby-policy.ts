@@ -37,17 +37,12 @@ export interface StandbyUse {
 
 /** Every standby of the state directory with its memory, least recently made first. */
 export function standbysInUse(engine: StandbyPolicyDeps): StandbyUse[] {
-  const out: StandbyUse[] = [];
-  for (const row of engine.catalog.allSandboxes()) {
-    if (!row.standby_instance) continue;
-    out.push({
-      sandboxId: row.id,
-      instance: row.standby_instance,
-      bytes: engine.cgroups.memoryBytes(engine.runtime.cgroupName(row.standby_instance)),
-      madeAt: row.standby_at ?? 0,
-    });
-  }
-  return out.sort((a, b) => a.madeAt - b.madeAt);
+  return engine.catalog.standbys().map((s) => ({
+    sandboxId: s.sandboxId,
+    instance: s.instance,
+    bytes: engine.cgroups.memoryBytes(engine.runtime.cgroupName(s.instance)),
+    madeAt: s.at,
+  }));
 }
 
 /**
@@ -78,19 +73,17 @@ export function makeRoomForStandby(engine: StandbyPolicyDeps, row: SandboxRow, b
 
 /** Takes a standby out of use now; its processes are removed behind its sandbox's lock. */
 export function evictStandby(engine: StandbyPolicyDeps, victim: StandbyUse, why: string): void {
-  engine.catalog.updateSandbox(victim.sandboxId, {
-    standby_instance: null,
-    standby_checkpoint: null,
-    standby_pid: null,
-    standby_start: null,
-    standby_at: null,
-  });
+  engine.catalog.clearStandby(victim.sandboxId);
   engine.log.info({ sandboxId: victim.sandboxId, bytes: victim.bytes }, `warm standby evicted ${why}`);
   void engine
     .withSandboxLock(victim.sandboxId, async () => {
       // A rollback that had already chosen this standby may have swapped it in meanwhile.
       const fresh = engine.catalog.sandbox(victim.sandboxId);
-      if (fresh && (fresh.instance === victim.instance || fresh.standby_instance === victim.instance)) return;
+      if (
+        fresh &&
+        (fresh.instance === victim.instance || engine.catalog.standby(victim.sandboxId)?.instance === victim.instance)
+      )
+        return;
       await engine.runtime.destroy(victim.instance);
     })
     .catch((err: unknown) =>

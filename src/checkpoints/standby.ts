@@ -44,28 +44,20 @@ export interface StandbyDeps extends ProcessImageDeps, IntegrityDeps, Durability
  * cgroup, which stays frozen until the swap, so the answer holds until then.
  */
 export function hasStandbyFor(
-  engine: Pick<StandbyDeps, 'cgroups' | 'runtime' | 'proc'>,
+  engine: Pick<StandbyDeps, 'catalog' | 'cgroups' | 'runtime' | 'proc'>,
   row: SandboxRow,
   checkpointId: string,
 ): boolean {
-  return (
-    row.standby_checkpoint === checkpointId &&
-    row.standby_instance !== null &&
-    isInitOf(engine, row.standby_instance, row.standby_pid, row.standby_start)
-  );
+  const standby = engine.catalog.standby(row.id);
+  return standby?.checkpoint === checkpointId && isInitOf(engine, standby.instance, standby.pid, standby.start);
 }
 
 /** Removes the sandbox's standby, if any (idempotent). */
 export async function dropStandby(engine: StandbyDeps, sandboxId: string): Promise<void> {
-  const row = engine.catalog.sandbox(sandboxId);
-  if (!row?.standby_instance) return;
-  engine.catalog.updateSandbox(sandboxId, {
-    standby_instance: null,
-    standby_checkpoint: null,
-    standby_pid: null,
-    standby_start: null,
-  });
-  await engine.runtime.destroy(row.standby_instance);
+  const standby = engine.catalog.standby(sandboxId);
+  if (!standby) return;
+  engine.catalog.clearStandby(sandboxId);
+  await engine.runtime.destroy(standby.instance);
 }
 
 /**
@@ -120,12 +112,12 @@ export async function prepareStandby(engine: StandbyDeps, sandboxId: string, ckp
     // And the budget again, with what the standby really holds.
     if (!makeRoomForStandby(engine, fresh, engine.cgroups.memoryBytes(runtime.cgroupName(key))))
       throw new Error('the standby does not fit the standby memory budget');
-    engine.catalog.updateSandbox(sandboxId, {
-      standby_instance: key,
-      standby_checkpoint: ckpt.id,
-      standby_pid: pid,
-      standby_start: start,
-      standby_at: engine.clock.now(),
+    engine.catalog.setStandby(sandboxId, {
+      instance: key,
+      checkpoint: ckpt.id,
+      pid,
+      start,
+      at: engine.clock.now(),
     });
     engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
   } catch (e) {

@@ -29,7 +29,7 @@ export interface TreeDeps extends StandbyDeps, PageStoreDeps, HoldersDeps {
 export async function deleteCheckpoint(engine: TreeDeps, row: SandboxRow, checkpointId: string): Promise<void> {
   const ckpt = engine.catalog.checkpoint(checkpointId);
   if (!ckpt || ckpt.sandbox_id !== row.id) throw new NotFoundError('checkpoint', checkpointId);
-  if (row.standby_checkpoint === ckpt.id) await dropStandby(engine, row.id);
+  if (engine.catalog.standby(row.id)?.checkpoint === ckpt.id) await dropStandby(engine, row.id);
   const { catalog } = engine;
   // Before the record goes: once it has, the reaper may remove the files.
   await detachImagesFrom(engine, row.id, ckpt.id);

@@ -20,7 +20,6 @@ export interface InitRow {
   state: string;
   init_pid: number | null;
   init_start: number | null;
-  standby_instance: string | null;
 }
 
 /** Where the watcher reads and writes sandbox rows (the catalog, in production). */
@@ -32,12 +31,13 @@ export interface InitRows {
       state: 'stopped';
       init_pid: null;
       init_start: null;
-      standby_instance: null;
-      standby_checkpoint: null;
-      standby_pid: null;
-      standby_start: null;
     },
   ): void;
+  /** The sandbox's warm standby, if it has one. */
+  standby(id: string): { instance: string } | undefined;
+  clearStandby(id: string): void;
+  /** Runs fn in one transaction. */
+  tx<T>(fn: () => T): T;
 }
 
 interface Watched {
@@ -166,23 +166,19 @@ export class InitWatcher {
         this.track(row);
         return;
       }
-      this.catalog.updateSandbox(sandboxId, {
-        state: 'stopped',
-        init_pid: null,
-        init_start: null,
-        standby_instance: null,
-        standby_checkpoint: null,
-        standby_pid: null,
-        standby_start: null,
+      const standby = this.catalog.standby(sandboxId);
+      this.catalog.tx(() => {
+        this.catalog.updateSandbox(sandboxId, { state: 'stopped', init_pid: null, init_start: null });
+        this.catalog.clearStandby(sandboxId);
       });
       this.log.warn({ sandboxId, pid: exited.pid }, 'the sandbox init exited: sandbox stopped');
       // What outlived the init (an enter helper still in the cgroup, a warm standby) goes too.
       await this.runtime
         .killProcesses(row.instance)
         .catch((err) => this.log.warn({ err, sandboxId }, 'killing what was left of a stopped sandbox'));
-      if (row.standby_instance)
+      if (standby)
         await this.runtime
-          .destroy(row.standby_instance)
+          .destroy(standby.instance)
           .catch((err) => this.log.warn({ err, sandboxId }, 'removing the standby of a stopped sandbox'));
     });
     const tracked: Promise<void> = work

@@ -19,7 +19,7 @@ import { verifyCheckpoint } from '../checkpoints/integrity.js';
 import { removeSandbox } from './remove.js';
 import { ensureDurable, makeDurable } from '../checkpoints/durability.js';
 import type { CheckpointRow } from '../catalog/catalog.js';
-import { SnapshotRows } from '../snapshots/snapshot-rows.js';
+import { processImagesHeld } from '../snapshots/holders.js';
 import type { CheckpointDeps } from '../checkpoints/checkpoint.js';
 import type { RollbackDeps } from '../checkpoints/rollback.js';
 import type { StandbyDeps } from '../checkpoints/standby.js';
@@ -97,7 +97,7 @@ export async function reap(engine: ReaperDeps): Promise<ReapReport> {
         if (
           standby &&
           row.instance !== standby &&
-          row.standby_instance === standby &&
+          catalog.standby(row.id)?.instance === standby &&
           hasStandbyFor(engine, row, ckpt.id)
         ) {
           const { oldInstance } = await swapInStandby(engine, row, ckpt, op.id, payload.branchId ?? row.branch_id, {});
@@ -158,21 +158,13 @@ export async function reap(engine: ReaperDeps): Promise<ReapReport> {
       const alive =
         row.init_pid !== null && proc.isAlive(row.init_pid) && proc.startTime(row.init_pid) === row.init_start;
       // A warm standby whose processes are gone is of no use: drop it.
+      const standby = catalog.standby(row.id);
       if (
-        row.standby_instance &&
-        !(
-          row.standby_pid !== null &&
-          proc.isAlive(row.standby_pid) &&
-          proc.startTime(row.standby_pid) === row.standby_start
-        )
+        standby &&
+        !(standby.pid !== null && proc.isAlive(standby.pid) && proc.startTime(standby.pid) === standby.start)
       ) {
-        await runtime.destroy(row.standby_instance).catch(() => undefined);
-        catalog.updateSandbox(row.id, {
-          standby_instance: null,
-          standby_checkpoint: null,
-          standby_pid: null,
-          standby_start: null,
-        });
+        await runtime.destroy(standby.instance).catch(() => undefined);
+        catalog.clearStandby(row.id);
       }
       if (!alive) {
         await runtime.killProcesses(row.instance).catch(() => undefined);
@@ -221,10 +213,8 @@ export async function reap(engine: ReaperDeps): Promise<ReapReport> {
   }
   // Checkpoint layers and process images without a committed checkpoint.
   // Snapshots hold layers and images beyond their checkpoints' lives (snapshots/snapshot-rows.ts).
-  const checkpoints = catalog.allCheckpoints();
-  const snapshots = new SnapshotRows(catalog.db);
-  const liveLayers = new Set([...checkpoints.map((c) => c.layer_id), ...snapshots.heldLayers()]);
-  const liveCkpts = new Set([...checkpoints.map((c) => c.id), ...snapshots.heldImages(paths)]);
+  const liveLayers = catalog.heldIds('layer');
+  const liveCkpts = processImagesHeld(engine);
   for (const id of layers.listLayers()) {
     if (!liveLayers.has(id)) {
       await layers.deleteLayer(id);
@@ -298,20 +288,13 @@ async function settlePendingCheckpoints(engine: ReaperDeps, report: ReapReport):
 /** Removes a checkpoint that never became durable: its row first (head and standby move off it), then its files. */
 async function dropCheckpoint(engine: ReaperDeps, ckpt: CheckpointRow): Promise<void> {
   const { catalog } = engine;
-  const row = catalog.sandbox(ckpt.sandbox_id);
-  if (row?.standby_checkpoint === ckpt.id && row.standby_instance)
-    await engine.runtime.destroy(row.standby_instance).catch(() => undefined);
+  const standby = catalog.standby(ckpt.sandbox_id);
+  if (standby?.checkpoint === ckpt.id) await engine.runtime.destroy(standby.instance).catch(() => undefined);
   catalog.tx(() => {
     catalog.reparentCheckpoints(ckpt.id, ckpt.parent_id);
     const fresh = catalog.sandbox(ckpt.sandbox_id);
     if (fresh?.head_checkpoint_id === ckpt.id) catalog.updateSandbox(fresh.id, { head_checkpoint_id: ckpt.parent_id });
-    if (fresh?.standby_checkpoint === ckpt.id)
-      catalog.updateSandbox(fresh.id, {
-        standby_instance: null,
-        standby_checkpoint: null,
-        standby_pid: null,
-        standby_start: null,
-      });
+    if (catalog.standby(ckpt.sandbox_id)?.checkpoint === ckpt.id) catalog.clearStandby(ckpt.sandbox_id);
     catalog.deleteCheckpointRow(ckpt.id);
     catalog.deleteLayerRow(ckpt.layer_id);
     engine.agent.onCheckpointDeleted(ckpt);

@@ -6,7 +6,7 @@
  * Safe to repeat after a failure at any step.
  */
 import fs from 'node:fs';
-import { SnapshotRows } from '../snapshots/snapshot-rows.js';
+import { processImagesHeld } from '../snapshots/holders.js';
 import { forgetNetwork } from '../network/sandbox-network.js';
 import { forgetStandbyChances } from '../checkpoints/standby-policy.js';
 import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
@@ -42,14 +42,16 @@ export async function removeSandbox(engine: RemoveDeps, id: string): Promise<voi
   engine.fault('remove:marked');
   const row = catalog.sandbox(id);
   await engine.runtime.destroy(row?.instance ?? id);
-  if (row?.standby_instance) await engine.runtime.destroy(row.standby_instance);
+  const standby = catalog.standby(id);
+  if (standby) await engine.runtime.destroy(standby.instance);
   // A snapshot of one of its checkpoints keeps that checkpoint's layer and image (and the images they link to).
-  const snapshots = new SnapshotRows(catalog.db);
-  const heldLayers = snapshots.heldLayers();
-  const heldImages = snapshots.heldImages(engine.paths);
+  const own = new Set(catalog.checkpointsOf(id).map((c) => c.id));
+  const heldElsewhere = (layerId: string) =>
+    catalog.holders('layer', layerId).some((h) => !(h.holder_kind === 'checkpoint' && own.has(h.holder_id)));
+  const heldImages = processImagesHeld(engine, 'snapshot');
   if (row) await forgetNetwork(engine, row);
   for (const ckpt of catalog.checkpointsOf(id)) {
-    if (!heldLayers.has(ckpt.layer_id)) await engine.layers.deleteLayer(ckpt.layer_id);
+    if (!heldElsewhere(ckpt.layer_id)) await engine.layers.deleteLayer(ckpt.layer_id);
     // On libuv's pool: a process image holds files per process, a count the sandbox sets.
     if (!heldImages.has(ckpt.id))
       await fs.promises.rm(engine.paths.processImage(ckpt.id), { recursive: true, force: true });

@@ -1,11 +1,12 @@
 /**
- * Releasing files a checkpoint and snapshots share: a layer or an image
- * folder goes once no checkpoint row and no snapshot row holds it (see
- * snapshot-rows.ts). Callers run this after the rows are gone.
+ * Releasing files that checkpoints and snapshots share: a layer or a
+ * process image folder goes once no row holds it. Who holds what is the
+ * catalog's `holds` table, kept by triggers on the rows that hold
+ * (src/catalog/schema/instances.ts). Callers run this after the rows are gone.
  */
 import fs from 'node:fs';
-import { SnapshotRows } from './snapshot-rows.js';
-import type { Catalog } from '../catalog/catalog.js';
+import { imageChain } from './snapshot-rows.js';
+import type { Catalog, HolderKind } from '../catalog/catalog.js';
 import type { LayerPort } from '../ports.js';
 import type { StatePaths } from '../paths.js';
 
@@ -16,11 +17,26 @@ export interface HoldersDeps {
   paths: StatePaths;
 }
 
-/** True while a checkpoint row or a snapshot row (other than `except`) names the layer. */
-export function layerHeld(engine: HoldersDeps, layerId: string, except?: string): boolean {
-  const db = engine.catalog.db;
-  if (db.prepare('SELECT 1 FROM checkpoints WHERE layer_id = ? LIMIT 1').get(layerId)) return true;
-  return !!db.prepare('SELECT 1 FROM snapshots WHERE layer_id = ? AND id != ? LIMIT 1').get(layerId, except ?? '');
+/** True while a row (a checkpoint, a snapshot) holds the layer. */
+export function layerHeld(engine: Pick<HoldersDeps, 'catalog'>, layerId: string): boolean {
+  return engine.catalog.isHeld('layer', layerId);
+}
+
+/**
+ * Process image folders some row (of one kind, if given) holds, plus the
+ * folders the parent links of snapshot-held ones lead to: a snapshot's image
+ * may be a page delta on an earlier checkpoint's (a checkpoint's own image
+ * is flattened before its parent goes, src/checkpoints/page-store.ts, so
+ * only snapshots hold chains).
+ */
+export function processImagesHeld(
+  engine: Pick<HoldersDeps, 'catalog' | 'paths'>,
+  holderKind?: HolderKind,
+): Set<string> {
+  const held = engine.catalog.heldIds('process-image', holderKind);
+  for (const dir of engine.catalog.heldIds('process-image', 'snapshot'))
+    for (const linked of imageChain(engine.paths, dir)) held.add(linked);
+  return held;
 }
 
 /**
@@ -30,9 +46,9 @@ export function layerHeld(engine: HoldersDeps, layerId: string, except?: string)
  */
 export async function releaseFiles(engine: HoldersDeps, layerId: string, imageDirs: string[]): Promise<void> {
   if (!layerHeld(engine, layerId)) await engine.layers.deleteLayer(layerId);
-  const heldImages = new SnapshotRows(engine.catalog.db).heldImages(engine.paths);
+  const held = processImagesHeld(engine);
   for (const dir of imageDirs) {
-    if (heldImages.has(dir) || engine.catalog.checkpoint(dir)) continue;
+    if (held.has(dir)) continue;
     fs.rmSync(engine.paths.processImage(dir), { recursive: true, force: true });
   }
 }

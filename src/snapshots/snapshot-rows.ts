@@ -1,13 +1,13 @@
 /**
  * Named snapshots in the catalog (table `snapshots`, catalog step 6), and
- * who holds the files a snapshot shares with checkpoints.
+ * the chain of process image folders a snapshot's image links to.
  *
  * A snapshot never copies what it keeps: its read-only layer
  * (store/layers/<lyr>) and its process image (store/process-images/<dir>,
  * with the images its `parent` link names) are the very files of the
  * checkpoint it came from. Holding is counted by query, not by a counter:
- * a layer or image folder stays on disk while any checkpoint row or any
- * snapshot row names it, so a crash between a row's deletion and a file's
+ * a layer or image folder stays on disk while any row holds it (the
+ * catalog's `holds` table, src/snapshots/holders.ts), so a crash between a row's deletion and a file's
  * can leave an orphan (the reaper removes it) but never a count that drifts.
  */
 import fs from 'node:fs';
@@ -174,26 +174,6 @@ export class SnapshotRows {
       checksums: string;
     }[])
       this.db.prepare('UPDATE snapshots SET checksums = ? WHERE id = ?').run(checksums(r.checksums), r.id);
-  }
-
-  /** Layers some snapshot holds. */
-  heldLayers(): Set<string> {
-    return new Set(
-      (this.db.prepare('SELECT layer_id FROM snapshots').all() as { layer_id: string }[]).map((r) => r.layer_id),
-    );
-  }
-
-  /** Process image folders some snapshot holds: each snapshot's own and those its `parent` links lead to. */
-  heldImages(paths: StatePaths, except?: string): Set<string> {
-    const held = new Set<string>();
-    for (const r of this.db.prepare('SELECT id, process_image FROM snapshots').all() as {
-      id: string;
-      process_image: string;
-    }[]) {
-      if (r.id === except) continue;
-      for (const dir of imageChain(paths, r.process_image)) held.add(dir);
-    }
-    return held;
   }
 }
 

@@ -294,10 +294,6 @@ async function startOne(
     created_at: Date.now(),
     expires_at: null,
     instance: id,
-    standby_instance: null,
-    standby_checkpoint: null,
-    standby_pid: null,
-    standby_start: null,
     id_base: null,
   };
   // A start the quota refuses is that start's result; nothing was made for it.

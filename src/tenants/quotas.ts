@@ -81,7 +81,8 @@ export function tenantUsage(db: Database.Database, tenant: string /* the tenant'
     .prepare(
       `SELECT COUNT(*) AS n,
               COALESCE(SUM(CASE WHEN state IN ('creating', 'running') THEN memory_bytes ELSE 0 END), 0) AS bytes,
-              COALESCE(SUM(CASE WHEN standby_instance IS NOT NULL THEN memory_bytes ELSE 0 END), 0) AS standby,
+              COALESCE(SUM(CASE WHEN EXISTS (SELECT 1 FROM instances i WHERE i.sandbox_id = sandboxes.id AND i.role = 'standby')
+                                THEN memory_bytes ELSE 0 END), 0) AS standby,
               COALESCE(SUM(CASE WHEN state IN ('creating', 'running')
                                 THEN COALESCE(cpu_weight, 100) ELSE 0 END), 0) AS cpu
          FROM sandboxes WHERE tenant = ? AND state != 'removing'`,

@@ -6,7 +6,7 @@ import pino from 'pino';
 import { Lockstep, type OpenOptions } from '../../src/api/lockstep.js';
 import { StatePaths } from '../../src/paths.js';
 import type { Engine } from '../../src/api/engine.js';
-import type { SandboxRow } from '../../src/catalog/catalog.js';
+import type { SandboxRow, Standby } from '../../src/catalog/catalog.js';
 import { FakeHost } from './host.js';
 
 export interface FakeManager {
@@ -16,6 +16,8 @@ export interface FakeManager {
   home: string;
   /** The sandbox's catalog row as it is now. */
   row(id: string): SandboxRow;
+  /** The sandbox's warm standby as it is now, or undefined. */
+  standby(id: string): Standby | undefined;
 }
 
 /** A fresh state directory (removed by the caller's teardown). */
@@ -51,5 +53,12 @@ export async function openFake(
     await ls.close();
     if (!opts.home) fs.rmSync(home, { recursive: true, force: true });
   });
-  return { ls, host, engine, home, row: (id) => engine.catalog.sandbox(id)! };
+  return {
+    ls,
+    host,
+    engine,
+    home,
+    row: (id) => engine.catalog.sandbox(id)!,
+    standby: (id) => engine.catalog.standby(id),
+  };
 }

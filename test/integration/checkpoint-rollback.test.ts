@@ -444,14 +444,14 @@ socketserver.UnixStreamServer('/tmp/srv.sock', H).serve_forever()
     await startMemo(sb, ls);
     const ckpt = await sb.checkpoint();
     await sb.settled();
-    const withStandby = ls.engine.catalog.sandbox(sb.id)!;
-    t.is(withStandby.standby_checkpoint, ckpt.id);
+    const withStandby = ls.engine.catalog.standby(sb.id)!;
+    t.is(withStandby.checkpoint, ckpt.id);
 
     await sb.deleteCheckpoint(ckpt.id);
     await sb.settled();
-    t.is(ls.engine.catalog.sandbox(sb.id)!.standby_instance, null);
-    t.false(fs.existsSync(ls.engine.paths.upper(withStandby.standby_instance!)), 'its writable layer is gone');
-    t.false(fs.existsSync(`/proc/${withStandby.standby_pid}`), 'its processes are gone');
+    t.is(ls.engine.catalog.standby(sb.id)?.instance ?? null, null);
+    t.false(fs.existsSync(ls.engine.paths.upper(withStandby.instance)), 'its writable layer is gone');
+    t.false(fs.existsSync(`/proc/${withStandby.pid}`), 'its processes are gone');
   });
 });
 

@@ -240,7 +240,7 @@ integration(test, () => {
       t.is(await tagInMemory(ls, sb.id), tag);
       await assertRunning(t, sb);
       // No standby was made by the dead manager: this rollback is a CRIU restore, verified first.
-      t.not(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, made.id);
+      t.not(ls.engine.catalog.standby(sb.id)?.checkpoint ?? null, made.id);
       await setTag(ls, sb.id, 'moved on');
       t.is((await sb.rollback(made.id)).checkpointId, made.id);
       t.is(await tagInMemory(ls, sb.id), tag, 'rolling back to the recovered checkpoint works');
@@ -285,7 +285,7 @@ integration(test, () => {
       if (via === 'standby') {
         await sb.rollback(target.id);
         await sb.settled();
-        t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, target.id, 'a warm standby of T is ready');
+        t.is(ls.engine.catalog.standby(sb.id)?.checkpoint ?? null, target.id, 'a warm standby of T is ready');
       } else {
         await sb.settled();
         await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));

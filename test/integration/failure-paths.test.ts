@@ -62,7 +62,7 @@ integration(test, () => {
       const ckpt = await sb.checkpoint({ label: 'c' });
       await sb.settled();
       const before = ls.engine.catalog.sandbox(sb.id)!;
-      t.is(before.standby_checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
+      t.is(ls.engine.catalog.standby(sb.id)?.checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
       await sb.files.write('/workspace/f', 'after the checkpoint\n');
       const sleeper = await sb.commands.spawn(['sleep', '1000']);
 
@@ -85,8 +85,9 @@ integration(test, () => {
         stdout: 'after the checkpoint\nsleeper-alive\n',
       });
       // The standby is untouched, so the next try is still a swap.
-      t.is(row.standby_checkpoint, ckpt.id);
-      t.true(sameProcessAlive(row.standby_pid!, row.standby_start));
+      const standby = ls.engine.catalog.standby(sb.id)!;
+      t.is(standby.checkpoint, ckpt.id);
+      t.true(sameProcessAlive(standby.pid!, standby.start));
 
       const report = await sb.rollback(ckpt.id);
       t.is(report.path, 'standby');

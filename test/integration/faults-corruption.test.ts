@@ -153,7 +153,7 @@ integration(test, () => {
       await sb.files.write('/workspace/f', 'standby\n');
       const ckpt = await sb.checkpoint({ label: 'standby' });
       await sb.settled();
-      t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, ckpt.id, 'a warm standby of the checkpoint is ready');
+      t.is(ls.engine.catalog.standby(sb.id)?.checkpoint ?? null, ckpt.id, 'a warm standby of the checkpoint is ready');
       await sb.files.write('/workspace/f', 'moved on\n');
       const file = DAMAGES['a flipped byte in a page file']!.apply(ls, ckpt);
 
@@ -161,7 +161,7 @@ integration(test, () => {
       t.like(await sb.rollback(ckpt.id), { path: 'standby' });
       t.is(await cat(sb, '/workspace/f'), 'standby\n');
       await sb.settled();
-      t.is(ls.engine.catalog.sandbox(sb.id)!.standby_checkpoint, null, 'no new standby from the damaged files');
+      t.is(ls.engine.catalog.standby(sb.id)?.checkpoint ?? null, null, 'no new standby from the damaged files');
 
       await sb.files.write('/workspace/f', 'moved on again\n');
       const err = await t.throwsAsync(sb.rollback(ckpt.id), { code: 'CHECKPOINT_CORRUPT' });

@@ -193,7 +193,11 @@ integration(test, () => {
       await eventually(() => sb.info().state === 'stopped', 10_000);
       await ls.engine.inits.settled();
       const before = ls.engine.catalog.sandbox(sb.id)!;
-      t.is(before.standby_instance, null, 'the warm standby of a stopped sandbox is dropped');
+      t.is(
+        ls.engine.catalog.standby(sb.id)?.instance ?? null,
+        null,
+        'the warm standby of a stopped sandbox is dropped',
+      );
 
       await t.throwsAsync(sb.checkpoint(), { code: 'SANDBOX_NOT_RUNNING' });
       await t.throwsAsync(sb.freeze(), { code: 'SANDBOX_NOT_RUNNING' });

@@ -264,7 +264,7 @@ integration(test, () => {
       const tight = client.as(tenantToken(ls, 'tight', { maxMemoryMb: 128 }));
       const a = (await tight.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
       await tight.post(`/v1/sandboxes/${a}/checkpoints`, {});
-      await eventually(() => ls.engine.catalog.sandbox(a)!.standby_instance !== null, 30_000);
+      await eventually(() => ls.engine.catalog.standby(a) !== undefined, 30_000);
       t.like((await tight.get('/v1/tenant')).body.usage, { memoryMb: 64, standbyMemoryMb: 64 });
       const refused = await tight.post('/v1/sandboxes', { memoryMb: 64 });
       t.is(refused.status, 429, refused.text);
@@ -280,7 +280,7 @@ integration(test, () => {
       const b = (await lean.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
       const ck = (await lean.post(`/v1/sandboxes/${b}/checkpoints`, {})).body.id as string;
       await ls.get(b).settled();
-      t.is(ls.engine.catalog.sandbox(b)!.standby_instance, null, 'no standby past the quota');
+      t.is(ls.engine.catalog.standby(b)?.instance ?? null, null, 'no standby past the quota');
       t.like((await lean.get('/v1/tenant')).body.usage, { memoryMb: 64, standbyMemoryMb: 0 });
       const rb = await lean.post(`/v1/sandboxes/${b}/rollback`, { checkpointId: ck });
       t.is(rb.status, 200, rb.text);

@@ -57,18 +57,18 @@ integration(test, () => {
       await new Promise((r) => setTimeout(r, 5));
     }
     for (const sb of sbs) await sb.settled(); // evictions finish behind each victim's lock
-    const rows = sbs.map((sb) => ls.engine.catalog.sandbox(sb.id)!);
-    t.is(rows[0]!.standby_instance, null, "A's standby, the least recently made, was evicted");
-    t.is(rows[1]!.standby_checkpoint, ckpts[1]!.id);
-    t.is(rows[2]!.standby_checkpoint, ckpts[2]!.id);
-    const held = rows.filter((r) => r.standby_instance).map((r) => cgroupMemory(ls, r.standby_instance!));
+    const rows = sbs.map((sb) => ls.engine.catalog.standby(sb.id));
+    t.is(rows[0]?.instance ?? null, null, "A's standby, the least recently made, was evicted");
+    t.is(rows[1]?.checkpoint, ckpts[1]!.id);
+    t.is(rows[2]?.checkpoint, ckpts[2]!.id);
+    const held = rows.filter((r) => r !== undefined).map((r) => cgroupMemory(ls, r.instance));
     t.true(held.reduce((a, b) => a + b, 0) <= budget, `standbys hold ${held.join(' + ')} bytes, budget ${budget}`);
     const group = path.join(
       ls.engine.cgroups.version === 2 ? '/sys/fs/cgroup/unified' : '/sys/fs/cgroup/memory',
       ls.engine.runtime.cgroupGroup,
     );
     t.deepEqual(
-      fs.readdirSync(group).filter((k) => k.startsWith(`${rows[0]!.id}.`)),
+      fs.readdirSync(group).filter((k) => k.startsWith(`${sbs[0]!.id}.`)),
       [],
       "the evicted standby's processes and cgroup are gone",
     );
@@ -84,11 +84,11 @@ integration(test, () => {
     // A's rollback made A the most recent: its new standby evicts B's (now the least recent), not C's.
     await a.settled();
     await sbs[1]!.settled();
-    const after = sbs.map((sb) => ls.engine.catalog.sandbox(sb.id)!);
-    t.is(after[0]!.standby_checkpoint, ckpts[0]!.id);
-    t.is(after[1]!.standby_instance, null);
-    t.is(after[2]!.standby_checkpoint, ckpts[2]!.id);
-    const heldAfter = after.filter((r) => r.standby_instance).map((r) => cgroupMemory(ls, r.standby_instance!));
+    const after = sbs.map((sb) => ls.engine.catalog.standby(sb.id));
+    t.is(after[0]?.checkpoint, ckpts[0]!.id);
+    t.is(after[1]?.instance ?? null, null);
+    t.is(after[2]?.checkpoint, ckpts[2]!.id);
+    const heldAfter = after.filter((r) => r !== undefined).map((r) => cgroupMemory(ls, r.instance));
     t.true(heldAfter.reduce((x, y) => x + y, 0) <= budget, `standbys hold ${heldAfter.join(' + ')} bytes`);
     // C's rollback is still a swap.
     await setTag(ls, sbs[2]!.id, 'C1');

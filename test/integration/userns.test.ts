@@ -118,7 +118,7 @@ integration(test, () => {
     // a's warm standby (another instance of a) lives in a's range, not b's.
     await a.checkpoint();
     await a.settled();
-    const standbyPid = ls.engine.catalog.sandbox(a.id)!.standby_pid!;
+    const standbyPid = ls.engine.catalog.standby(a.id)!.pid!;
     t.truthy(standbyPid);
     t.is(squash(fs.readFileSync(`/proc/${standbyPid}/uid_map`, 'utf8')), mapLine(ba));
     await ls.remove(a.id);

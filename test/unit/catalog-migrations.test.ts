@@ -63,15 +63,11 @@ test('a new catalog starts at the current schema version with every column', (t)
   const c = new Catalog(file);
   t.teardown(() => c.close());
   t.is(c.db.pragma('user_version', { simple: true }), SCHEMA_VERSION);
-  for (const col of [
-    'expires_at',
-    'instance',
-    'standby_instance',
-    'standby_checkpoint',
-    'standby_pid',
-    'standby_start',
-  ])
-    t.true(columns(c.db, 'sandboxes').includes(col), col);
+  for (const col of ['expires_at', 'instance']) t.true(columns(c.db, 'sandboxes').includes(col), col);
+  // The warm standby moved from sandboxes.standby_* to rows of `instances` (step 9).
+  for (const col of ['id', 'sandbox_id', 'role', 'checkpoint_id', 'pid', 'start', 'created_at'])
+    t.true(columns(c.db, 'instances').includes(col), col);
+  t.false(columns(c.db, 'sandboxes').some((col) => col.startsWith('standby_')));
 });
 
 for (const from of [0, 1, 2]) {
@@ -90,13 +86,13 @@ for (const from of [0, 1, 2]) {
       init_pid: 4242,
       hostname: 'sbx-old',
       instance: 'sbx_old',
-      standby_instance: null,
     });
+    t.is(c.standby('sbx_old'), undefined);
     t.is(row?.expires_at, from >= 2 ? 1800000000000 : null);
     t.is(c.image('base')?.size_bytes, 1234);
     // The migrated catalog works like a new one.
-    c.updateSandbox('sbx_old', { standby_instance: 'sbx_old.ab12', standby_pid: 99 });
-    t.like(c.sandbox('sbx_old'), { standby_instance: 'sbx_old.ab12', standby_pid: 99 });
+    c.setStandby('sbx_old', { instance: 'sbx_old.ab12', checkpoint: 'ckpt_1', pid: 99, start: null, at: 5 });
+    t.like(c.standby('sbx_old'), { instance: 'sbx_old.ab12', pid: 99 });
   });
 }
 

@@ -97,10 +97,6 @@ function setup(t: { teardown: (fn: () => void) => void }) {
       created_at: 0,
       expires_at: null,
       instance: id,
-      standby_instance: null,
-      standby_checkpoint: null,
-      standby_pid: null,
-      standby_start: null,
       cpu_weight: null,
       cpu_quota_us: null,
       io_weight: null,
@@ -115,12 +111,7 @@ function setup(t: { teardown: (fn: () => void) => void }) {
 test('an init that exits on its own stops its sandbox, clears the pid and removes what is left', async (t) => {
   const { catalog, inits, killed, sandbox, fake } = setup(t);
   sandbox('sbx_a', 100, 5);
-  catalog.updateSandbox('sbx_a', {
-    standby_instance: 'sbx_a.st',
-    standby_checkpoint: 'ckpt_1',
-    standby_pid: 300,
-    standby_start: 7,
-  });
+  catalog.setStandby('sbx_a', { instance: 'sbx_a.st', checkpoint: 'ckpt_1', pid: 300, start: 7, at: 0 });
   t.true(inits.track(catalog.sandbox('sbx_a')!));
   t.true(inits.track(sandbox('sbx_b', 200, 6)));
   fake().exit(100);
@@ -129,9 +120,8 @@ test('an init that exits on its own stops its sandbox, clears the pid and remove
     state: 'stopped',
     init_pid: null,
     init_start: null,
-    standby_instance: null,
-    standby_pid: null,
   });
+  t.is(catalog.standby('sbx_a'), undefined);
   t.like(catalog.sandbox('sbx_b'), { state: 'running', init_pid: 200 });
   t.deepEqual(killed, ['sbx_a', 'destroy:sbx_a.st']);
 });

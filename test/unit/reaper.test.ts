@@ -113,7 +113,7 @@ test('a roll-forward that fails leaves the sandbox stopped at the checkpoint, on
 
 test('a rollback journalled "killing" with a live standby swaps the standby in', async (t) => {
   const { m, id, pid, ckpt } = await checkpointedSandbox(t, true);
-  const standby = m.row(id).standby_instance!;
+  const standby = m.standby(id)!.instance!;
   t.truthy(standby);
   const branchId = newId('br');
   m.engine.catalog.beginOperation({
@@ -132,8 +132,8 @@ test('a rollback journalled "killing" with a live standby swaps the standby in',
     instance: standby,
     head_checkpoint_id: ckpt.id,
     branch_id: branchId,
-    standby_instance: null,
   });
+  t.is(r.standby(id), undefined);
   t.is(r.host.processes.get(row.init_pid!)!.memory, 'counter=1');
   t.false(r.host.proc.isAlive(pid), 'the old instance was removed');
   t.false(r.host.uppers.has(id));
@@ -142,7 +142,7 @@ test('a rollback journalled "killing" with a live standby swaps the standby in',
 
 test('a rollback whose swap had committed only has its journal entry closed', async (t) => {
   const { m, id, ckpt } = await checkpointedSandbox(t, true);
-  const standby = m.row(id).standby_instance!;
+  const standby = m.standby(id)!.instance!;
   const report = await m.ls.get(id).rollback(ckpt.id);
   await m.ls.get(id).settled();
   // The crash came between the commit and the end of the journal entry.
@@ -222,11 +222,12 @@ test('a running sandbox whose init died is marked stopped; a frozen one is thawe
 
 test('a standby whose process died is dropped', async (t) => {
   const { m, id } = await checkpointedSandbox(t, true);
-  const { standby_instance: standby, standby_pid: standbyPid } = m.row(id);
+  const { instance: standby, pid: standbyPid } = m.standby(id)!;
   await m.ls.close();
   m.host.exit(standbyPid!);
   const r = await openFake(t, { home: m.home, host: m.host });
-  t.like(r.row(id), { state: 'running', standby_instance: null, standby_pid: null });
+  t.like(r.row(id), { state: 'running' });
+  t.is(r.standby(id), undefined);
   t.false(r.host.cgroups.has(r.engine.runtime.cgroupName(standby!)));
   t.false(r.host.uppers.has(standby!));
 });

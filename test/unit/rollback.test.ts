@@ -122,9 +122,10 @@ test('a restored tree that cannot be recorded is killed, and the sandbox is stop
 test('standby path: freeze the current tree, swap the standby in, thaw it; no CRIU restore', async (t) => {
   const s = await changedAfterCheckpoint(t, { standby: true });
   const before = s.row(s.id);
-  t.is(before.standby_checkpoint, s.ckpt.id);
-  const standbyKey = before.standby_instance!;
-  const standbyPid = before.standby_pid!;
+  const standby = s.standby(s.id)!;
+  t.is(standby.checkpoint, s.ckpt.id);
+  const standbyKey = standby.instance;
+  const standbyPid = standby.pid!;
   const mark = s.host.calls.length;
   const report = await s.ls.get(s.id).rollback(s.ckpt.id);
   const answered = s.host.since(mark);
@@ -142,9 +143,9 @@ test('standby path: freeze the current tree, swap the standby in, thaw it; no CR
     state: 'running',
     instance: standbyKey,
     init_pid: standbyPid,
-    standby_instance: null,
     head_checkpoint_id: s.ckpt.id,
   });
+  t.is(s.standby(s.id), undefined);
   // The old instance goes after the answer, behind the sandbox's lock.
   await s.ls.get(s.id).settled();
   t.false(s.host.proc.isAlive(s.oldPid));
@@ -156,15 +157,16 @@ test('standby path: freeze the current tree, swap the standby in, thaw it; no CR
 test('standby path: a failure to freeze the current tree abandons the swap; the sandbox and the standby stay', async (t) => {
   const s = await changedAfterCheckpoint(t, { standby: true });
   const before = s.row(s.id);
+  const standbyBefore = s.standby(s.id);
   s.host.failAt(`cgroups.freeze ${s.engine.runtime.cgroupName(before.instance)}`);
   await t.throwsAsync(s.ls.get(s.id).rollback(s.ckpt.id));
   t.like(s.row(s.id), {
     state: 'running',
     instance: before.instance,
     init_pid: s.oldPid,
-    standby_instance: before.standby_instance,
     branch_id: s.oldBranch,
   });
+  t.is(s.standby(s.id)?.instance, standbyBefore?.instance);
   t.false(s.host.cgroupDriver.isFrozen(s.engine.runtime.cgroupName(before.instance)));
   t.deepEqual(s.engine.catalog.operations(), []);
   // The standby is still good for another try.
@@ -174,7 +176,7 @@ test('standby path: a failure to freeze the current tree abandons the swap; the 
 
 test('standby path: a swapped-in tree that cannot be thawed is killed and the sandbox recorded stopped', async (t) => {
   const s = await changedAfterCheckpoint(t, { standby: true });
-  const standbyKey = s.row(s.id).standby_instance!;
+  const standbyKey = s.standby(s.id)!.instance!;
   s.host.failAt(`cgroups.thaw ${s.engine.runtime.cgroupName(standbyKey)}`);
   await t.throwsAsync(s.ls.get(s.id).rollback(s.ckpt.id));
   t.like(s.row(s.id), { state: 'stopped', init_pid: null, instance: standbyKey });
@@ -183,12 +185,12 @@ test('standby path: a swapped-in tree that cannot be thawed is killed and the sa
 
 test('a standby whose pid now names another process is not used: the rollback restores with CRIU', async (t) => {
   const s = await changedAfterCheckpoint(t, { standby: true });
-  const stale = s.row(s.id).standby_instance!;
-  s.host.processes.get(s.row(s.id).standby_pid!)!.start += 1;
+  const stale = s.standby(s.id)!.instance!;
+  s.host.processes.get(s.standby(s.id)!.pid!)!.start += 1;
   const report = await s.ls.get(s.id).rollback(s.ckpt.id);
   t.is(report.path, 'restore');
   t.is(s.host.processes.get(report.pid)!.memory, 'counter=1');
-  t.is(s.row(s.id).standby_instance, null);
+  t.is(s.standby(s.id)?.instance ?? null, null);
   await s.ls.get(s.id).settled();
   t.false(s.host.cgroups.has(s.engine.runtime.cgroupName(stale)), 'the stale standby was removed after the answer');
 });

@@ -14,15 +14,15 @@ test('after a checkpoint, a frozen standby restored from it is kept', async (t) 
   m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=3';
   const ckpt = await sb.checkpoint();
   await sb.settled();
-  const row = m.row(sb.id);
-  t.is(row.standby_checkpoint, ckpt.id);
-  const key = row.standby_instance!;
+  const standby = m.standby(sb.id)!;
+  t.is(standby.checkpoint, ckpt.id);
+  const key = standby.instance;
   t.true(key.startsWith(`${sb.id}.`));
   const cg = m.engine.runtime.cgroupName(key);
   t.true(m.host.cgroupDriver.isFrozen(cg));
-  t.deepEqual(m.host.cgroupDriver.pids(cg), [row.standby_pid]);
-  t.is(m.host.processes.get(row.standby_pid!)!.memory, 'counter=3');
-  t.is(m.host.processes.get(row.standby_pid!)!.start, row.standby_start!);
+  t.deepEqual(m.host.cgroupDriver.pids(cg), [standby.pid]);
+  t.is(m.host.processes.get(standby.pid!)!.memory, 'counter=3');
+  t.is(m.host.processes.get(standby.pid!)!.start, standby.start!);
 });
 
 test('the standby is a setting of each manager: two managers in one process differ', async (t) => {
@@ -35,7 +35,7 @@ test('the standby is a setting of each manager: two managers in one process diff
   }
   t.is(on.host.only('criu.restore').length, 1);
   t.is(off.host.only('criu.restore').length, 0);
-  t.is(off.engine.catalog.allSandboxes()[0]!.standby_instance, null);
+  t.is(off.engine.catalog.standby(off.engine.catalog.allSandboxes()[0]!.id)?.instance ?? null, null);
 });
 
 test('a standby that fails to restore leaves nothing, and the sandbox runs on', async (t) => {
@@ -45,7 +45,7 @@ test('a standby that fails to restore leaves nothing, and the sandbox runs on', 
   await sb.checkpoint();
   await sb.settled();
   const row = m.row(sb.id);
-  t.is(row.standby_instance, null);
+  t.is(m.standby(sb.id)?.instance ?? null, null);
   t.is(row.state, 'running');
   t.deepEqual(m.host.cgroupDriver.children(m.engine.runtime.cgroupGroup), [sb.id]);
   t.deepEqual([...m.host.uppers.keys()], [sb.id]);
@@ -56,11 +56,11 @@ test('a newer checkpoint replaces the standby; the old one is removed', async (t
   const sb = await m.ls.create();
   await sb.checkpoint();
   await sb.settled();
-  const first = m.row(sb.id).standby_instance!;
+  const first = m.standby(sb.id)!.instance!;
   const second = await sb.checkpoint();
   await sb.settled();
-  t.is(m.row(sb.id).standby_checkpoint, second.id);
-  t.not(m.row(sb.id).standby_instance, first);
+  t.is(m.standby(sb.id)?.checkpoint ?? null, second.id);
+  t.not(m.standby(sb.id)?.instance ?? null, first);
   t.false(m.host.cgroups.has(m.engine.runtime.cgroupName(first)));
   t.false(m.host.uppers.has(first));
 });
@@ -72,7 +72,7 @@ test('no standby when it would take the tenant past its memory quota', async (t)
   const sb = await m.ls.create({ tenant: tenant.id, memoryMb: 512 });
   await sb.checkpoint();
   await sb.settled();
-  t.is(m.row(sb.id).standby_instance, null);
+  t.is(m.standby(sb.id)?.instance ?? null, null);
   t.is(m.host.only('criu.restore').length, 0);
 });
 
@@ -89,14 +89,15 @@ test('standbys share one memory budget: the least recently made is evicted for a
     await sb.settled();
     m.host.now += 1000; // the LRU order is the standbys' making times
   }
-  const [a, b, c] = sbs.map((x) => m.row(x.sb.id));
-  t.is(a!.standby_instance, null, 'the oldest standby was evicted');
-  t.is(b!.standby_checkpoint, sbs[1]!.ckpt.id);
-  t.is(c!.standby_checkpoint, sbs[2]!.ckpt.id);
+  const [a, b, c] = sbs.map((x) => m.standby(x.sb.id));
+  const evicted = sbs[0]!.sb.id;
+  t.is(a?.instance ?? null, null, 'the oldest standby was evicted');
+  t.is(b?.checkpoint, sbs[1]!.ckpt.id);
+  t.is(c?.checkpoint, sbs[2]!.ckpt.id);
   await sbs[0]!.sb.settled();
   const group = m.engine.runtime.cgroupGroup;
   t.deepEqual(
-    m.host.cgroupDriver.children(group).filter((k) => k.startsWith(`${a!.id}.`)),
+    m.host.cgroupDriver.children(group).filter((k) => k.startsWith(`${evicted}.`)),
     [],
     'its processes are gone',
   );
@@ -120,8 +121,8 @@ test('a standby larger than the whole budget is not made, and evicts nothing', a
   m.host.memoryBytes.set(big.id, 200 * MiB);
   await big.checkpoint();
   await big.settled();
-  t.is(m.row(big.id).standby_instance, null);
-  t.not(m.row(small.id).standby_instance, null, 'the smaller standby stays');
+  t.is(m.standby(big.id)?.instance ?? null, null);
+  t.not(m.standby(small.id)?.instance ?? null, null, 'the smaller standby stays');
 });
 
 test('with standbyAfterCheckpoint off, a checkpoint makes no standby and a rollback makes one', async (t) => {
@@ -130,11 +131,11 @@ test('with standbyAfterCheckpoint off, a checkpoint makes no standby and a rollb
   m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=1';
   const ckpt = await sb.checkpoint();
   await sb.settled();
-  t.is(m.row(sb.id).standby_instance, null);
+  t.is(m.standby(sb.id)?.instance ?? null, null);
   t.is(m.host.only('criu.restore').length, 0, 'no CRIU restore after the checkpoint');
   await sb.rollback(ckpt.id); // through a CRIU restore
   await sb.settled();
-  t.is(m.row(sb.id).standby_checkpoint, ckpt.id, 'agents often fail the same step again');
+  t.is(m.standby(sb.id)?.checkpoint ?? null, ckpt.id, 'agents often fail the same step again');
   m.host.processes.get(m.row(sb.id).init_pid!)!.memory = 'counter=2';
   const report = await sb.rollback(ckpt.id);
   t.is(report.path, 'standby');
@@ -162,16 +163,16 @@ test('with standbyAfterCheckpoint auto, standbys follow the rollbacks that would
   const sb = await m.ls.create();
   const c1 = await sb.checkpoint();
   await sb.settled();
-  t.is(m.row(sb.id).standby_instance, null, 'nothing known: no standby after a checkpoint');
+  t.is(m.standby(sb.id)?.instance ?? null, null, 'nothing known: no standby after a checkpoint');
   await sb.rollback(c1.id); // to where the checkpoint left it: a standby would have been used
   await sb.settled();
-  t.is(m.row(sb.id).standby_checkpoint, c1.id);
+  t.is(m.standby(sb.id)?.checkpoint ?? null, c1.id);
   const report = await sb.rollback(c1.id); // the same step again: the standby is used
   t.is(report.path, 'standby');
   await sb.settled();
   const c2 = await sb.checkpoint(); // 2 of 2 chances used so far
   await sb.settled();
-  t.is(m.row(sb.id).standby_checkpoint, c2.id, 'this sandbox undoes its steps: a standby after the checkpoint');
+  t.is(m.standby(sb.id)?.checkpoint ?? null, c2.id, 'this sandbox undoes its steps: a standby after the checkpoint');
   // Now a tree search: rollbacks to older checkpoints only.
   for (let i = 0; i < 4; i++) {
     await sb.checkpoint();

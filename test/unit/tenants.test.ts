@@ -340,7 +340,8 @@ test('usage counts warm standbys, CPU weights and checkpoint bytes (process imag
   const c = catalog(t);
   const a = sandbox(c, 'acme', 64);
   const b = sandbox(c, 'acme', 128);
-  c.updateSandbox(a, { standby_instance: `${a}.abc`, cpu_weight: 400 });
+  c.updateSandbox(a, { cpu_weight: 400 });
+  c.setStandby(a, { instance: `${a}.abc`, checkpoint: 'ckpt_x', pid: null, start: null, at: 0 });
   c.updateSandbox(b, { cpu_weight: 50 });
   checkpointOf(c, a, { processImageBytes: 3 * 1024 * 1024, layerBytes: 5 * 1024 * 1024 });
   checkpointOf(c, b, { processImageBytes: 1024 * 1024 }); // a store without quotas records no layer size
@@ -366,7 +367,7 @@ test('a standby that would not fit maxMemoryMb is refused, naming the quota; one
   sandbox(c, acme.tenant.id, 64);
   const tenant = getTenant(c.db, 'acme');
   t.notThrows(() => checkStandbyQuota(c.db, tenant, 64 * 1024 * 1024), '128 + 64 = 192 fits exactly');
-  c.updateSandbox(a, { standby_instance: `${a}.abc` });
+  c.setStandby(a, { instance: `${a}.abc`, checkpoint: 'ckpt_x', pid: null, start: null, at: 0 });
   const e = t.throws(() => checkStandbyQuota(c.db, tenant, 64 * 1024 * 1024), { code: 'QUOTA_EXCEEDED' });
   t.like((e as unknown as { details: object }).details, { quota: 'maxMemoryMb', limit: 192, used: 192, requested: 64 });
   // The standby counts against creates too.
