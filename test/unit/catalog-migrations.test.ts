@@ -64,7 +64,7 @@ test('a new catalog starts at the current schema version with every column', (t)
   t.teardown(() => c.close());
   t.is(c.db.pragma('user_version', { simple: true }), SCHEMA_VERSION);
   for (const col of ['expires_at', 'instance']) t.true(columns(c.db, 'sandboxes').includes(col), col);
-  // The warm standby moved from sandboxes.standby_* to rows of `instances` (step 9).
+  // The warm standby moved from sandboxes.standby_* to rows of `instances` (step 16).
   for (const col of ['id', 'sandbox_id', 'role', 'checkpoint_id', 'pid', 'start', 'created_at'])
     t.true(columns(c.db, 'instances').includes(col), col);
   t.false(columns(c.db, 'sandboxes').some((col) => col.startsWith('standby_')));
@@ -438,9 +438,15 @@ for (const o of cases) {
     for (const [table, rows] of Object.entries(before)) {
       if (table === 'agent_state_meta') continue;
       t.is(after[table]?.length, rows.length, `${table}: as many rows`);
-      // Same values in every old column; added columns may hold their defaults.
-      rows.forEach((row, i) => t.like(after[table]![i], row, `${table} row ${i}`));
+      // Same values in every old column; added columns may hold their defaults. The
+      // standby columns moved to the instances table (step 16): checked below.
+      rows.forEach((row, i) => t.like(after[table]![i], withoutStandbyColumns(table, row), `${table} row ${i}`));
     }
+    // sbx_old had no standby (standby_instance NULL): no standby row; its live instance is a row.
+    t.is(c.standby('sbx_old'), undefined);
+    t.like(c.db.prepare("SELECT * FROM instances WHERE sandbox_id = 'sbx_old' AND role = 'live'").get(), {
+      id: o.version === 8 ? 'sbx_old.cd34' : 'sbx_old',
+    });
     // Columns added by steps keep what the catalog had (version 8) or get the step's values.
     t.like(
       c.sandbox('sbx_old'),
@@ -520,3 +526,9 @@ test('extension steps: unknown names are refused; a newer extension version is C
   t.like((e as unknown as { details: object }).details, { extension: 'langgraph', found: 7, supported: 1 });
   t.throws(() => registerExtension({ name: 'langgraph', migrations: [] }), { code: 'INVALID_ARGUMENT' });
 });
+
+/** A sandboxes row less the standby_* columns, which step 16 moves to the instances table. */
+function withoutStandbyColumns(table: string, row: Record<string, unknown>): Record<string, unknown> {
+  if (table !== 'sandboxes') return row;
+  return Object.fromEntries(Object.entries(row).filter(([k]) => !k.startsWith('standby_')));
+}
