@@ -18,8 +18,7 @@ export interface AfterCommitDeps extends DurabilityDeps, StandbyDeps {}
 
 /** After a checkpoint commits: durability if it is pending, then a standby of it if the policy wants one. */
 export function afterCheckpoint(engine: AfterCommitDeps, ckpt: CheckpointRow): void {
-  if (ckpt.durable_at === null || ckpt.durable_at === undefined)
-    void queueDurability(engine, ckpt.sandbox_id, ckpt.id);
+  if (ckpt.durable_at === null || ckpt.durable_at === undefined) void queueDurability(engine, ckpt.sandbox_id, ckpt.id);
   // A later rollback to this checkpoint becomes a swap (unless the policy keeps standbys for rollbacks).
   const history = recordStandbyChance(engine, ckpt.sandbox_id, 'checkpoint', ckpt.id);
   if (standbyWanted(engine.config.standbyAfterCheckpoint, 'checkpoint', history))

@@ -128,7 +128,13 @@ export function reserveChildren(
             if (opts.netSlot) child.net_slot = freeSlot(catalog, engine.config.networkRange);
             catalog.insertSandbox(child);
             // The fork journal: the reaper removes a child whose start did not commit.
-            catalog.beginOperation({ id: opId, kind: 'fork', sandbox_id: child.id, phase: 'started', payload: opts.payload });
+            catalog.beginOperation({
+              id: opId,
+              kind: 'fork',
+              sandbox_id: child.id,
+              phase: 'started',
+              payload: opts.payload,
+            });
           });
           return { child, opId };
         } catch (e) {

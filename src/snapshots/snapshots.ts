@@ -25,7 +25,13 @@ import {
 } from '../errors.js';
 import { recordedChecksums, verifyCheckpoint } from '../checkpoints/integrity.js';
 import { restoreNewInstance } from '../checkpoints/process-image.js';
-import { abandonChild, releaseChild, reserveChildren, type ForkResult, type ReservedChild } from '../checkpoints/fork.js';
+import {
+  abandonChild,
+  releaseChild,
+  reserveChildren,
+  type ForkResult,
+  type ReservedChild,
+} from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
 import { releaseFiles } from './holders.js';
 import { checkSandboxQuota, checkStoredQuota, tenantOf } from '../tenants/quotas.js';
