@@ -22,22 +22,27 @@ export function afterCheckpoint(engine: AfterCommitDeps, ckpt: CheckpointRow): v
   // A later rollback to this checkpoint becomes a swap (unless the policy keeps standbys for rollbacks).
   const history = recordStandbyChance(engine, ckpt.sandbox_id, 'checkpoint', ckpt.id);
   if (standbyWanted(engine.config.standbyAfterCheckpoint, 'checkpoint', history))
-    queueStandby(engine, ckpt.sandbox_id, ckpt.id);
+    void queueStandby(engine, ckpt.sandbox_id, ckpt.id);
 }
 
-/** After a rollback commits: a standby of its checkpoint if the policy wants one. */
-export function afterRollback(engine: AfterCommitDeps, sandboxId: string, checkpointId: string): void {
+/**
+ * After a rollback commits: a standby of its checkpoint if the policy wants
+ * one. Resolves when that work is done (it never rejects): a verb, holding
+ * the lock, must not wait for it; the reaper, holding none, does.
+ */
+export function afterRollback(engine: AfterCommitDeps, sandboxId: string, checkpointId: string): Promise<void> {
   const history = recordStandbyChance(engine, sandboxId, 'rollback', checkpointId);
   // Agents often fail the same step again (the 'auto' policy asks this sandbox's recent history).
   if (standbyWanted(engine.config.standbyAfterCheckpoint, 'rollback', history))
-    queueStandby(engine, sandboxId, checkpointId);
+    return queueStandby(engine, sandboxId, checkpointId);
+  return Promise.resolve();
 }
 
 /** Prepares a warm standby of a checkpoint in the background, behind the sandbox's lock. */
-function queueStandby(engine: AfterCommitDeps, sandboxId: string, checkpointId: string): void {
+function queueStandby(engine: AfterCommitDeps, sandboxId: string, checkpointId: string): Promise<void> {
   // LOCKSTEP_STANDBY=off (memory-tight hosts): rollback always restores with CRIU.
-  if (!engine.config.standby) return;
+  if (!engine.config.standby) return Promise.resolve();
   const ckpt = engine.catalog.checkpoint(checkpointId);
-  if (!ckpt) return;
-  void engine.withSandboxLock(sandboxId, () => prepareStandby(engine, sandboxId, ckpt)).catch(() => undefined);
+  if (!ckpt) return Promise.resolve();
+  return engine.withSandboxLock(sandboxId, () => prepareStandby(engine, sandboxId, ckpt)).catch(() => undefined);
 }

@@ -321,7 +321,7 @@ export async function rollbackSandbox(
     const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
     // The old instance goes after the caller has its answer (queued behind this call's lock).
     removeAfterAnswer(engine, row.id, oldInstance, 'removing the replaced instance');
-    afterRollback(engine, row.id, ckpt.id);
+    void afterRollback(engine, row.id, ckpt.id);
     return {
       sandboxId: row.id,
       checkpointId: ckpt.id,
@@ -378,7 +378,7 @@ export async function rollbackSandbox(
 
   const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
   if (staleStandby) removeAfterAnswer(engine, row.id, staleStandby, 'removing a stale standby');
-  afterRollback(engine, row.id, ckpt.id);
+  void afterRollback(engine, row.id, ckpt.id);
   return {
     sandboxId: row.id,
     checkpointId: ckpt.id,
