@@ -25,9 +25,7 @@ import { ownCheckpoint, rollbackSandbox } from '../checkpoints/rollback.js';
 import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/fork.js';
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
 import { removeSandbox } from '../lifecycle/remove.js';
-import { prepareStandby } from '../checkpoints/standby.js';
-import { recordStandbyChance, standbyWanted } from '../checkpoints/standby-policy.js';
-import { ensureDurable, queueDurability } from '../checkpoints/durability.js';
+import { ensureDurable } from '../checkpoints/durability.js';
 import { SandboxCore, type Provenance } from './sandbox-core.js';
 import { CommandHandle, SandboxCommands, type ObservedRunResult } from './sandbox-commands.js';
 import { ObservedFiles } from './observed-files.js';
@@ -205,13 +203,8 @@ export class Sandbox {
    */
   async checkpoint(opts: CheckpointOptions = {}): Promise<CheckpointInfo> {
     const engine = this.core.engine;
-    const info = await engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
-    // First in the queue behind the lock: syncfs and checksums, then the standby (which verifies against them).
-    if (info.durableAt === null) void queueDurability(engine, this.id, info.id);
-    // A later rollback to this checkpoint becomes a swap (unless the policy keeps standbys for rollbacks).
-    const history = recordStandbyChance(engine, this.id, 'checkpoint', info.id);
-    if (standbyWanted(engine.config.standbyAfterCheckpoint, 'checkpoint', history)) this.queueStandby(info.id);
-    return info;
+    // The verb queues durability and the warm standby behind the lock (checkpoints/after-commit.ts).
+    return engine.withSandboxLock(this.id, () => checkpointSandbox(engine, this.core.runningRow(), opts));
   }
 
   /**
@@ -222,15 +215,6 @@ export class Sandbox {
     const engine = this.core.engine;
     const ckpt = ownCheckpoint(engine, this.core.row(), checkpointId);
     return checkpointInfo(await ensureDurable(engine, ckpt));
-  }
-
-  /** Prepares a warm standby of a checkpoint in the background, behind this sandbox's lock. */
-  private queueStandby(checkpointId: string): void {
-    const engine = this.core.engine;
-    // LOCKSTEP_STANDBY=off (memory-tight hosts): rollback always restores with CRIU.
-    if (!engine.config.standby) return;
-    const ckpt = engine.catalog.checkpoint(checkpointId)!;
-    void engine.withSandboxLock(this.id, () => prepareStandby(engine, this.id, ckpt)).catch(() => undefined);
   }
 
   /** Resolves once background work queued for this sandbox (warm standby, cleanup) is done. */
@@ -246,14 +230,8 @@ export class Sandbox {
   async rollback(checkpointId: string, opts: RollbackAgentOptions = {}): Promise<RollbackReport> {
     const engine = this.core.engine;
     // A stopped sandbox (its init exited or was killed) can be rolled back: that is how it comes back.
-    const report = await engine.withSandboxLock(this.id, () =>
-      rollbackSandbox(engine, this.core.row(), checkpointId, opts),
-    );
-    const history = recordStandbyChance(engine, this.id, 'rollback', report.checkpointId);
-    // Agents often fail the same step again (the 'auto' policy asks this sandbox's recent history).
-    if (standbyWanted(engine.config.standbyAfterCheckpoint, 'rollback', history))
-      this.queueStandby(report.checkpointId);
-    return report;
+    // The verb queues the warm standby behind the lock (checkpoints/after-commit.ts).
+    return engine.withSandboxLock(this.id, () => rollbackSandbox(engine, this.core.row(), checkpointId, opts));
   }
 
   /** The context snapshot stored with a checkpoint (null if none). */

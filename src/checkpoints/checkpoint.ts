@@ -3,7 +3,8 @@
  * (btrfs, O(1)), dump the process tree with CRIU (the tree keeps running),
  * thaw, then commit one catalog transaction: from then on it can be rolled
  * back to. Its files are made durable and checksummed afterwards, in the
- * background (durability.ts), unless durableLater is off. The checkpoint
+ * background (durability.ts), unless durableLater is off; a warm standby of
+ * it may follow (after-commit.ts). The checkpoint
  * exists only once that transaction commits; a failure (or a crash: see the
  * reaper) at any step before leaves no trace and the sandbox running.
  */
@@ -18,6 +19,8 @@ import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../instances/identity.js';
 import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import { keepChangedPagesOnly } from './page-store.js';
+import { afterCheckpoint } from './after-commit.js';
+import type { AfterCommitDeps } from './after-commit.js';
 import type { ProcessImageDeps } from './process-image.js';
 import type { IntegrityDeps } from './integrity.js';
 import type { PageStoreDeps } from './page-store.js';
@@ -28,7 +31,7 @@ import type { Logger } from '../log.js';
 import type { StatePaths } from '../paths.js';
 
 /** What checkpoint.ts uses of the manager's services (api/engine.ts builds them). */
-export interface CheckpointDeps extends ProcessImageDeps, IntegrityDeps, PageStoreDeps {
+export interface CheckpointDeps extends ProcessImageDeps, IntegrityDeps, PageStoreDeps, AfterCommitDeps {
   agent: AgentState;
   config: LockstepConfig;
   criu: CriuClient;
@@ -252,6 +255,8 @@ export async function checkpointSandbox(
   // Past the commit the checkpoint exists: nothing after this point may discard its files.
   engine.fault('checkpoint:committed');
   log.info({ timings: t }, 'checkpoint committed');
+  // Queued behind the lock the caller holds: durability first, then the standby (which verifies against it).
+  afterCheckpoint(engine, committed);
   return checkpointInfo(committed);
 }
 

@@ -3,7 +3,9 @@
  * snapshot of the checkpoint's layer (btrfs copy-on-write, so they share
  * data without depending on each other), its own cgroup, network namespace
  * and run folder, and CRIU restores the process tree into it. One result per
- * fork: a failed fork does not sink the others.
+ * fork: a failed fork does not sink the others. All the children's rows go
+ * in at once, with the tenant's quotas on sandboxes checked for all of them:
+ * a fork past them is refused whole (QUOTA_EXCEEDED) and makes none.
  */
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
@@ -14,7 +16,7 @@ import { ensureDurable } from './durability.js';
 import { freeSlot } from '../host/network/addresses.js';
 import { addForkPolicy, forgetNetwork } from '../network/sandbox-network.js';
 import { diskBytesFor } from '../lifecycle/create.js';
-import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
+import { checkLayerQuota, checkSandboxQuota, tenantOf } from '../tenants/quotas.js';
 import type { ProcessImageDeps } from './process-image.js';
 import type { IntegrityDeps } from './integrity.js';
 import type { DurabilityDeps } from './durability.js';
@@ -54,17 +56,10 @@ export function validateForkCount(count: unknown): number {
   return count;
 }
 
-async function forkOne(
-  engine: ForkDeps,
-  parent: SandboxRow,
-  ckpt: CheckpointRow,
-  onCreated?: (child: SandboxRow) => void,
-): Promise<ForkResult> {
-  const started = performance.now();
-  const { catalog } = engine;
+/** The row of a fork's child before it is reserved: the parent's, with what is the child's own. */
+function childRow(engine: ForkDeps, parent: SandboxRow, ckpt: CheckpointRow): SandboxRow {
   const id = newId('sbx');
-  const opId = newId('op');
-  const child: SandboxRow = {
+  return {
     ...parent,
     id,
     image: ckpt.image,
@@ -84,33 +79,87 @@ async function forkOne(
     // A parent made before every layer had a limit: its forks get the default.
     disk_bytes: diskBytesFor(engine, parent.disk_bytes),
   };
-  // Not fsynced: a host crash that loses this row also ends everything made
-  // for the fork, and the reaper removes what is left as orphans (unknown
-  // instance keys); the fsynced commit below carries it to disk.
-  // A fork the quota refuses is that fork's result; nothing was made for it.
-  try {
-    catalog.unsynced(() =>
-      catalog.tx(() => {
-        // Each fork's writable layer counts against the tenant's disk quota from its row on.
-        checkLayerQuota(catalog.db, tenantOf(catalog.db, parent.tenant), child.disk_bytes);
-        // A fork of a sandbox with a user namespace gets a range of its own.
-        if (parent.id_base !== null) child.id_base = freeIdBase(catalog);
-        // An egress fork gets an address of its own and a copy of the policy under it.
-        if (parent.net_slot != null) child.net_slot = freeSlot(catalog, engine.config.networkRange);
-        catalog.insertSandbox(child);
-        catalog.beginOperation({
-          id: opId,
-          kind: 'fork',
-          sandbox_id: id,
-          phase: 'started',
-          payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
-        });
-      }),
-    );
-  } catch (e) {
-    if (e instanceof LockstepError) return { ok: false, error: { code: e.code, message: e.message } };
-    throw e;
-  }
+}
+
+/** A child whose row and fork journal entry are in the catalog ("creating"); nothing of it is on the host yet. */
+export interface ReservedChild {
+  child: SandboxRow;
+  opId: string;
+}
+
+/**
+ * Inserts the rows of new children (a fork's, or a start's from a snapshot),
+ * each "creating" with its fork journal entry, in one transaction that
+ * first checks the tenant's quotas on sandboxes for all of them: past
+ * maxSandboxes, maxMemoryMb or maxCpuWeight the whole lot is refused
+ * (QUOTA_EXCEEDED, thrown) and nothing is inserted. A refusal of one child
+ * alone (its writable layer past maxDiskMb, no id range or address left) is
+ * that child's result; the others are reserved. The children are alike
+ * (same limits, same tenant).
+ */
+export function reserveChildren(
+  engine: ForkDeps,
+  tenantId: string | null,
+  children: SandboxRow[],
+  opts: { idRange: boolean; netSlot: boolean; payload: string },
+): Array<ReservedChild | ForkResult> {
+  const { catalog } = engine;
+  // Not fsynced: a host crash that loses these rows also ends everything made
+  // for the children, and the reaper removes what is left as orphans (unknown
+  // instance keys); each child's fsynced commit carries them to disk.
+  return catalog.unsynced(() =>
+    catalog.tx(() => {
+      const tenant = tenantOf(catalog.db, tenantId);
+      if (children.length) checkSandboxQuota(catalog.db, tenant, children[0]!, children.length);
+      return children.map((child): ReservedChild | ForkResult => {
+        const opId = newId('op');
+        try {
+          // A savepoint of its own: a child refused here leaves nothing.
+          catalog.tx(() => {
+            // Each child's writable layer counts against the tenant's disk quota from its row on.
+            checkLayerQuota(catalog.db, tenant, child.disk_bytes);
+            // A child of a sandbox with a user namespace gets a range of its own.
+            if (opts.idRange) child.id_base = freeIdBase(catalog);
+            // An egress child gets an address of its own (and a copy of the policy under it).
+            if (opts.netSlot) child.net_slot = freeSlot(catalog, engine.config.networkRange);
+            catalog.insertSandbox(child);
+            // The fork journal: the reaper removes a child whose start did not commit.
+            catalog.beginOperation({
+              id: opId,
+              kind: 'fork',
+              sandbox_id: child.id,
+              phase: 'started',
+              payload: opts.payload,
+            });
+          });
+          return { child, opId };
+        } catch (e) {
+          if (e instanceof LockstepError) return { ok: false, error: { code: e.code, message: e.message } };
+          throw e;
+        }
+      });
+    }),
+  );
+}
+
+/** Lets go of a reserved child that was never started (its row and journal entry). */
+export function releaseChild(engine: ForkDeps, reserved: ReservedChild): void {
+  engine.catalog.tx(() => {
+    engine.catalog.deleteSandboxRow(reserved.child.id);
+    engine.catalog.endOperation(reserved.opId);
+  });
+}
+
+async function forkOne(
+  engine: ForkDeps,
+  parent: SandboxRow,
+  ckpt: CheckpointRow,
+  { child, opId }: ReservedChild,
+  onCreated?: (child: SandboxRow) => void,
+): Promise<ForkResult> {
+  const started = performance.now();
+  const { catalog } = engine;
+  const id = child.id;
   engine.fault('fork:begin');
   try {
     const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));
@@ -169,22 +218,38 @@ export async function forkSandbox(
     signal?: AbortSignal;
   } = {},
 ): Promise<ForkResult[]> {
+  const children = Array.from({ length: count }, () => childRow(engine, parent, ckpt));
+  // Refused before anything is made; checked again, for good, when the rows go in.
+  checkSandboxQuota(engine.catalog.db, tenantOf(engine.catalog.db, parent.tenant), children[0]!, count);
   await engine.criu.ensureRunning();
   // Once for all the forks, before any is made: a damaged checkpoint makes none.
   await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
+  // All the children's rows in one transaction: a fork past the tenant's quota makes none.
+  const reserved = reserveChildren(engine, parent.tenant, children, {
+    idRange: parent.id_base !== null,
+    netSlot: parent.net_slot != null,
+    payload: JSON.stringify({ parent: parent.id, checkpointId: ckpt.id }),
+  });
   const results: ForkResult[] = new Array(count);
   let next = 0;
   let done = 0;
   const worker = async () => {
     while (next < count) {
       const i = next++;
+      const r = reserved[i]!;
+      if (!('child' in r)) {
+        results[i] = r;
+        opts.onProgress?.(++done, count);
+        continue;
+      }
       // Aborting stops forks that have not started; the ones running finish (or clean up) whole.
       if (opts.signal?.aborted) {
+        releaseChild(engine, r);
         results[i] = { ok: false, error: { code: 'FORK_ABORTED', message: 'The fork was aborted before it started' } };
         opts.onProgress?.(++done, count);
         continue;
       }
-      results[i] = await forkOne(engine, parent, ckpt, opts.onCreated);
+      results[i] = await forkOne(engine, parent, ckpt, r, opts.onCreated);
       opts.onProgress?.(++done, count);
     }
   };

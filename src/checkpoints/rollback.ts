@@ -27,6 +27,8 @@ import { SandboxFiles } from '../instances/files.js';
 import { hasStandbyFor } from './standby.js';
 import { verifyCheckpoint } from './integrity.js';
 import { ensureDurable } from './durability.js';
+import { afterRollback } from './after-commit.js';
+import type { AfterCommitDeps } from './after-commit.js';
 import type { RollbackWarning } from '../effects/effect-ledger.js';
 import type { ProcessImageDeps } from './process-image.js';
 import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
@@ -43,7 +45,8 @@ import type { SandboxRuntime } from '../instances/runtime.js';
 import type { StatePaths } from '../paths.js';
 
 /** What rollback.ts uses of the manager's services (api/engine.ts builds them). */
-export interface RollbackDeps extends ProcessImageDeps, SandboxNetworkDeps, StandbyDeps, IntegrityDeps, DurabilityDeps {
+export interface RollbackDeps
+  extends ProcessImageDeps, SandboxNetworkDeps, StandbyDeps, IntegrityDeps, DurabilityDeps, AfterCommitDeps {
   agent: AgentState;
   catalog: Catalog;
   criu: CriuClient;
@@ -324,6 +327,7 @@ export async function rollbackSandbox(
     const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
     // The old instance goes after the caller has its answer (queued behind this call's lock).
     removeAfterAnswer(engine, row.id, oldInstance, 'removing the replaced instance');
+    void afterRollback(engine, row.id, ckpt.id);
     return {
       sandboxId: row.id,
       checkpointId: ckpt.id,
@@ -374,6 +378,7 @@ export async function rollbackSandbox(
 
   const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
   if (staleStandby) removeAfterAnswer(engine, row.id, staleStandby, 'removing a stale standby');
+  void afterRollback(engine, row.id, ckpt.id);
   return {
     sandboxId: row.id,
     checkpointId: ckpt.id,

@@ -106,18 +106,21 @@ export async function prepareStandby(engine: StandbyDeps, sandboxId: string, ckp
     if (!fresh || fresh.state !== 'running') throw new Error('sandbox changed while its standby was prepared');
     const start = engine.proc.startTime(pid) ?? null;
     if (!isInitOf(engine, key, pid, start)) throw new Error('the restored standby exited before it was frozen');
-    // Checked again with the commit, in the same tick: another sandbox of
-    // the tenant may have taken the room while this one was restoring.
-    if (!standbyFits(engine, fresh)) throw new Error('the tenant has no memory left for a standby');
-    // And the budget again, with what the standby really holds.
-    if (!makeRoomForStandby(engine, fresh, engine.cgroups.memoryBytes(runtime.cgroupName(key))))
-      throw new Error('the standby does not fit the standby memory budget');
-    engine.catalog.setStandby(sandboxId, {
-      instance: key,
-      checkpoint: ckpt.id,
-      pid,
-      start,
-      at: engine.clock.now(),
+    // Checked again in the transaction that records it: another sandbox of
+    // the tenant (in this process or another) may have taken the room while
+    // this one was restoring.
+    engine.catalog.tx(() => {
+      if (!standbyFits(engine, fresh)) throw new Error('the tenant has no memory left for a standby');
+      // And the budget again, with what the standby really holds.
+      if (!makeRoomForStandby(engine, fresh, engine.cgroups.memoryBytes(runtime.cgroupName(key))))
+        throw new Error('the standby does not fit the standby memory budget');
+      engine.catalog.setStandby(sandboxId, {
+        instance: key,
+        checkpoint: ckpt.id,
+        pid,
+        start,
+        at: engine.clock.now(),
+      });
     });
     engine.log.debug({ sandboxId, checkpointId: ckpt.id, instance: key }, 'warm standby ready');
   } catch (e) {

@@ -1,6 +1,6 @@
 /**
  * What every route handler shares: the manager, the tenant of the request,
- * the in-flight operations, metrics, quotas and idempotency.
+ * the in-flight operations, metrics and idempotency (the verbs check quotas).
  */
 import { Admission } from '../admission.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
@@ -8,7 +8,6 @@ import type { Lockstep } from '../api/lockstep.js';
 import type { Sandbox, SandboxInfo } from '../api/sandbox.js';
 import type { Tenant } from '../tenants/tenants.js';
 import type { Tenants } from '../api/tenants.js';
-import { QuotaGate } from '../tenants/quotas.js';
 import type { ServerMetrics } from './metrics.js';
 import type { OperationTracker } from './operations.js';
 import type { IdempotencyStore, StoredResponse } from './idempotency.js';
@@ -63,7 +62,6 @@ export const COMMAND_ROUTE_LIMITS = {
 } as const;
 
 export class ApiContext {
-  readonly gate = new QuotaGate();
   /** Waits (background commands and PTYs alike), foreground commands and PTY streams in flight, per tenant and in all. */
   readonly admission = {
     waits: new Admission({

@@ -8,7 +8,7 @@ import { freeIdBase } from '../instances/id-ranges.js';
 import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../host/network/policy.js';
 import { freeSlot } from '../host/network/addresses.js';
 import { attachNewSandbox, forgetNetwork } from '../network/sandbox-network.js';
-import { checkLayerQuota, tenantOf } from '../tenants/quotas.js';
+import { checkLayerQuota, checkSandboxQuota, tenantOf } from '../tenants/quotas.js';
 import type { SandboxNetworkDeps } from '../network/sandbox-network.js';
 import type { Catalog } from '../catalog/catalog.js';
 import type { CgroupDriver } from '../host/cgroups.js';
@@ -252,6 +252,12 @@ export async function createSandbox(engine: CreateDeps, options: CreateOptions):
   const opts = validateCreateOptions(options);
   if (opts.onProgress !== undefined && typeof opts.onProgress !== 'function')
     throw new InvalidArgumentError('onProgress', 'a function (message) => void', opts.onProgress);
+  // Refused before anything is made (an image built on first use included);
+  // checked again, for good, in the transaction that inserts the row.
+  const cpuWeight = opts.cpuWeight ?? defaultCpuWeight(engine, opts.tenant);
+  const memoryBytes = opts.memoryMb * 1024 * 1024;
+  const owner = () => tenantOf(engine.catalog.db, opts.tenant ?? null);
+  checkSandboxQuota(engine.catalog.db, owner(), { memory_bytes: memoryBytes, cpu_weight: cpuWeight });
   const policy = networkPolicyFor(engine, opts, opts.tenant);
   // A shipped recipe is made on first use; any other missing name is
   // IMAGE_NOT_FOUND (naming the fix) before anything is made.
@@ -267,9 +273,9 @@ export async function createSandbox(engine: CreateDeps, options: CreateOptions):
     state: 'creating',
     init_pid: null,
     init_start: null,
-    memory_bytes: opts.memoryMb * 1024 * 1024,
+    memory_bytes: memoryBytes,
     pids_max: opts.pids,
-    cpu_weight: opts.cpuWeight ?? defaultCpuWeight(engine, opts.tenant),
+    cpu_weight: cpuWeight,
     cpu_quota_us: cpuQuota(opts.cpus) ?? null,
     io_weight: opts.ioWeight ?? null,
     disk_bytes: opts.diskMb === undefined ? defaultDiskBytes(engine, opts.tenant) : opts.diskMb * 1024 * 1024,
@@ -289,10 +295,12 @@ export async function createSandbox(engine: CreateDeps, options: CreateOptions):
   };
   // The row goes in first, marked "creating": after a crash the reaper finds
   // it and removes whatever part of the sandbox exists.
-  // The disk quota is checked here, in the verb, so that SDK callers are bounded as HTTP
-  // ones are, and in the transaction that inserts the row, which then counts for the next.
-  const tenant = tenantOf(engine.catalog.db, opts.tenant ?? null);
+  // The tenant's quotas are checked here, in the verb, so that SDK callers and
+  // other processes are bounded as HTTP ones are, and in the transaction that
+  // inserts the row, which then counts for the next.
   engine.catalog.tx(() => {
+    const tenant = owner();
+    checkSandboxQuota(engine.catalog.db, tenant, row);
     checkLayerQuota(engine.catalog.db, tenant, row.disk_bytes);
     if (engine.userNamespaces) row.id_base = freeIdBase(engine.catalog);
     if (policy) row.net_slot = freeSlot(engine.catalog, engine.config.networkRange);

@@ -15,6 +15,7 @@ import path from 'node:path';
 import { discardCheckpointFiles } from '../checkpoints/checkpoint.js';
 import { commitRollback, restoreSandboxTo, swapInStandby } from '../checkpoints/rollback.js';
 import { hasStandbyFor } from '../checkpoints/standby.js';
+import { afterRollback } from '../checkpoints/after-commit.js';
 import { verifyCheckpoint } from '../checkpoints/integrity.js';
 import { removeSandbox } from './remove.js';
 import { ensureDurable, makeDurable } from '../checkpoints/durability.js';
@@ -102,6 +103,7 @@ export async function reap(engine: ReaperDeps): Promise<ReapReport> {
         ) {
           const { oldInstance } = await swapInStandby(engine, row, ckpt, op.id, payload.branchId ?? row.branch_id, {});
           await runtime.destroy(oldInstance).catch(() => undefined);
+          await afterRollback(engine, row.id, ckpt.id);
           continue;
         }
         if (standby && row.instance === standby) {
@@ -113,6 +115,9 @@ export async function reap(engine: ReaperDeps): Promise<ReapReport> {
         await verifyCheckpoint(engine, await ensureDurable(engine, ckpt));
         const pid = await restoreSandboxTo(engine, row, ckpt, op.id, {});
         commitRollback(engine, row, ckpt, op.id, pid, payload.branchId ?? row.branch_id);
+        // What a rollback queues after its commit (a warm standby), as the verb
+        // does; waited for, so that the host and the catalog agree once open returns.
+        await afterRollback(engine, row.id, ckpt.id);
       } catch (e) {
         engine.log.error({ err: e, sandboxId: row.id }, 'roll-forward of an interrupted rollback failed');
         await runtime.killProcesses(row.instance).catch(() => undefined);

@@ -25,11 +25,16 @@ import {
 } from '../errors.js';
 import { recordedChecksums, verifyCheckpoint } from '../checkpoints/integrity.js';
 import { restoreNewInstance } from '../checkpoints/process-image.js';
-import { freeIdBase } from '../instances/id-ranges.js';
-import { abandonChild, type ForkResult } from '../checkpoints/fork.js';
+import {
+  abandonChild,
+  releaseChild,
+  reserveChildren,
+  type ForkResult,
+  type ReservedChild,
+} from '../checkpoints/fork.js';
 import type { AgentContext } from '../context/formats.js';
 import { releaseFiles } from './holders.js';
-import { checkLayerQuota, checkStoredQuota, tenantOf } from '../tenants/quotas.js';
+import { checkSandboxQuota, checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import { diskBytesFor } from '../lifecycle/create.js';
 import {
   SnapshotRows,
@@ -259,18 +264,10 @@ export function snapshotContext(engine: SnapshotsDeps, ref: string, tenant?: str
   return row.context_id ? engine.agent.contexts.get(row.context_id) : null;
 }
 
-async function startOne(
-  engine: SnapshotsDeps,
-  snap: SnapshotRow,
-  tmpl: SnapshotTemplate,
-  tenant: string | null,
-): Promise<ForkResult> {
-  const started = performance.now();
-  const { catalog } = engine;
+/** The row of a sandbox started from a snapshot, before it is reserved: the snapshot's source's limits. */
+function startRow(engine: SnapshotsDeps, snap: SnapshotRow, tmpl: SnapshotTemplate, tenant: string | null): SandboxRow {
   const id = newId('sbx');
-  const opId = newId('op');
-  const ckpt = asCheckpoint(snap);
-  const child: SandboxRow = {
+  return {
     id,
     tenant,
     image: snap.image,
@@ -296,26 +293,18 @@ async function startOne(
     instance: id,
     id_base: null,
   };
-  // A start the quota refuses is that start's result; nothing was made for it.
-  try {
-    catalog.tx(() => {
-      checkLayerQuota(catalog.db, tenantOf(catalog.db, tenant), child.disk_bytes);
-      // The image's user-namespace maps name the source's range: a new sandbox gets one of its own.
-      if (tmpl.id_base !== null) child.id_base = freeIdBase(catalog);
-      catalog.insertSandbox(child);
-      // The fork journal: the reaper removes a sandbox whose start did not commit.
-      catalog.beginOperation({
-        id: opId,
-        kind: 'fork',
-        sandbox_id: id,
-        phase: 'started',
-        payload: JSON.stringify({ snapshotId: snap.id }),
-      });
-    });
-  } catch (e) {
-    if (e instanceof LockstepError) return { ok: false, error: { code: e.code, message: e.message } };
-    throw e;
-  }
+}
+
+async function startOne(
+  engine: SnapshotsDeps,
+  snap: SnapshotRow,
+  tmpl: SnapshotTemplate,
+  { child, opId }: ReservedChild,
+): Promise<ForkResult> {
+  const started = performance.now();
+  const { catalog } = engine;
+  const id = child.id;
+  const ckpt = asCheckpoint(snap);
   try {
     const pid = await restoreNewInstance(engine, id, child, ckpt, () => undefined, tmpl.id_base);
     catalog.tx(() => {
@@ -344,6 +333,9 @@ export async function startFromSnapshot(
   const count = validateStartCount(opts.count);
   const rows = new SnapshotRows(engine.catalog.db);
   const first = rows.require(ref, opts.tenant);
+  // Refused before anything is made; checked again, for good, when the rows go in.
+  const limits = JSON.parse(first.template) as SnapshotTemplate;
+  checkSandboxQuota(engine.catalog.db, tenantOf(engine.catalog.db, first.tenant), limits, count);
   await engine.criu.ensureRunning();
   return withSnapshotLock(engine, first.id, async () => {
     const snap = rows.get(first.id);
@@ -351,14 +343,27 @@ export async function startFromSnapshot(
     // Once, before any is made: a damaged snapshot starts none.
     await verifyCheckpoint(engine, asCheckpoint(snap));
     const tmpl = JSON.parse(snap.template) as SnapshotTemplate;
+    const children = Array.from({ length: count }, () => startRow(engine, snap, tmpl, snap.tenant));
+    // All the rows in one transaction: a start past the tenant's quota makes none (QUOTA_EXCEEDED).
+    const reserved = reserveChildren(engine, snap.tenant, children, {
+      // The image's user-namespace maps name the source's range: a new sandbox gets one of its own.
+      idRange: tmpl.id_base !== null,
+      netSlot: false,
+      payload: JSON.stringify({ snapshotId: snap.id }),
+    });
     const results: ForkResult[] = [];
     // One at a time: each start reads the same image, and the lock is held throughout.
-    for (let i = 0; i < count; i++) {
+    for (const r of reserved) {
+      if (!('child' in r)) {
+        results.push(r);
+        continue;
+      }
       if (opts.signal?.aborted) {
+        releaseChild(engine, r);
         results.push({ ok: false, error: { code: 'FORK_ABORTED', message: 'The start was aborted before it began' } });
         continue;
       }
-      results.push(await startOne(engine, snap, tmpl, snap.tenant));
+      results.push(await startOne(engine, snap, tmpl, r));
     }
     return results;
   });

@@ -265,6 +265,29 @@ export function checkQuota(
   }
 }
 
+/**
+ * Throws QUOTA_EXCEEDED (maxSandboxes, maxMemoryMb, maxCpuWeight) if `count`
+ * new sandboxes with this row's limits (a create's one, a fork's or a
+ * start's children) would not fit, counted as tenantUsage counts them once
+ * inserted. The verbs call it in the transaction that inserts the rows
+ * (Catalog.tx, BEGIN IMMEDIATE: it holds SQLite's write lock from the count
+ * on), so no other verb, in this process or another on the same catalog,
+ * can take the room in between.
+ */
+export function checkSandboxQuota(
+  db: Database.Database,
+  tenant: Tenant | undefined,
+  row: { memory_bytes: number | null; cpu_weight: number | null },
+  count = 1,
+): void {
+  if (!tenant) return;
+  checkQuota(db, tenant, {
+    count,
+    memoryMb: Math.ceil((row.memory_bytes ?? 0) / MiB),
+    cpuWeight: row.cpu_weight ?? 100,
+  });
+}
+
 /** Throws QUOTA_EXCEEDED (maxMemoryMb) if a warm standby of a sandbox with this memory limit would not fit. */
 export function checkStandbyQuota(db: Database.Database, tenant: Tenant, memoryBytes: number): void {
   if (tenant.maxMemoryMb === null) return;
@@ -333,10 +356,9 @@ export function tenantOf(db: Database.Database, tenantId: string | null): Tenant
 }
 
 /**
- * Serialises check-then-create per tenant within this process, so that two
- * concurrent creates cannot both pass the check and together overshoot.
- * (Another process creating sandboxes for the same tenant is not covered;
- * the HTTP server is the only place tenants create sandboxes.)
+ * Serialises async work per tenant within this process. The quotas do not
+ * need it: the verbs check them in the transaction that inserts the rows
+ * (checkSandboxQuota), which also covers other processes.
  */
 export class QuotaGate {
   private readonly chains = new Map<string, Promise<unknown>>();

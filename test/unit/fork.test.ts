@@ -100,3 +100,27 @@ test('the count is checked before anything is made', async (t) => {
   await t.throwsAsync(m.parent.fork(m.ckpt.id, { count: 65 }), { code: 'INVALID_ARGUMENT' });
   t.deepEqual(m.host.since(mark), []);
 });
+
+test("a fork past the tenant's quota on sandboxes is refused whole: no child, no host call, no journal entry", async (t) => {
+  const m = await openFake(t, { open: { config: { standby: false } } });
+  const { addTenant } = await import('../../src/tenants/tenants.js');
+  const { tenant } = addTenant(m.engine.catalog.db, 'acme', { maxSandboxes: 3 });
+  const parent = await m.ls.create({ tenant: tenant.id });
+  const ckpt = await parent.checkpoint();
+  await parent.settled();
+  const mark = m.host.calls.length;
+  // Room for two more: a fork of three makes none.
+  const e = await t.throwsAsync(parent.fork(ckpt.id, { count: 3 }), { code: 'QUOTA_EXCEEDED' });
+  t.like((e as unknown as { details: object }).details, { quota: 'maxSandboxes', limit: 3, used: 1, requested: 3 });
+  t.deepEqual(m.host.since(mark), []);
+  t.is(m.engine.catalog.allSandboxes().length, 1);
+  t.deepEqual(m.engine.catalog.operations(), []);
+  // The verb itself refuses (the SDK handle is not what checks): so does a fork of two once the room is taken.
+  const row = m.row(parent.id);
+  const results = await forkSandbox(m.engine, row, m.engine.catalog.checkpoint(ckpt.id)!, 2);
+  t.true(results.every((r) => r.ok));
+  await t.throwsAsync(forkSandbox(m.engine, row, m.engine.catalog.checkpoint(ckpt.id)!, 1), {
+    code: 'QUOTA_EXCEEDED',
+  });
+  t.is(m.engine.catalog.allSandboxes().length, 3);
+});

@@ -184,3 +184,20 @@ test('with standbyAfterCheckpoint auto, standbys follow the rollbacks that would
   await sb.settled();
   t.is(m.host.only('criu.restore').length, restoresBefore, 'no standby restore after a checkpoint any more');
 });
+
+test('the checkpoint and rollback verbs, called without the Sandbox handle, queue durability and the standby themselves', async (t) => {
+  const m = await openFake(t, { open: { config: { standby: true, standbyAfterCheckpoint: true } } });
+  const { checkpointSandbox } = await import('../../src/checkpoints/checkpoint.js');
+  const { rollbackSandbox } = await import('../../src/checkpoints/rollback.js');
+  const sb = await m.ls.create();
+  const info = await m.engine.withSandboxLock(sb.id, () => checkpointSandbox(m.engine, m.row(sb.id)));
+  await m.engine.drainLocks();
+  t.not(m.engine.catalog.checkpoint(info.id)!.durable_at, null, 'made durable in the background');
+  t.is(m.standby(sb.id)?.checkpoint, info.id, 'a standby of it was prepared');
+  // A rollback swaps that standby in, then the verb queues a new one of the same checkpoint.
+  const report = await m.engine.withSandboxLock(sb.id, () => rollbackSandbox(m.engine, m.row(sb.id), info.id));
+  t.is(report.path, 'standby');
+  await m.engine.drainLocks();
+  t.is(m.standby(sb.id)?.checkpoint, info.id);
+  t.not(m.standby(sb.id)?.instance, m.row(sb.id).instance);
+});

@@ -1,5 +1,5 @@
 /**
- * Catalog step 9: the `instances` table (one row per process instance of a
+ * Catalog step 16: the `instances` table (one row per process instance of a
  * sandbox, live or warm standby) replaces the sandboxes.standby_* columns,
  * and the `holds` table says who keeps a layer, an image or a process image.
  *
@@ -110,7 +110,7 @@ CREATE TRIGGER IF NOT EXISTS snapshots_holds_delete AFTER DELETE ON snapshots BE
 END;
 `;
 
-/** The standby columns step 9 moves into `instances` rows. */
+/** The standby columns step 16 moves into `instances` rows. */
 const STANDBY_COLUMNS = ['standby_instance', 'standby_checkpoint', 'standby_pid', 'standby_start', 'standby_at'];
 
 /**

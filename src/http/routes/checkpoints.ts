@@ -139,18 +139,11 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
     },
     async (req, reply) => {
       const sb = ctx.sandbox(req);
-      const tenant = ctx.tenant(req);
       const count = req.body.count ?? 1;
-      const results = await ctx.gate.run(tenant.id, async () => {
-        ctx.tenants.checkQuota(tenant, {
-          count,
-          memoryMb: sb.info().memoryMb ?? 0,
-          cpuWeight: sb.info().cpuWeight ?? undefined,
-        });
-        return m.time(m.forkSeconds, () =>
-          ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })),
-        );
-      });
+      // The verb checks the tenant's quotas for all the forks (QUOTA_EXCEEDED, 429, none made).
+      const results = await m.time(m.forkSeconds, () =>
+        ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })),
+      );
       const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
       const errors = results.flatMap((r) => (r.ok ? [] : [publicError(r.error)]));
       if (errors.length) req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'forks failed');

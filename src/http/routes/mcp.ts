@@ -19,7 +19,6 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import type { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { createMcpServer, type TenantScope } from '../../mcp/server.js';
-import { LIMITS } from '../../lifecycle/create.js';
 import type { Tenant } from '../../tenants/tenants.js';
 import { NotFoundError } from '../../errors.js';
 import { tenantSandboxInfo, type ApiContext } from '../context.js';
@@ -65,7 +64,7 @@ class McpSessions {
   }
 }
 
-/** What a tenant's MCP session may do: the REST routes' quota checks, on the tenant as it is now. */
+/** What a tenant's MCP session may do, as its tenant (whose quotas the verbs check). */
 function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
   const current = (): Tenant => {
     const t = ctx.tenants.byId(tenantId);
@@ -74,31 +73,13 @@ function tenantScope(ctx: ApiContext, tenantId: string): TenantScope {
   };
   return {
     id: tenantId,
-    create: (opts) =>
-      ctx.gate.run(tenantId, async () => {
-        ctx.tenants.checkQuota(current(), {
-          count: 1,
-          memoryMb: opts.memoryMb ?? LIMITS.memoryMb.default,
-          cpuWeight: opts.cpuWeight,
-        });
-        return ctx.lockstep.create({ ...opts, tenant: tenantId });
-      }),
-    fork: (sandbox, checkpointId, count) =>
-      ctx.gate.run(tenantId, async () => {
-        const info = sandbox.info();
-        ctx.tenants.checkQuota(current(), {
-          count,
-          memoryMb: info.memoryMb ?? 0,
-          cpuWeight: info.cpuWeight ?? undefined,
-        });
-        return sandbox.fork(checkpointId, { count });
-      }),
-    start: (snapshot, count) =>
-      ctx.gate.run(tenantId, async () => {
-        const snap = ctx.lockstep.snapshots.get(snapshot, { tenant: tenantId });
-        ctx.tenants.checkQuota(current(), { count, memoryMb: snap.memoryMb ?? 0 });
-        return ctx.lockstep.snapshots.start(snap.id, { count, tenant: tenantId });
-      }),
+    // The verbs check the tenant's quotas, on the tenant as it is now.
+    create: (opts) => ctx.lockstep.create({ ...opts, tenant: tenantId }),
+    fork: (sandbox, checkpointId, count) => sandbox.fork(checkpointId, { count }),
+    start: (snapshot, count) => {
+      const snap = ctx.lockstep.snapshots.get(snapshot, { tenant: tenantId });
+      return ctx.lockstep.snapshots.start(snap.id, { count, tenant: tenantId });
+    },
     present: (info) => tenantSandboxInfo(info, current()),
   };
 }

@@ -1,6 +1,5 @@
 /** Routes: create, list, get and delete sandboxes; the caller's tenant. */
 import type { FastifyInstance } from 'fastify';
-import { LIMITS } from '../../lifecycle/create.js';
 import { InvalidStateError, LockstepError } from '../../errors.js';
 import type { Lockstep } from '../../api/lockstep.js';
 import type { ApiContext } from '../context.js';
@@ -82,21 +81,13 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
     async (req, reply) => {
       const tenant = ctx.tenant(req);
-      // Outside the tenant's quota gate: a first-use build must not hold up its other creates.
       // A sandbox started from a snapshot takes its image from the snapshot (already here).
       if (req.body.fromSnapshot === undefined)
         await imageMadeInTime(ctx.lockstep, req.body.image ?? 'base', ctx.imageWaitMs, (s) =>
           reply.header('retry-after', String(s)),
         ).catch(namingImage);
-      const sb = await ctx.gate.run(tenant.id, async () => {
-        // A sandbox started from a snapshot has the snapshot's limits.
-        const memoryMb =
-          req.body.fromSnapshot !== undefined
-            ? (ctx.lockstep.snapshots.get(req.body.fromSnapshot, { tenant: tenant.id }).memoryMb ?? 0)
-            : (req.body.memoryMb ?? LIMITS.memoryMb.default);
-        ctx.tenants.checkQuota(tenant, { count: 1, memoryMb, cpuWeight: req.body.cpuWeight });
-        return ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch(namingImage);
-      });
+      // The verb checks the tenant's quotas (QUOTA_EXCEEDED, 429).
+      const sb = await ctx.lockstep.create({ ...req.body, tenant: tenant.id }).catch(namingImage);
       req.log = reply.log = req.log.child({ sandboxId: sb.id });
       req.log.info('sandbox created');
       return reply.code(201).send(ctx.present(req, sb.info()));

@@ -136,12 +136,10 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
       const tenant = ctx.tenant(req);
       const count = req.body.count ?? 1;
       const snap = ls.snapshots.get(req.params.snap, { tenant: tenant.id });
-      const results = await ctx.gate.run(tenant.id, async () => {
-        ctx.tenants.checkQuota(tenant, { count, memoryMb: snap.memoryMb ?? 0 });
-        return ctx.operation('fork', reply, (signal) =>
-          ls.snapshots.start(snap.id, { count, tenant: tenant.id, signal }),
-        );
-      });
+      // The verb checks the tenant's quotas for all the starts (QUOTA_EXCEEDED, 429, none made).
+      const results = await ctx.operation('fork', reply, (signal) =>
+        ls.snapshots.start(snap.id, { count, tenant: tenant.id, signal }),
+      );
       const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
       const errors = results.flatMap((r) => (r.ok ? [] : [publicError(r.error)]));
       if (errors.length) req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'starts failed');
