@@ -1,7 +1,6 @@
 /** sandbox.commands: commands run in a sandbox, each recorded as an observation; background commands as handles. */
 import fs from 'node:fs';
 import os from 'node:os';
-import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError } from '../errors.js';
 import { namespacePid, startTime } from '../host/proc.js';
 import {
@@ -343,14 +342,14 @@ export class CommandHandle {
     // pid been reused, the signal fails rather than reach the new holder.
     let fd: number;
     try {
-      fd = native().pidfdOpen(pid);
+      fd = this.sandbox.engine.native.pidfdOpen(pid);
     } catch {
       return false;
     }
     try {
       if (this.hostPid() !== pid) return false;
       // The detached command leads its own process group (setsid): signal all of it.
-      return native().pidfdSendSignal(fd, os.constants.signals[signal], true);
+      return this.sandbox.engine.native.pidfdSendSignal(fd, os.constants.signals[signal], true);
     } catch (e) {
       // Kernels before 6.9 cannot signal a group through a pidfd; the group is this sandbox's while its leader runs.
       if ((e as NodeJS.ErrnoException).code !== 'EINVAL') return false;
