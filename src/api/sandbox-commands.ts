@@ -124,6 +124,16 @@ export class SandboxCommands {
     return handle;
   }
 
+  /**
+   * A handle on the command with this pid inside the sandbox, not checked
+   * (connect checks that it is a background command of this sandbox): wait
+   * and kill on a pid that names no command of the sandbox find it gone.
+   */
+  byPid(pid: number): CommandHandle {
+    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'a pid inside the sandbox', pid);
+    return new CommandHandle(this.sandbox, pid);
+  }
+
   /** Reattaches to a background command by its pid (from run's handle or list()). */
   async connect(pid: number): Promise<CommandHandle> {
     if (!Number.isInteger(pid) || pid < 1)
