@@ -249,9 +249,12 @@ export async function runSetup(opts: SetupOptions = {}): Promise<SetupStep[]> {
     for (const name of images)
       await timed(
         `image ${name}`,
-        async () => `in the build cache: ${await ImageStore.cacheRecipe(name, { cacheDir: buildCacheDir(), native: native() }, (l) =>
-          progress(`  ${l}`),
-        )}`,
+        async () =>
+          `in the build cache: ${await ImageStore.cacheRecipe(
+            name,
+            { cacheDir: buildCacheDir(), native: native() },
+            (l) => progress(`  ${l}`),
+          )}`,
       );
     return steps;
   }
