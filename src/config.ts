@@ -193,6 +193,11 @@ function invalid(
   );
 }
 
+/** The build cache of recipe images as the environment sets it (for the CLI's `image cache` and `setup`, which open no manager). */
+export function buildCacheDir(env: Env = process.env): string {
+  return envValue('LOCKSTEP_CACHE', env) ?? DEFAULTS.cacheDir;
+}
+
 /** Options first, then the environment, then the defaults. */
 export function resolveConfig(options: ConfigOptions = {}, env: Env = process.env): LockstepConfig {
   const e = (name: EnvironmentVariable) => envValue(name, env);
@@ -270,7 +275,7 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     storeGib,
     diskQuota,
     defaultDiskMb,
-    cacheDir: options.cacheDir ?? e('LOCKSTEP_CACHE') ?? DEFAULTS.cacheDir,
+    cacheDir: options.cacheDir ?? buildCacheDir(env),
     criuBinary: options.criuBinary ?? e('LOCKSTEP_CRIU') ?? DEFAULTS.criuBinary,
     criuLogLevel,
     keepCriuLogs: options.keepCriuLogs ?? e('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined,

@@ -149,19 +149,25 @@ export class AgentState {
     row: SandboxRow,
     target: CheckpointRow,
     policy: RollbackPolicy,
-  ): { effectsAfter: EffectRecord[]; warnings: RollbackWarning[] } {
-    const effectsAfter = this.effects.effectsAfter(row.id, target.id, this.ancestry(target.id));
+  ): { effectsAfter: EffectRecord[]; warnings: RollbackWarning[]; ancestry: (id: string) => boolean } {
+    const ancestry = this.ancestry(target.id);
+    const effectsAfter = this.effects.effectsAfter(row.id, target.id, ancestry);
     const warnings = checkRollbackPolicy(effectsAfter, policy);
-    return { effectsAfter, warnings };
+    return { effectsAfter, warnings, ancestry };
   }
 
-  /** Inside the rollback's commit transaction: mark the abandoned timeline. */
+  /**
+   * Inside the rollback's commit transaction: mark the abandoned timeline.
+   * `isAnc`: the target's ancestry, as checkRollback computed it (the reaper's roll-forward computes it here).
+   * The effects after the target are read again here: effects are recorded without the sandbox's lock, and the
+   * report lists those the commit abandons as they are now.
+   */
   onRollback(
     row: SandboxRow,
     target: CheckpointRow,
     rollbackId: string,
+    isAnc: (id: string) => boolean = this.ancestry(target.id),
   ): { staleObservations: Observation[]; effectsAfter: EffectRecord[]; verdicts: VerdictTimelines } {
-    const isAnc = this.ancestry(target.id);
     const staleObservations = this.observations.applyRollback(row.id, target.id, isAnc, rollbackId);
     const effectsAfter = this.effects.applyRollback(row.id, target.id, isAnc, rollbackId);
     const verdicts = this.verdicts.applyRollback(row.id, isAnc, rollbackId);

@@ -197,6 +197,7 @@ export class Lockstep {
       paths,
       catalog,
       () => (docker ??= new DockerEngine({ socketPath: config.dockerSocket })),
+      { cacheDir: config.cacheDir, native },
     );
     const locks = new SandboxLocks((id) => paths.sandboxLock(id), native.flock.bind(native), clock);
     const withSandboxLock: Engine['withSandboxLock'] = (id, fn, o) => locks.with(id, fn, o?.timeoutMs);

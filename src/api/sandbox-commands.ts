@@ -1,7 +1,6 @@
 /** sandbox.commands: commands run in a sandbox, each recorded as an observation; background commands as handles. */
 import fs from 'node:fs';
 import os from 'node:os';
-import { native } from '../native/binding.js';
 import { CommandAbortedError, InvalidArgumentError, InvalidStateError } from '../errors.js';
 import { namespacePid, startTime } from '../host/proc.js';
 import {
@@ -123,6 +122,16 @@ export class SandboxCommands {
       if (!(e instanceof InvalidStateError && e.code === 'SANDBOX_NOT_RUNNING')) throw e;
     }
     return handle;
+  }
+
+  /**
+   * A handle on the command with this pid inside the sandbox, not checked
+   * (connect checks that it is a background command of this sandbox): wait
+   * and kill on a pid that names no command of the sandbox find it gone.
+   */
+  byPid(pid: number): CommandHandle {
+    if (!Number.isInteger(pid) || pid < 1) throw new InvalidArgumentError('pid', 'a pid inside the sandbox', pid);
+    return new CommandHandle(this.sandbox, pid);
   }
 
   /** Reattaches to a background command by its pid (from run's handle or list()). */
@@ -343,14 +352,14 @@ export class CommandHandle {
     // pid been reused, the signal fails rather than reach the new holder.
     let fd: number;
     try {
-      fd = native().pidfdOpen(pid);
+      fd = this.sandbox.engine.native.pidfdOpen(pid);
     } catch {
       return false;
     }
     try {
       if (this.hostPid() !== pid) return false;
       // The detached command leads its own process group (setsid): signal all of it.
-      return native().pidfdSendSignal(fd, os.constants.signals[signal], true);
+      return this.sandbox.engine.native.pidfdSendSignal(fd, os.constants.signals[signal], true);
     } catch (e) {
       // Kernels before 6.9 cannot signal a group through a pidfd; the group is this sandbox's while its leader runs.
       if ((e as NodeJS.ErrnoException).code !== 'EINVAL') return false;

@@ -60,6 +60,7 @@ export class SandboxCore {
 
   files(): SandboxFiles {
     return new SandboxFiles(
+      this.engine.native,
       () => this.engine.paths.sandboxRoot(this.runningRow().instance),
       () => this.runningRow().id_base,
     );

@@ -130,13 +130,15 @@ export function queueDurability(engine: DurabilityDeps, sandboxId: string, check
 
 /**
  * Resolves once the checkpoint is durable and checksummed, and returns its
- * fresh row (with the checksums a restore verifies against). A checkpoint
+ * row as durable (with the checksums a restore verifies against). A checkpoint
  * still pending in this process is awaited; one left pending by another
  * process is made durable here (its files are still in this kernel's page
  * cache). A checkpoint of an earlier boot that was never made durable is
  * refused: nothing says its files are whole.
  */
 export async function ensureDurable(engine: DurabilityDeps, ckpt: CheckpointRow): Promise<CheckpointRow> {
+  // A durable row stays durable, with its checksums: no need to read it again.
+  if (ckpt.durable_at !== null && ckpt.durable_at !== undefined) return ckpt;
   let fresh = engine.catalog.checkpoint(ckpt.id) ?? ckpt;
   if (fresh.durable_at !== null && fresh.durable_at !== undefined) return fresh;
   const flight = flights(engine).get(ckpt.id);

@@ -167,6 +167,7 @@ export async function swapInStandby(
   opId: string,
   branchId: string,
   t: Partial<RollbackTimings>,
+  ancestry?: (id: string) => boolean,
 ) {
   const { runtime, cgroups } = engine;
   const standby = engine.catalog.standby(row.id)!;
@@ -187,7 +188,7 @@ export async function swapInStandby(
     t.killMs = performance.now() - m;
     engine.fault('rollback:killed');
     m = performance.now();
-    parts = commitRollback(engine, row, ckpt, opId, standby.pid!, branchId, { instance: key });
+    parts = commitRollback(engine, row, ckpt, opId, standby.pid!, branchId, { instance: key }, ancestry);
   } catch (e) {
     try {
       swapLinks(engine, row, key, row.instance);
@@ -241,6 +242,7 @@ export function commitRollback(
   pid: number,
   branchId: string,
   extra: Partial<SandboxRow> = {},
+  ancestry?: (id: string) => boolean,
 ) {
   const { catalog } = engine;
   const parts = catalog.tx(() => {
@@ -255,7 +257,7 @@ export function commitRollback(
       runtime_layer: ckpt.runtime_layer,
       ...extra,
     });
-    const parts = engine.agent.onRollback(row, ckpt, opId);
+    const parts = engine.agent.onRollback(row, ckpt, opId, ancestry);
     engine.fault('rollback:commit');
     catalog.endOperation(opId);
     return parts;
@@ -281,7 +283,7 @@ export async function rollbackSandbox(
   const opts = validateRollbackOptions(options);
   const ckpt = ownCheckpoint(engine, row, checkpointId);
   // Policy first: a refused rollback changes nothing.
-  const { warnings } = engine.agent.checkRollback(row, ckpt, opts.policy ?? 'warn');
+  const { warnings, ancestry } = engine.agent.checkRollback(row, ckpt, opts.policy ?? 'warn');
   const { catalog } = engine;
   await engine.criu.ensureRunning();
   opts.signal?.throwIfAborted();
@@ -319,12 +321,12 @@ export async function rollbackSandbox(
   engine.fault('rollback:begin');
   const log = engine.log.child({ sandboxId: row.id, checkpointId: ckpt.id });
   if (standby) {
-    const { parts, pid, oldInstance } = await swapInStandby(engine, row, ckpt, opId, branchId, t);
+    const { parts, pid, oldInstance } = await swapInStandby(engine, row, ckpt, opId, branchId, t, ancestry);
     t.commitMs = 0;
     t.totalMs = performance.now() - t0;
     engine.fault('rollback:committed');
     log.info({ timings: t }, 'rollback committed (warm standby)');
-    const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
+    const report = await agentReport(engine, row, standby, ckpt, parts, warnings, opts);
     // The old instance goes after the caller has its answer (queued behind this call's lock).
     removeAfterAnswer(engine, row.id, oldInstance, 'removing the replaced instance');
     void afterRollback(engine, row.id, ckpt.id);
@@ -349,7 +351,7 @@ export async function rollbackSandbox(
   try {
     pid = await restoreSandboxTo(engine, row, ckpt, opId, t);
     const tc = performance.now();
-    parts = commitRollback(engine, row, ckpt, opId, pid, branchId);
+    parts = commitRollback(engine, row, ckpt, opId, pid, branchId, {}, ancestry);
     t.commitMs = performance.now() - tc;
   } catch (e) {
     // The old processes are gone; what is left is the checkpoint's files with
@@ -367,7 +369,7 @@ export async function rollbackSandbox(
         head_checkpoint_id: ckpt.id,
         branch_id: branchId,
       });
-      engine.agent.onRollback(row, ckpt, opId);
+      engine.agent.onRollback(row, ckpt, opId, ancestry);
       catalog.endOperation(opId);
     });
     throw e;
@@ -376,7 +378,7 @@ export async function rollbackSandbox(
   engine.fault('rollback:committed');
   log.info({ timings: t }, 'rollback committed');
 
-  const report = await agentReport(engine, row, ckpt, parts, warnings, opts);
+  const report = await agentReport(engine, row, row.instance, ckpt, parts, warnings, opts);
   if (staleStandby) removeAfterAnswer(engine, row.id, staleStandby, 'removing a stale standby');
   void afterRollback(engine, row.id, ckpt.id);
   return {
@@ -392,20 +394,20 @@ export async function rollbackSandbox(
   };
 }
 
-/** Verdicts are bound to file content: hash the files they were about, as restored, then build the agent's report. */
+/** Verdicts are bound to file content: hash the files they were about, as restored in `instance`, then build the agent's report. */
 async function agentReport(
   engine: RollbackDeps,
   row: SandboxRow,
+  instance: string,
   ckpt: CheckpointRow,
   parts: ReturnType<typeof commitRollback>,
   warnings: RollbackWarning[],
   opts: RollbackAgentOptions,
 ): Promise<AgentRollbackReport> {
-  const fresh = engine.catalog.sandbox(row.id)!;
-  const files = new SandboxFiles(() => engine.paths.sandboxRoot(fresh.instance));
+  const files = new SandboxFiles(engine.native, () => engine.paths.sandboxRoot(instance));
   const hashes = new Map<string, string | null>();
   for (const p of engine.agent.verdictPaths(row.id)) hashes.set(p, await files.verdictHash(p).catch(() => null));
-  return engine.agent.report(fresh, ckpt, { ...parts, warnings }, hashes, opts);
+  return engine.agent.report(row, ckpt, { ...parts, warnings }, hashes, opts);
 }
 
 /** Removes an instance once the caller has its answer: queued behind this call's lock on the sandbox. */

@@ -17,7 +17,8 @@ import { assertSupportedPlatform, helperPath, initPath, native, projectRoot, rel
 import { HostError, InvalidArgumentError, SETUP_COMMAND } from '../errors.js';
 import { StatePaths, resolveHome } from '../paths.js';
 import { SCHEMA_VERSION } from '../catalog/migrations.js';
-import { ImageStore, buildCacheDir, listRecipes, recipeHash, validateImageName } from '../images/image-store.js';
+import { ImageStore, listRecipes, recipeHash, validateImageName } from '../images/image-store.js';
+import { buildCacheDir } from '../config.js';
 import { FS_MAGIC } from '../native/binding.js';
 import { Lockstep } from '../api/lockstep.js';
 
@@ -248,7 +249,12 @@ export async function runSetup(opts: SetupOptions = {}): Promise<SetupStep[]> {
     for (const name of images)
       await timed(
         `image ${name}`,
-        async () => `in the build cache: ${await ImageStore.cacheRecipe(name, (l) => progress(`  ${l}`))}`,
+        async () =>
+          `in the build cache: ${await ImageStore.cacheRecipe(
+            name,
+            { cacheDir: buildCacheDir(), native: native() },
+            (l) => progress(`  ${l}`),
+          )}`,
       );
     return steps;
   }

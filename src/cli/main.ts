@@ -11,6 +11,8 @@ import { envFlags, intFlag, need, numberFlag, parse, splitCommand } from './args
 import type { SandboxInfo } from '../api/sandbox.js';
 import { runDoctor } from '../host/doctor.js';
 import { ImageStore, validateImageName } from '../images/image-store.js';
+import { buildCacheDir } from '../config.js';
+import { native } from '../native/binding.js';
 import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
 import { SERVER_HELP, serverCommands } from './server-commands.js';
@@ -457,7 +459,9 @@ const commands: Record<string, Handler> = {
         );
         const [name] = need(positionals, 1, 'lockstep image cache NAME [--json]');
         const progress = new Progress(values.json === true);
-        const rootfs = await ImageStore.cacheRecipe(name!, (m) => progress.update(m));
+        const rootfs = await ImageStore.cacheRecipe(name!, { cacheDir: buildCacheDir(), native: native() }, (m) =>
+          progress.update(m),
+        );
         progress.done();
         if (values.json) printJson({ name, rootfs });
         return EXIT.ok;

@@ -5,7 +5,7 @@
  * or imported from and exported to a Docker engine.
  *
  * A built recipe is cached by the hash of its files under the build cache
- * (LOCKSTEP_CACHE, default /var/cache/lockstep), so a second state directory
+ * (the config's cacheDir: LOCKSTEP_CACHE, default /var/cache/lockstep), so a second state directory
  * gets the image by a hard-link copy instead of a rebuild.
  */
 import fs from 'node:fs';
@@ -13,7 +13,7 @@ import path from 'node:path';
 import { createHash } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
-import { native, projectRoot } from '../native/binding.js';
+import { projectRoot, type NativeBinding } from '../native/binding.js';
 import {
   AlreadyExistsError,
   HostError,
@@ -25,13 +25,17 @@ import {
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
 import { resolveHome, type StatePaths } from '../paths.js';
 import type { DockerPort } from '../host/docker.js';
-import { DEFAULTS, envValue } from '../config.js';
 
 const execFileAsync = promisify(execFile);
 
 export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
 export const recipesDir = () => path.join(projectRoot, 'sandbox-images');
-export const buildCacheDir = () => envValue('LOCKSTEP_CACHE') ?? DEFAULTS.cacheDir;
+
+/** What the store uses of its manager: the build cache (LockstepConfig.cacheDir) and the addon's flock. */
+export interface ImageStoreHost {
+  cacheDir: string;
+  native: Pick<NativeBinding, 'flock'>;
+}
 
 /** Rejects names that could escape the images folder or confuse a shell. */
 export function validateImageName(name: unknown, field = 'image'): string {
@@ -123,6 +127,7 @@ export class ImageStore {
     private readonly paths: StatePaths,
     private readonly catalog: Catalog,
     private readonly docker: () => DockerPort,
+    private readonly host: ImageStoreHost,
   ) {}
 
   list(): ImageRow[] {
@@ -238,7 +243,7 @@ export class ImageStore {
 
   private async buildLocked(name: string, progress: ProgressFn): Promise<ImageRow> {
     const hash = recipeHash(name);
-    const cached = await buildIntoCache(name, progress, hash);
+    const cached = await buildIntoCache(name, this.host, progress, hash);
     return this.install(name, `recipe:${name}@${hash}`, async (rootfs) => {
       progress(`copying ${name} from the build cache`);
       await copyTree(cached, rootfs);
@@ -260,7 +265,7 @@ export class ImageStore {
     );
     try {
       let announced = false;
-      while (!native().flock(fd, true)) {
+      while (!this.host.native.flock(fd, true)) {
         if (!announced) progress(`waiting for another process making image ${name}`);
         announced = true;
         await new Promise((r) => setTimeout(r, 200));
@@ -272,10 +277,14 @@ export class ImageStore {
   }
 
   /** Builds a recipe into the build cache only (used by setup); no state directory needed. */
-  static async cacheRecipe(name: string, progress: ProgressFn = () => undefined): Promise<string> {
+  static async cacheRecipe(
+    name: string,
+    host: ImageStoreHost,
+    progress: ProgressFn = () => undefined,
+  ): Promise<string> {
     validateImageName(name);
     if (!listRecipes().includes(name)) throw unknownImage(name, undefined);
-    return buildIntoCache(name, progress);
+    return buildIntoCache(name, host, progress);
   }
 
   /** Imports a Docker image (docker:REF) as NAME. */
@@ -373,8 +382,13 @@ async function copyTree(from: string, to: string): Promise<void> {
 }
 
 /** Runs a recipe into the build cache keyed by the recipe's hash; a finished entry is reused. */
-async function buildIntoCache(name: string, progress: ProgressFn, hash = recipeHash(name)): Promise<string> {
-  const cacheRoot = path.join(buildCacheDir(), 'images');
+async function buildIntoCache(
+  name: string,
+  host: ImageStoreHost,
+  progress: ProgressFn,
+  hash = recipeHash(name),
+): Promise<string> {
+  const cacheRoot = path.join(host.cacheDir, 'images');
   const dir = path.join(cacheRoot, `${name}-${hash}`);
   if (fs.existsSync(path.join(dir, '.complete'))) return path.join(dir, 'rootfs');
   fs.mkdirSync(cacheRoot, { recursive: true, mode: 0o700 });
@@ -383,7 +397,7 @@ async function buildIntoCache(name: string, progress: ProgressFn, hash = recipeH
   const lockFd = fs.openSync(path.join(cacheRoot, `.${name}.lock`), fs.constants.O_RDWR | fs.constants.O_CREAT, 0o600);
   try {
     let announced = false;
-    while (!native().flock(lockFd, true)) {
+    while (!host.native.flock(lockFd, true)) {
       if (!announced) progress(`waiting for another build of image ${name}`);
       announced = true;
       await new Promise((r) => setTimeout(r, 200));

@@ -21,7 +21,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { createHash, randomBytes, type Hash } from 'node:crypto';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
-import { native, type OpenedFile } from '../native/binding.js';
+import type { NativeBinding, OpenedFile } from '../native/binding.js';
 import { readDirPage } from './dir-page.js';
 import { InvalidArgumentError, LockstepError, SystemCallError, isNativeError } from '../errors.js';
 
@@ -219,11 +219,13 @@ class Hasher extends Transform {
 /** Files of one sandbox root on the host. */
 export class SandboxFiles {
   /**
+   * `native`: the addon's surface (the engine's, so a fake host can stand in).
    * `owner`: the host id of the sandbox's root when it has a user namespace.
    * What the API creates is then given to it, as if root inside had made it:
    * a file left to host root would be out of the sandbox's reach.
    */
   constructor(
+    private readonly native: Pick<NativeBinding, 'openBeneath' | 'openChecked' | 'openFlags'>,
     private readonly root: () => string,
     private readonly owner: () => number | null = () => null,
   ) {}
@@ -237,7 +239,7 @@ export class SandboxFiles {
   ): Promise<OpenedFile> {
     let opened: OpenedFile;
     try {
-      opened = await native().openChecked(under, rel, flags);
+      opened = await this.native.openChecked(under, rel, flags);
     } catch (e) {
       mapError(e, p);
     }
@@ -250,7 +252,7 @@ export class SandboxFiles {
 
   private async openDir(p: string, rel: string): Promise<number> {
     try {
-      return await native().openBeneath(this.root(), rel, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
+      return await this.native.openBeneath(this.root(), rel, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
     } catch (e) {
       mapError(e, p);
     }
@@ -438,7 +440,7 @@ export class SandboxFiles {
       }
       const mode = opts.mode ?? existing?.mode ?? 0o644;
       try {
-        tmpFd = await native().openBeneath(
+        tmpFd = await this.native.openBeneath(
           viaFd(dirFd),
           tmp,
           fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_NOFOLLOW,
@@ -490,7 +492,7 @@ export class SandboxFiles {
       const next = cur ? `${cur}/${part}` : part;
       try {
         await closeQuietly(
-          await native().openBeneath(this.root(), next, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY),
+          await this.native.openBeneath(this.root(), next, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY),
         );
       } catch (e) {
         if ((e as NodeJS.ErrnoException).code !== 'ENOENT') mapError(e, p);
@@ -620,7 +622,7 @@ export class SandboxFiles {
     const rel = sandboxRelative(p);
     try {
       await closeQuietly(
-        await native().openBeneath(this.root(), rel, native().openFlags.O_PATH | fs.constants.O_NOFOLLOW),
+        await this.native.openBeneath(this.root(), rel, this.native.openFlags.O_PATH | fs.constants.O_NOFOLLOW),
       );
       return true;
     } catch (e) {

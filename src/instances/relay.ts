@@ -14,7 +14,7 @@
  * without end, and nothing in the manager ever blocks on it.
  */
 import net from 'node:net';
-import { native } from '../native/binding.js';
+import type { NativeBinding } from '../native/binding.js';
 import { InvalidStateError, LockstepError, isNativeError } from '../errors.js';
 import { sleep } from '../host/proc.js';
 
@@ -93,6 +93,9 @@ export async function relayReady(exists: () => Promise<boolean>, running: () => 
   }
 }
 
+/** What the writers use of the addon: the FIFO open. */
+type RelayNative = Pick<NativeBinding, 'openFifoWriter'>;
+
 /** One FIFO's writer in this manager. */
 class FifoWriter {
   private socket: net.Socket | undefined;
@@ -101,6 +104,7 @@ class FifoWriter {
   closed: string | undefined;
 
   constructor(
+    private readonly native: RelayNative,
     private readonly address: FifoAddress,
     /** Called when the writer let its fd go while idle: the owner forgets it. */
     private readonly onIdle: () => void,
@@ -125,7 +129,7 @@ class FifoWriter {
     const deadline = Date.now() + OPEN_WAIT_MS;
     for (;;) {
       try {
-        const fd = await native().openFifoWriter(this.address.root, this.address.path);
+        const fd = await this.native.openFifoWriter(this.address.root, this.address.path);
         const socket = new net.Socket({ fd, readable: false, writable: true });
         // Input in flight does not keep a manager's process alive (a script that exits loses what was still queued).
         socket.unref();
@@ -192,10 +196,12 @@ class FifoWriter {
 export class RelayInputs {
   private readonly writers = new Map<string, FifoWriter>();
 
+  constructor(private readonly native: RelayNative) {}
+
   private writer(address: FifoAddress): FifoWriter {
     let w = this.writers.get(address.key);
     if (!w) {
-      const created = new FifoWriter(address, () => {
+      const created = new FifoWriter(this.native, address, () => {
         if (this.writers.get(address.key) === created) this.writers.delete(address.key);
       });
       this.writers.set(address.key, created);
@@ -243,11 +249,11 @@ export class RelayInputs {
 
 const perEngine = new WeakMap<object, RelayInputs>();
 
-/** The writers of one engine (one manager process holds one per open Lockstep). */
-export function relayInputs(engine: object): RelayInputs {
+/** The writers of one engine (one manager process holds one per open Lockstep), opening FIFOs with its binding. */
+export function relayInputs(engine: { native: RelayNative }): RelayInputs {
   let r = perEngine.get(engine);
   if (!r) {
-    r = new RelayInputs();
+    r = new RelayInputs(engine.native);
     perEngine.set(engine, r);
   }
   return r;

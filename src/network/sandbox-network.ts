@@ -42,6 +42,7 @@ export async function attachNewSandbox(engine: SandboxNetworkDeps, row: SandboxR
 async function pointResolverAt(engine: SandboxNetworkDeps, row: SandboxRow): Promise<void> {
   const { gateway } = engine.network.addresses(row.net_slot!);
   const files = new SandboxFiles(
+    engine.native,
     () => engine.paths.sandboxRoot(row.instance),
     () => row.id_base,
   );

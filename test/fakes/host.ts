@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { CgroupDriver, CgroupLimits } from '../../src/host/cgroups.js';
 import type { OpenOptions } from '../../src/api/lockstep.js';
-import type { NativeBinding, PidWatcher } from '../../src/native/binding.js';
+import type { NativeBinding, OpenedFile, PidWatcher } from '../../src/native/binding.js';
 import type {
   Clock,
   CriuClient,
@@ -62,6 +62,14 @@ export class FakeHost {
   bootId = 'fake-boot-1';
   /** Memory charged to each sandbox's cgroups (by sandbox id; a standby's cgroup reports its sandbox's). */
   readonly memoryBytes = new Map<string, number>();
+  /**
+   * The files of each content token (a layer's): path in the sandbox to bytes.
+   * A sandbox root that is mounted reads its writable layer's token's files;
+   * a path not listed does not exist.
+   */
+  readonly files = new Map<string, Record<string, string>>();
+  /** Set by layerPort: where each instance's root is mounted. */
+  private paths: StatePaths | undefined;
 
   constructor(readonly home: string) {}
 
@@ -211,6 +219,7 @@ export class FakeHost {
 
   /** The layer store; layer folders are made on disk so that the engine's own fs calls find them. */
   layerPort(paths: StatePaths): LayerPort {
+    this.paths = paths;
     const need = (ok: boolean, what: string) => {
       if (!ok) throw systemError('ENOENT', what);
     };
@@ -295,7 +304,7 @@ export class FakeHost {
       syncFilesystem: notFaked('syncFilesystem'),
       openBeneath: notFaked('openBeneath'),
       openBeneathSync: notFaked('openBeneathSync'),
-      openChecked: notFaked('openChecked'),
+      openChecked: async (root: string, rel: string) => this.openFile(root, rel),
       openFifoWriter: notFaked('openFifoWriter'),
       quotaEnable: notFaked('quotaEnable'),
       qgroupLimit: notFaked('qgroupLimit'),
@@ -320,6 +329,28 @@ export class FakeHost {
       }),
     } as NativeBinding;
   })();
+
+  /**
+   * openChecked of a regular file below a mounted sandbox root: an fd of a
+   * scratch copy of its bytes (read-only; the file API's reads go through it).
+   */
+  private openFile(root: string, rel: string): OpenedFile {
+    const instance = [...this.uppers.keys()].find((k) => this.paths?.sandboxRoot(k) === root);
+    const bytes =
+      instance !== undefined && this.mounts.has(root)
+        ? this.files.get(this.uppers.get(instance)!)?.['/' + rel]
+        : undefined;
+    if (bytes === undefined) throw Object.assign(systemError('ENOENT', 'openat2'), { path: rel });
+    const dir = fs.mkdtempSync(path.join(this.home, '.fake-file-'));
+    try {
+      const copy = path.join(dir, 'file');
+      fs.writeFileSync(copy, bytes);
+      const fd = fs.openSync(copy, 'r');
+      return { fd, type: 'file', size: Buffer.byteLength(bytes), mode: 0o100644, uid: 0, gid: 0 };
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }
 
   /** OpenOptions that put a manager on this fake host. */
   openOptions(paths: StatePaths, extra: OpenOptions = {}): OpenOptions {

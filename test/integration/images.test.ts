@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import test from 'ava';
 import Docker from 'dockerode';
 import tar from 'tar-fs';
-import { buildCacheDir, recipeHash } from '../../src/images/image-store.js';
+import { recipeHash } from '../../src/images/image-store.js';
+import { buildCacheDir } from '../../src/config.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { listDir } from '../fixtures/host-state.js';
 

@@ -194,3 +194,33 @@ test('a standby whose pid now names another process is not used: the rollback re
   await s.ls.get(s.id).settled();
   t.false(s.host.cgroups.has(s.engine.runtime.cgroupName(stale)), 'the stale standby was removed after the answer');
 });
+
+for (const standby of [false, true]) {
+  test(`${standby ? 'standby' : 'restore'} path: verdicts are judged against the restored files`, async (t) => {
+    const m = await openFake(t, { open: { config: { standby } } });
+    const file = '/app/pkg.tgz';
+    m.host.files.set('files-v1', { [file]: 'the scanned package' });
+    m.host.files.set('files-v2', { [file]: 'a package nobody scanned' });
+    const sb = await m.ls.create();
+    m.host.uppers.set(m.row(sb.id).instance, 'files-v1');
+    const kept = await sb.verdicts.record({ path: file, verdict: 'malware-scan:clean' });
+    const ckpt = await sb.checkpoint();
+    await sb.settled();
+    m.host.uppers.set(m.row(sb.id).instance, 'files-v2');
+    const dropped = await sb.verdicts.record({ path: file, verdict: 'tests:pass' });
+    t.not(dropped.contentHash, kept.contentHash);
+
+    const report = await sb.rollback(ckpt.id);
+    t.is(report.path, standby ? 'standby' : 'restore');
+    t.is(m.host.uppers.get(m.row(sb.id).instance), 'files-v1');
+    // The verdict made on the restored bytes holds; the one made on the replaced bytes is reported, with what the file holds now.
+    t.deepEqual(
+      report.staleVerdicts.map((v) => [v.id, v.verdict, v.contentHash, v.currentHash]),
+      [[dropped.id, 'tests:pass', dropped.contentHash, kept.contentHash]],
+    );
+    t.deepEqual(
+      (await sb.verdicts.stale()).map((v) => v.id),
+      [dropped.id],
+    );
+  });
+}

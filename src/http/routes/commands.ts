@@ -11,7 +11,7 @@
  */
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { CommandHandle, type ObservedRunResult } from '../../api/sandbox.js';
+import type { ObservedRunResult } from '../../api/sandbox.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
 import { renameField } from '../../api/wire.js';
@@ -192,7 +192,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
     async (req, reply) => {
       const sb = ctx.sandbox(req);
       const pid = Number(req.params.pid);
-      const handle = new CommandHandle(sb.core, pid);
+      const handle = sb.commands.byPid(pid);
       // The request's signal reaches the wait: a client that goes away (or a
       // shutdown) ends the pidfd watch and the timer, and frees the place.
       const r = await waits.run(ctx.tenant(req).id, () =>
@@ -222,7 +222,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
     async (req) => {
       const sb = ctx.sandbox(req);
       const pid = Number(req.params.pid);
-      const killed = await new CommandHandle(sb.core, pid).kill(req.body.signal ?? 'SIGKILL');
+      const killed = await sb.commands.byPid(pid).kill(req.body.signal ?? 'SIGKILL');
       return { pid, killed };
     },
   );
