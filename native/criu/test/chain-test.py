@@ -6,7 +6,7 @@ With --stock, also dumps the same workload with a stock CRIU (full dumps) for
 the numbers. Prints one JSON line per checkpoint and a summary.
 
   chain-test.py --criu OUT/criu --keeper OUT/wp-keeper [--stock /usr/local/sbin/criu]
-                [--mib 64] [--mode mixed|bench] [--steps 8] [--verify all|last|none]
+                [--restore-criu CRIU] [--mib 64] [--mode mixed|bench] [--steps 8] [--verify all|last|none]
                 [--workdir /dev/shm/lockstep-criu-test]
 
 Needs root. The original workload is killed before the restores, so the
@@ -78,6 +78,51 @@ def pages_bytes(d):
     return sum(os.path.getsize(p) for p in glob.glob(os.path.join(d, "pages-*.img")))
 
 
+def varints(buf):
+    """(field number, value) of a protobuf message holding only varints and one nested message."""
+    i = 0
+    while i < len(buf):
+        key, i = varint(buf, i)
+        if key & 7 == 0:
+            v, i = varint(buf, i)
+            yield key >> 3, v
+        elif key & 7 == 2:
+            n, i = varint(buf, i)
+            yield key >> 3, buf[i : i + n]
+            i += n
+        else:
+            return
+
+
+def varint(buf, i):
+    v = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
+def dump_stats(d):
+    """CRIU's stats-dump.img: frozen time and page counts of the dump."""
+    try:
+        with open(os.path.join(d, "stats-dump"), "rb") as f:
+            data = f.read()
+    except OSError:
+        return {}
+    size = int.from_bytes(data[8:12], "little")
+    names = {2: "frozen_ms", 3: "memdump_ms", 4: "memwrite_ms", 6: "pages_skipped_parent", 7: "pages_written"}
+    out = {}
+    for field, value in varints(data[12 : 12 + size]):
+        if field == 1 and isinstance(value, bytes):
+            for f2, v2 in varints(value):
+                if f2 in names:
+                    out[names[f2]] = round(v2 / 1000, 2) if names[f2].endswith("_ms") else v2
+    return out
+
+
 def children_of(pid):
     try:
         with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
@@ -119,7 +164,7 @@ def run_chain(a, label, criu, incremental, base):
                     wait_for([os.path.join(base, "step-%d-child.sums" % k)])
         d = os.path.join(base, "ckpt-%d" % k)
         os.makedirs(d)
-        cmd = [criu, "dump", "-t", str(pid), "-D", d, "-R", "-v4", "-o", "dump.log"]
+        cmd = [criu, "dump", "-t", str(pid), "-D", d, "-R", "-v%d" % a.log_level, "-o", "dump.log"]
         if incremental:
             cmd += ["--track-mem", "--wp-keeper", sock]
             if k > 0:
@@ -131,6 +176,7 @@ def run_chain(a, label, criu, incremental, base):
             os.system("grep -h Error %s/dump.log | tail -5 >&2" % d)
             die("%s dump %d failed (log: %s/dump.log)" % (label, k, d))
         row = {"run": label, "mib": a.mib, "ckpt": k, "dump_s": round(dt, 4), "pages_bytes": pages_bytes(d)}
+        row.update(dump_stats(d))
         rows.append(row)
         print(json.dumps(row), flush=True)
         dirs.append(d)
@@ -172,13 +218,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--criu", required=True)
     p.add_argument("--keeper", required=True)
-    p.add_argument("--stock")
+    p.add_argument("--stock", help="a stock criu: also measure full dumps of the same workload with it")
+    p.add_argument("--restore-criu", help="restore with this criu (default: --criu)")
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--mode", choices=["mixed", "bench"], default="mixed")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--verify", choices=["all", "last", "none"], default="all")
     p.add_argument("--workdir", default="/dev/shm/lockstep-criu-test")
     p.add_argument("--keep", action="store_true", help="keep the images")
+    p.add_argument("--log-level", type=int, default=4, help="criu dump -v level (4 logs every page run: slower)")
     a = p.parse_args()
     if os.geteuid() != 0:
         die("needs root")
@@ -194,7 +242,7 @@ def main():
     summary = {}
     base = os.path.join(a.workdir, "patched")
     rows, pids, dirs = run_chain(a, "patched", a.criu, True, base)
-    verify(a, a.criu, base, pids, dirs, a.verify)
+    verify(a, a.restore_criu or a.criu, base, pids, dirs, a.verify)
     summary["patched"] = rows
     if not a.keep:
         shutil.rmtree(base)
@@ -213,6 +261,9 @@ def main():
             "median_dump_s": statistics.median(r["dump_s"] for r in inc),
             "median_pages_bytes": statistics.median(r["pages_bytes"] for r in inc),
         }
+        if all("frozen_ms" in r for r in rs):
+            out[label]["first_frozen_ms"] = rs[0]["frozen_ms"]
+            out[label]["median_frozen_ms"] = statistics.median(r["frozen_ms"] for r in inc)
     print("SUMMARY " + json.dumps(out), flush=True)
 
 
