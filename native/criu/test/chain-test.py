@@ -28,9 +28,40 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PR_SET_CHILD_SUBREAPER = 36
 
 
+WORKDIR = None
+KEEPERS = []
+
+
 def die(msg):
     print("chain-test: " + msg, file=sys.stderr)
+    cleanup()
     sys.exit(1)
+
+
+def cleanup():
+    """Kills what this test started: keepers, and the workloads (their cwd is in WORKDIR)."""
+    for k in KEEPERS:
+        if k.poll() is None:
+            k.kill()
+            k.wait()
+    if not WORKDIR:
+        return
+    mine = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cwd = os.readlink("/proc/%s/cwd" % entry)
+            except OSError:
+                continue
+            if cwd.startswith(WORKDIR + "/"):
+                mine.append(int(entry))
+    for pid in mine:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.1)
+    reap()
 
 
 def wait_for(paths, timeout=120.0):
@@ -138,6 +169,7 @@ def run_chain(a, label, criu, incremental, base):
     sock = os.path.join(base, "keeper.sock")
     if incremental:
         keeper = subprocess.Popen([a.keeper, sock])
+        KEEPERS.append(keeper)
         wait_for([sock])
     wl = subprocess.Popen(
         ["setsid", a.memload, base, str(a.mib), a.mode],
@@ -234,8 +266,11 @@ def main():
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0):
         die("PR_SET_CHILD_SUBREAPER failed")
 
+    global WORKDIR
+    a.workdir = os.path.abspath(a.workdir)
     shutil.rmtree(a.workdir, ignore_errors=True)
     os.makedirs(a.workdir)
+    WORKDIR = a.workdir
     a.memload = os.path.join(a.workdir, "memload")
     subprocess.run(["cc", "-O2", "-o", a.memload, os.path.join(HERE, "memload.c")], check=True)
 

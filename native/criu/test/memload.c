@@ -16,7 +16,9 @@
  * bench: each step writes 256 random pages (1 MiB) of the main region.
  * mixed: also new mappings, mremap, a sparse region, madvise(MADV_DONTNEED)
  *        on anonymous and file-backed private pages, writes made by the kernel
- *        (pread into the region), a forked child that changes its own copy. */
+ *        (pread into the region), a forked child that changes its own copy,
+ *        huge pages (MADV_HUGEPAGE), a MAP_FIXED mapping over part of a
+ *        region, an mprotect round trip. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -191,9 +193,16 @@ static void mixed_step(size_t mib) {
       close(fd);
       break;
     }
-    default:
+    default: { /* step 6, 12...: replace 1 MiB of the main region by a fresh mapping; mprotect round trip */
+      p = mmap(m->addr + MIB, MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      if (p == MAP_FAILED) die("mmap fixed");
+      write_page(p + 7 * PAGE);
+      if (mprotect(m->addr, m->len, PROT_READ) || mprotect(m->addr, m->len, PROT_READ | PROT_WRITE)) die("mprotect");
+      write_random_pages(m, 16);
       break;
+    }
   }
+  write_random_pages(find_region("huge"), 4);
   (void)mib;
 }
 
@@ -221,6 +230,12 @@ int main(int argc, char **argv) {
     unsigned char *v = map_anon(2 * MIB);
     for (size_t i = 0; i < 2 * MIB; i += PAGE) write_page(v + i);
     add_region("movable", v, 2 * MIB);
+    /* transparent huge pages where the kernel gives them (THP is "madvise" here) */
+    unsigned char *h = map_anon(10 * MIB);
+    unsigned char *ha = (unsigned char *)(((uintptr_t)h + 2 * MIB - 1) & ~(2 * MIB - 1));
+    madvise(ha, 8 * MIB, MADV_HUGEPAGE);
+    for (size_t i = 0; i < 8 * MIB; i += PAGE) write_page(ha + i);
+    add_region("huge", ha, 8 * MIB);
     /* a file mapped private: some pages copied on write, some dropped back */
     int fd = open(data_file(), O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) die("data file");
