@@ -1,5 +1,5 @@
 /* memload: a memory workload for testing and measuring incremental CRIU dumps
- * (native/criu/test/chain-test.sh). It holds memory with a known pattern and
+ * (native/criu/test/chain-test.py). It holds memory with a known pattern and
  * changes it one step at a time; at each step it records a hash of every MiB
  * it holds, so that a restored copy can be checked byte for byte.
  *
