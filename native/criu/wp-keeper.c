@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -224,6 +225,10 @@ int main(int argc, char **argv) {
       perror("wp-keeper: accept");
       break;
     }
+    /* one request per connection: a client that sends nothing must not stall the others */
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(sk, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(sk, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     serve(sk);
     close(sk);
   }
