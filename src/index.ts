@@ -5,21 +5,14 @@ export type { Tenant, TenantQuotas } from './tenants/tenants.js';
 export type { TenantUsage } from './tenants/quotas.js';
 export type { PurgeReport } from './tenants/purge.js';
 export type { StoredReplies, StoredReply, StoredResponse } from './tenants/replies.js';
-export {
-  Sandbox,
-  SandboxCommands,
-  CommandHandle,
-  SandboxPty,
-  PtyHandle,
-  ObservedFiles,
-  SandboxEffects,
-  SandboxVerdicts,
-  SandboxPorts,
-  type SandboxInfo,
-  type ForkOptions,
-  type Provenance,
-  type ObservedRunResult,
-} from './api/sandbox.js';
+export { Sandbox, type SandboxInfo, type ForkOptions } from './api/sandbox.js';
+export { SandboxCommands, CommandHandle, type ObservedRunResult } from './api/sandbox-commands.js';
+export { SandboxPty, PtyHandle } from './api/sandbox-pty.js';
+export { ObservedFiles } from './api/observed-files.js';
+export { SandboxEffects } from './api/sandbox-effects.js';
+export { SandboxVerdicts } from './api/sandbox-verdicts.js';
+export { SandboxPorts } from './api/sandbox-ports.js';
+export type { Provenance } from './api/sandbox-core.js';
 export type { CreateOptions } from './lifecycle/create.js';
 export type { ExposedPort, ExposureInfo, ExposureCredentials } from './network/exposed-ports.js';
 export type { RunOptions, RunResult, SpawnOptions } from './instances/commands.js';

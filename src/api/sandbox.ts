@@ -26,28 +26,13 @@ import { forkSandbox, validateForkCount, type ForkResult } from '../checkpoints/
 import { deleteCheckpoint, drawTree } from '../checkpoints/tree.js';
 import { removeSandbox } from '../lifecycle/remove.js';
 import { ensureDurable } from '../checkpoints/durability.js';
-import { SandboxCore, type Provenance } from './sandbox-core.js';
-import { CommandHandle, SandboxCommands, type ObservedRunResult } from './sandbox-commands.js';
+import { SandboxCore } from './sandbox-core.js';
+import { SandboxCommands } from './sandbox-commands.js';
 import { ObservedFiles } from './observed-files.js';
-import { PtyHandle, SandboxPty } from './sandbox-pty.js';
+import { SandboxPty } from './sandbox-pty.js';
 import { SandboxEffects } from './sandbox-effects.js';
 import { SandboxVerdicts } from './sandbox-verdicts.js';
 import { SandboxPorts } from './sandbox-ports.js';
-
-// The sub-APIs live in files of their own; importers of this module keep finding them here.
-export {
-  SandboxCore,
-  SandboxCommands,
-  CommandHandle,
-  SandboxPty,
-  PtyHandle,
-  ObservedFiles,
-  SandboxEffects,
-  SandboxVerdicts,
-  SandboxPorts,
-  type Provenance,
-  type ObservedRunResult,
-};
 
 export interface SandboxInfo {
   id: string;

@@ -33,7 +33,7 @@ export {
   InvalidStateError,
   CommandAbortedError,
 } from '../errors.js';
-export type { ObservedRunResult } from '../api/sandbox.js';
+export type { ObservedRunResult } from '../api/sandbox-commands.js';
 export type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 export type { CheckpointInfo } from '../checkpoints/checkpoint.js';
 export type { ForkResult } from '../checkpoints/fork.js';

@@ -9,7 +9,8 @@
  */
 import { createHash } from 'node:crypto';
 import { Readable } from 'node:stream';
-import type { SandboxInfo, ObservedRunResult } from '../api/sandbox.js';
+import type { SandboxInfo } from '../api/sandbox.js';
+import type { ObservedRunResult } from '../api/sandbox-commands.js';
 import type { CreateOptions } from '../lifecycle/create.js';
 import type { FileEntry, FilePage } from '../instances/files.js';
 import type { OutputChunk, OutputOffsets } from '../instances/background-output.js';

@@ -99,7 +99,6 @@ export type LockstepServer = FastifyInstance & {
   readonly operations: OperationTracker;
 };
 
-export { DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
 const MiB = 1024 * 1024;
 
 const version = VERSION;

@@ -11,7 +11,7 @@
  */
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ObservedRunResult } from '../../api/sandbox.js';
+import type { ObservedRunResult } from '../../api/sandbox-commands.js';
 import type { ApiContext } from '../context.js';
 import { toErrorResponse } from '../errors.js';
 import { renameField } from '../../api/wire.js';
