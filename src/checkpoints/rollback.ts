@@ -360,18 +360,7 @@ export async function rollbackSandbox(
     log.error({ err: e }, 'rollback failed after the old tree was killed');
     // Also when CRIU itself died half-way (no pid came back): tasks it had
     // already restored into the cgroup must not outlive a "stopped" row.
-    await engine.runtime.killProcesses(row.instance).catch(() => undefined);
-    catalog.tx(() => {
-      catalog.updateSandbox(row.id, {
-        state: 'stopped',
-        init_pid: null,
-        init_start: null,
-        head_checkpoint_id: ckpt.id,
-        branch_id: branchId,
-      });
-      engine.agent.onRollback(row, ckpt, opId, ancestry);
-      catalog.endOperation(opId);
-    });
+    await stopAtCheckpoint(engine, row, ckpt, opId, branchId, ancestry);
     throw e;
   }
   t.totalMs = performance.now() - t0;
@@ -415,4 +404,31 @@ function removeAfterAnswer(engine: RollbackDeps, sandboxId: string, instance: st
   void engine
     .withSandboxLock(sandboxId, () => engine.runtime.destroy(instance))
     .catch((err) => engine.log.warn({ err, sandboxId, instance }, what));
+}
+
+/**
+ * A rollback that failed past its point of no return (here, or found by the
+ * reaper): the sandbox is stopped at the checkpoint's files, with nothing of
+ * the tree left running; a new rollback starts it.
+ */
+export async function stopAtCheckpoint(
+  engine: RollbackDeps,
+  row: SandboxRow,
+  ckpt: CheckpointRow,
+  opId: string,
+  branchId: string,
+  ancestry?: (id: string) => boolean,
+): Promise<void> {
+  await engine.runtime.killProcesses(row.instance).catch(() => undefined);
+  engine.catalog.tx(() => {
+    engine.catalog.updateSandbox(row.id, {
+      state: 'stopped',
+      init_pid: null,
+      init_start: null,
+      head_checkpoint_id: ckpt.id,
+      branch_id: branchId,
+    });
+    engine.agent.onRollback(row, ckpt, opId, ancestry);
+    engine.catalog.endOperation(opId);
+  });
 }

@@ -13,7 +13,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { discardCheckpointFiles } from '../checkpoints/checkpoint.js';
-import { commitRollback, restoreSandboxTo, swapInStandby } from '../checkpoints/rollback.js';
+import { commitRollback, restoreSandboxTo, stopAtCheckpoint, swapInStandby } from '../checkpoints/rollback.js';
 import { hasStandbyFor } from '../checkpoints/standby.js';
 import { afterRollback } from '../checkpoints/after-commit.js';
 import { verifyCheckpoint } from '../checkpoints/integrity.js';
@@ -120,18 +120,7 @@ export async function reap(engine: ReaperDeps): Promise<ReapReport> {
         await afterRollback(engine, row.id, ckpt.id);
       } catch (e) {
         engine.log.error({ err: e, sandboxId: row.id }, 'roll-forward of an interrupted rollback failed');
-        await runtime.killProcesses(row.instance).catch(() => undefined);
-        catalog.tx(() => {
-          catalog.updateSandbox(row.id, {
-            state: 'stopped',
-            init_pid: null,
-            init_start: null,
-            head_checkpoint_id: ckpt.id,
-            branch_id: payload.branchId ?? row.branch_id,
-          });
-          engine.agent.onRollback(row, ckpt, op.id);
-          catalog.endOperation(op.id);
-        });
+        await stopAtCheckpoint(engine, row, ckpt, op.id, payload.branchId ?? row.branch_id);
       }
     } else {
       // fork (and anything else): the new sandbox never became visible; remove it.
