@@ -133,6 +133,9 @@ export function criuCliFlags(engine: Engine, req: Omit<CriuRequest, 'op'>): stri
       case 'fileLocks':
         if (value) flags.push('--file-locks');
         break;
+      case 'tcpClose':
+        if (value) flags.push('--tcp-close');
+        break;
       case 'emptyNetns':
         if (value) flags.push('--empty-ns', 'net');
         break;
@@ -182,7 +185,7 @@ export class CriuCli {
   dumpArgs(instance: string, pid: number, dir: string, logLevel = 2, freezeCgroup = false): string[] {
     const e = this.ls.engine;
     const row = this.row(instance, pid);
-    const req = dumpOptions(e, { initPid: pid, instance: row.instance, egress: Boolean(row.network) }, dir);
+    const req = dumpOptions(e, { initPid: pid, instance: row.instance }, dir);
     const args = ['dump', '-t', String(pid), '-D', dir, '-o', 'dump.log', `-v${logLevel}`, ...criuCliFlags(e, req)];
     if (freezeCgroup) args.push('--freeze-cgroup', req.freezeCgroup!);
     return args;

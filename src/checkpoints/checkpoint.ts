@@ -165,13 +165,7 @@ export async function checkpointSandbox(
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
       await engine.criu
-        .dump(
-          dumpOptions(
-            engine,
-            { initPid: row.init_pid!, instance: row.instance, egress: Boolean(row.network) },
-            imagesDir,
-          ),
-        )
+        .dump(dumpOptions(engine, { initPid: row.init_pid!, instance: row.instance }, imagesDir))
         .catch((e: unknown) => {
           // What the init was when frozen, and after: says whether something had killed it (pending SIGKILL, bit 9).
           if (e instanceof LockstepError)

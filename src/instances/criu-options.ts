@@ -28,11 +28,10 @@ export interface CriuOptionsDeps {
   runtime: SandboxRuntime;
 }
 
-/** The process tree to dump: its init, its instance and whether it has an egress network. */
+/** The process tree to dump: its init and its instance. */
 export interface DumpTarget {
   initPid: number;
   instance: string;
-  egress: boolean;
 }
 
 export function dumpOptions(
@@ -52,9 +51,11 @@ export function dumpOptions(
       ['/dev/shm', 'shm'],
     ],
     emptyNetns: true,
-    // An egress sandbox may hold connections to the outside: they are dumped
-    // as they are (no TCP repair, no network lock) and restored closed.
-    ...(target.egress ? { tcpClose: true } : {}),
+    // Any sandbox may hold established connections: to the outside (egress),
+    // from the exposed-port proxy (made by the manager inside its namespace),
+    // or between its own processes. They are dumped as they are (no TCP
+    // repair, no network lock) and restored closed; listeners come back.
+    tcpClose: true,
     networkLock: b.criuNetworkLocks.skip,
     manageCgroupsMode: b.criuCgroupModes.ignore,
     fileLocks: true,
@@ -83,7 +84,8 @@ export function restoreOptions(
     fileLocks: true,
     logLevel: deps.config.criuLogLevel,
     ...(idBase === null ? {} : { workDirOwner: idBase }),
-    // Egress: eth0 moved in at setup-namespaces; connections come back closed.
-    ...(veth ? { veth, tcpClose: true } : {}),
+    // Connections come back closed (see dumpOptions); egress: eth0 moved in at setup-namespaces.
+    tcpClose: true,
+    ...(veth ? { veth } : {}),
   };
 }

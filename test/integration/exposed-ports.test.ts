@@ -312,6 +312,45 @@ integration(test, () => {
   );
 
   test.serial(
+    'a checkpoint taken while a proxied connection is open succeeds and the connection carries on; a rollback to it closes that connection, and the restored listener answers',
+    async (t) => {
+      const sb = await ls.create({ image: 'dev', memoryMb: 256 });
+      t.teardown(() => sb.kill().catch(() => undefined));
+      await serve(sb, 8000, 'open');
+      const e = await sb.ports.expose(8000);
+      // An upgraded (echo) connection through the proxy: the sandbox holds an established TCP socket.
+      const s = net.connect({ host: '127.0.0.1', port: Number(new URL(base).port) });
+      t.teardown(() => s.destroy());
+      let got = '';
+      const closed = new Promise<void>((resolve) => s.on('close', () => resolve()));
+      s.on('data', (d) => (got += d.toString()));
+      s.on('error', () => undefined);
+      s.write(
+        `GET ${e.path}ws HTTP/1.1\r\nHost: x\r\nUpgrade: echo\r\nConnection: Upgrade\r\nX-Lockstep-Token: ${e.token}\r\n\r\n`,
+      );
+      await eventually(() => got.includes('\r\n\r\n'), 10_000, 20);
+      t.regex(got, /^HTTP\/1\.1 101 /);
+
+      const ckpt = await sb.checkpoint();
+      // The dump left the tree running: the connection still echoes.
+      s.write('after-checkpoint');
+      await eventually(() => got.includes('after-checkpoint'), 10_000, 20);
+
+      await sb.settled();
+      await sb.rollback(ckpt.id);
+      // The restored tree got its sockets back closed: the proxied connection ends ...
+      await closed;
+      // ... and the restored listener answers a new request through the same exposure.
+      const r = await eventually(
+        async () => (await proxied(`${base}${e.path}`, { 'x-lockstep-token': e.token })).body.who,
+        10_000,
+        100,
+      );
+      t.is(r, 'open');
+    },
+  );
+
+  test.serial(
     'a rollback keeps the exposure (it reaches the restored listener); a fork does not inherit it; stop and remove close it',
     async (t) => {
       const sb = await ls.create({ image: 'dev', memoryMb: 256 });

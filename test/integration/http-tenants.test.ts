@@ -64,10 +64,13 @@ integration(test, () => {
       const sb: string = (await b.post('/v1/sandboxes', { memoryMb: 64 })).body.id;
       const ckB: string = (await b.post(`/v1/sandboxes/${sb}/checkpoints`, {})).body.id;
 
-      // Both checkpoints become durable in the background (their rows gain durableAt):
-      // wait, so that the comparison below sees only what B's attempts could change.
+      // Both checkpoints become durable in the background (their rows gain durableAt), then
+      // each gets a warm standby (an instance and its holds): wait for both, so that the
+      // comparison below sees only what B's attempts could change.
       await ls.get(sa).durable(ckA);
       await ls.get(sb).durable(ckB);
+      await ls.get(sa).settled();
+      await ls.get(sb).settled();
       const db = ls.engine.catalog.db;
       const before = rowCounts(db);
       const aBefore = {

@@ -36,6 +36,10 @@ integration(test, () => {
       await api.post(`/v1/sandboxes/${id}/effects`, { kind: 'k', input: 1, reversibility: 'irreversible' })
     ).body.effectId;
     const S = `/v1/sandboxes/${id}`;
+    // The checkpoint's durability and warm standby (an instance and its holds) run in the
+    // background: wait for them, so that the count below changes only if a refusal changed it.
+    await ls.get(id).durable(ck);
+    await ls.get(id).settled();
     const before = rowCounts(ls.engine.catalog.db);
 
     // [method, path, body, field, code?]

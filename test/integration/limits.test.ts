@@ -89,9 +89,18 @@ integration(test, () => {
 
     // busybox tail keeps everything it reads when there is no newline: ~200 MB.
     const hog = await small.commands.run(['sh', '-c', 'head -c 200m /dev/zero | tail | wc -c'], { timeoutMs: 60_000 });
-    t.is(hog.exitCode, 0, 'the shell itself survives and reports the pipeline');
-    t.is(hog.stdout.trim(), '0', 'tail was killed before it wrote anything');
-    t.regex(hog.stderr, /Killed/);
+    // The kernel kills tail, the hog. While tail's memory is being freed, head's next pipe write
+    // may charge the cgroup over its limit again and get a second kill in the same cgroup: of wc
+    // or sh (equal badness, both oom_score_adj 500; seen in dmesg, 6.18). Which one is the
+    // kernel's choice: either the shell reports the pipeline, or the pipeline's end was killed too.
+    t.false(hog.stdout.includes(String(200 * 1024 * 1024)), 'the 200 MB never fit');
+    if (hog.exitCode === 0) {
+      t.is(hog.stdout.trim(), '0', 'tail was killed before it wrote anything');
+      t.regex(hog.stderr, /Killed/);
+    } else {
+      t.is(hog.exitCode, 137, `second kill in the cgroup: ${hog.stderr}`);
+      t.true(ls.engine.cgroups.oomKills(cg) >= oomBefore + 2, 'both kills were the OOM killer');
+    }
     const direct = await small.commands.run(['sh', '-c', 'head -c 200m /dev/zero | tail'], { timeoutMs: 60_000 });
     t.is(direct.exitCode, 137);
     t.is(direct.signal, 'SIGKILL');

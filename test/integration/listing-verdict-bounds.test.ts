@@ -34,7 +34,9 @@ integration(test, () => {
       const { client } = await startServer(t, ls);
       const acme = client.as(tenantToken(ls, 'acme'));
       const other = client.as(tenantToken(ls, 'other'));
-      const a = (await acme.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
+      // 256 MiB: busybox `ls` of 100k names holds them all, and the 100k new inodes and
+      // dentries are charged to the sandbox too; at 64 MiB the set-up was OOM-killed now and then.
+      const a = (await acme.post('/v1/sandboxes', { memoryMb: 256 })).body.id as string;
       const o = (await other.post('/v1/sandboxes', { memoryMb: 64 })).body.id as string;
       t.truthy(a && o);
       const mk = await acme.post(`/v1/sandboxes/${a}/commands`, {
