@@ -14,7 +14,7 @@ const floors = [
   {
     name: 'host',
     path: [
-      '^src/(errors|errors-from-wire|config|log|paths|ports|faults|admission|token-bucket|version|server-defaults)\\.ts$',
+      '^src/(errors|errors-from-wire|config|log|paths|ports|faults|admission|token-bucket|version|server-defaults|limits)\\.ts$',
       '^src/(host|native|layers|instances)/',
     ],
   },

@@ -8,6 +8,7 @@ import { LIMITS } from '../lifecycle/create.js';
 import { MAX_FORKS } from '../checkpoints/fork.js';
 import { MAX_SNAPSHOT_STARTS } from '../snapshots/snapshots.js';
 import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../instances/files.js';
+import { COMMAND_TIMEOUT_MAX_MS, IMAGE_NAME_MAX, SANDBOX_LIFETIME_MS } from '../limits.js';
 
 type Schema = Record<string, unknown>;
 
@@ -127,7 +128,7 @@ const obj = (properties: Record<string, Schema>, required: string[] = [], descri
 // ---------------------------------------------------------------- inputs
 
 export const createBody = obj({
-  image: str(64, { pattern: '^[a-z0-9][a-z0-9._-]*$', description: 'Image name (default "base")' }),
+  image: str(IMAGE_NAME_MAX, { pattern: '^[a-z0-9][a-z0-9._-]*$', description: 'Image name (default "base")' }),
   memoryMb: int(LIMITS.memoryMb.min, LIMITS.memoryMb.max, `Memory limit in MiB (default ${LIMITS.memoryMb.default})`),
   pids: int(LIMITS.pids.min, LIMITS.pids.max, `Most processes (default ${LIMITS.pids.default})`),
   cpuWeight: int(
@@ -167,7 +168,11 @@ export const createBody = obj({
       'Allow list of an egress sandbox: IPv4 addresses or CIDRs and domain names (with their subdomains), each optionally with :PORT or :LOW-HIGH; empty: anywhere outside the deny list',
   },
   bandwidthMbit: int(1, 100_000, 'Bandwidth cap of an egress sandbox, Mbit/s each way'),
-  timeoutMs: int(1000, 30 * 24 * 3600 * 1000, 'Lifetime: the sandbox is removed this long after creation'),
+  timeoutMs: int(
+    SANDBOX_LIFETIME_MS.min,
+    SANDBOX_LIFETIME_MS.max,
+    'Lifetime: the sandbox is removed this long after creation',
+  ),
   fromSnapshot: {
     ...snapshotRef,
     description:
@@ -197,7 +202,7 @@ export const runBody = obj(
     },
     cwd: str(4096, { pattern: '^/', description: 'Working directory (default /workspace)' }),
     envs,
-    timeoutMs: int(1, 24 * 3600 * 1000, 'Kill the command after this long (504 COMMAND_TIMEOUT)'),
+    timeoutMs: int(1, COMMAND_TIMEOUT_MAX_MS, 'Kill the command after this long (504 COMMAND_TIMEOUT)'),
     toolCallId,
     background: bool('Start it in the background and return its pid at once'),
     stdin: bool('With background: keep its stdin open for POST .../stdin (default: /dev/null)'),

@@ -25,10 +25,11 @@ import {
 import type { Catalog, ImageRow } from '../catalog/catalog.js';
 import { resolveHome, type StatePaths } from '../paths.js';
 import type { DockerPort } from '../host/docker.js';
+import { IMAGE_NAME_MAX } from '../limits.js';
 
 const execFileAsync = promisify(execFile);
 
-export const IMAGE_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+export const IMAGE_NAME = new RegExp(`^[a-z0-9][a-z0-9._-]{0,${IMAGE_NAME_MAX - 1}}$`);
 export const recipesDir = () => path.join(projectRoot, 'sandbox-images');
 
 /** What the store uses of its manager: the build cache (LockstepConfig.cacheDir) and the addon's flock. */
@@ -42,7 +43,7 @@ export function validateImageName(name: unknown, field = 'image'): string {
   if (typeof name !== 'string' || !IMAGE_NAME.test(name) || name.includes('..')) {
     throw new InvalidArgumentError(
       field,
-      'a name of 1-63 characters from a-z, 0-9, ".", "_" and "-" (no "/" or "..")',
+      `a name of 1-${IMAGE_NAME_MAX} characters from a-z, 0-9, ".", "_" and "-" (no "/" or "..")`,
       name,
     );
   }

@@ -12,6 +12,7 @@ import { spawn } from 'node:child_process';
 import type { Readable, Writable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { helperPath } from '../native/binding.js';
+import { COMMAND_TIMEOUT_MAX_MS } from '../limits.js';
 import {
   ENTER_ARGS,
   REQUEST_FD,
@@ -98,9 +99,12 @@ export function validateCommand(
   }
   if (
     opts.timeoutMs !== undefined &&
-    (typeof opts.timeoutMs !== 'number' || !Number.isFinite(opts.timeoutMs) || opts.timeoutMs <= 0)
+    (typeof opts.timeoutMs !== 'number' ||
+      !Number.isInteger(opts.timeoutMs) ||
+      opts.timeoutMs < 1 ||
+      opts.timeoutMs > COMMAND_TIMEOUT_MAX_MS)
   ) {
-    throw new InvalidArgumentError('timeoutMs', 'a positive number of milliseconds', opts.timeoutMs);
+    throw new InvalidArgumentError('timeoutMs', 'an integer number of milliseconds from 1 to 24 hours', opts.timeoutMs);
   }
   return argv as string[];
 }

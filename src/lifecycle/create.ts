@@ -3,6 +3,7 @@ import { newId, type SandboxRow } from '../catalog/catalog.js';
 import { InvalidArgumentError, InvalidStateError, LimitUnsupportedError } from '../errors.js';
 import { CPU_PERIOD_US, type CgroupLimits } from '../host/cgroups.js';
 import { validateImageName } from '../images/image-store.js';
+import { SANDBOX_LIFETIME_MS } from '../limits.js';
 import { hostOf } from './instance-host.js';
 import { freeIdBase } from '../instances/id-ranges.js';
 import { validateNetworkOptions, type NetworkMode, type NetworkOptions } from '../host/network/policy.js';
@@ -151,8 +152,8 @@ export function validateCreateOptions(
     opts.timeoutMs !== undefined &&
     (typeof opts.timeoutMs !== 'number' ||
       !Number.isInteger(opts.timeoutMs) ||
-      opts.timeoutMs < 1000 ||
-      opts.timeoutMs > 30 * 24 * 3600 * 1000)
+      opts.timeoutMs < SANDBOX_LIFETIME_MS.min ||
+      opts.timeoutMs > SANDBOX_LIFETIME_MS.max)
   ) {
     throw new InvalidArgumentError(
       'timeoutMs',

@@ -27,6 +27,9 @@ import { MAX_FORKS } from '../checkpoints/fork.js';
 import { LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT } from '../instances/files.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import { InvalidArgumentError, LockstepError } from '../errors.js';
+import { COMMAND_TIMEOUT_MAX_MS, IMAGE_NAME_MAX } from '../limits.js';
+import { LIMITS } from '../lifecycle/create.js';
+import { MAX_SNAPSHOT_STARTS } from '../snapshots/snapshots.js';
 import { contextFromWire, rollbackToWire } from '../api/wire.js';
 
 /** What a tenant's session may do; the HTTP server builds it with the tenant's quotas. */
@@ -85,6 +88,14 @@ const toolCallId = z
   .describe('Your tool-call id, recorded with the observation for provenance');
 const path = z.string().min(1).max(4096).describe('Path inside the sandbox; relative paths are under /workspace');
 
+/** An image name, as validateImageName takes it. */
+export const imageArg = z
+  .string()
+  .regex(/^[a-z0-9][a-z0-9._-]*$/)
+  .max(IMAGE_NAME_MAX);
+/** A command's timeout, as validateCommand takes it. */
+export const commandTimeoutArg = z.number().int().positive().max(COMMAND_TIMEOUT_MAX_MS);
+
 const sandboxIdArg = z
   .string()
   .regex(/^sbx_[a-z0-9]+$/)
@@ -123,18 +134,8 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
           'Create and start a sandbox (a Linux machine of its own with ' +
           'copy-on-write files); returns its id and limits.',
         inputSchema: {
-          image: z
-            .string()
-            .regex(/^[a-z0-9][a-z0-9._-]*$/)
-            .max(64)
-            .optional()
-            .describe('Image name (default "base")'),
-          memoryMb: z
-            .number()
-            .int()
-            .min(16)
-            .max(1024 * 1024)
-            .optional(),
+          image: imageArg.optional().describe('Image name (default "base")'),
+          memoryMb: z.number().int().min(LIMITS.memoryMb.min).max(LIMITS.memoryMb.max).optional(),
           // As over REST (64 labels), less the createdBy label added here.
           metadata: z
             .record(z.string().max(200), z.string().max(1024))
@@ -192,12 +193,7 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
         cmd: z.union([z.string().min(1), z.array(z.string()).min(1)]).describe('Shell command line, or argv'),
         cwd: z.string().startsWith('/').optional().describe('Working directory (default /workspace)'),
         envs: z.record(z.string(), z.string()).optional().describe('Extra environment variables'),
-        timeoutMs: z
-          .number()
-          .int()
-          .positive()
-          .max(24 * 3600 * 1000)
-          .optional(),
+        timeoutMs: commandTimeoutArg.optional(),
         toolCallId,
         ...target,
       },
@@ -657,7 +653,7 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
           'Start sandboxes from a snapshot: its processes resume, with its files, and the lineage is kept (effects recorded before it replay instead of running again).',
         inputSchema: {
           snapshot: snapshotRef,
-          count: z.number().int().min(1).max(MAX_FORKS).optional().describe('How many (default 1)'),
+          count: z.number().int().min(1).max(MAX_SNAPSHOT_STARTS).optional().describe('How many (default 1)'),
         },
         annotations: hints(false, false, false),
       },

@@ -10,6 +10,7 @@ import { randomBytes } from 'node:crypto';
 import test, { type ExecutionContext } from 'ava';
 import type { CreateOptions, Lockstep, RunOptions, Sandbox, SpawnOptions } from '../../src/index.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
+import { COMMAND_TIMEOUT_MAX_MS, IMAGE_NAME_MAX } from '../../src/limits.js';
 import { hostState, sandboxPids } from '../fixtures/host-state.js';
 
 // One state directory and one sandbox for the whole file (the tests are serial).
@@ -125,7 +126,17 @@ integration(test, () => {
 
   // ---- create ------------------------------------------------------------------
   test.serial(badCreate, { image: 'no-such-image' }, { code: 'IMAGE_NOT_FOUND', mentions: 'no-such-image' });
-  for (const image of ['../base', '../../etc', '..', 'a/b', '/etc', 'base/', 'Base', ''])
+  for (const image of [
+    '../base',
+    '../../etc',
+    '..',
+    'a/b',
+    '/etc',
+    'base/',
+    'Base',
+    '',
+    'x'.repeat(IMAGE_NAME_MAX + 1),
+  ])
     test.serial(badCreate, { image }, invalid('image'));
   for (const memoryMb of [
     -1,
@@ -161,6 +172,9 @@ integration(test, () => {
   test.serial(badRun, ['env'], { env: { 'WITH SPACE': 'x' } }, invalid('env.WITH SPACE'));
   test.serial(badRun, ['env'], { env: { OK: 'nul\0byte' } }, invalid('env.OK'));
   test.serial(badRun, ['true'], { timeoutMs: -1 }, invalid('timeoutMs'));
+  // As over HTTP and MCP: an integer number of ms, at most COMMAND_TIMEOUT_MAX_MS.
+  test.serial(badRun, ['true'], { timeoutMs: 1.5 }, invalid('timeoutMs'));
+  test.serial(badRun, ['true'], { timeoutMs: COMMAND_TIMEOUT_MAX_MS + 1 }, invalid('timeoutMs'));
   test.serial(badSpawn, [], {}, invalid('command'));
   test.serial(badSpawn, '', {}, invalid('command'));
   test.serial(badSpawn, ['sleep', '1\0'], {}, invalid('command[1]'));

@@ -11,6 +11,7 @@ import { createHash } from 'node:crypto';
 import type Database from 'better-sqlite3';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { startServer, tenantId, tenantToken } from '../fixtures/http-client.js';
+import { COMMAND_TIMEOUT_MAX_MS, IMAGE_NAME_MAX } from '../../src/limits.js';
 
 function rowCounts(db: Database.Database): Record<string, number> {
   const tables = (
@@ -50,6 +51,7 @@ integration(test, () => {
       ['POST', '/v1/sandboxes', { memoryMb: 64.5 }, 'memoryMb'],
       ['POST', '/v1/sandboxes', { pids: 1 }, 'pids'],
       ['POST', '/v1/sandboxes', { image: '../etc' }, 'image'],
+      ['POST', '/v1/sandboxes', { image: 'x'.repeat(IMAGE_NAME_MAX + 1) }, 'image'],
       ['POST', '/v1/sandboxes', { image: 'nosuchimage' }, 'image', 'IMAGE_NOT_FOUND'],
       ['POST', '/v1/sandboxes', { envs: { '1BAD': 'x' } }, 'envs.1BAD'],
       ['POST', '/v1/sandboxes', { envs: { GOOD: 1 } }, 'envs.GOOD'],
@@ -69,6 +71,8 @@ integration(test, () => {
       ['POST', `${S}/commands`, { cmd: 'ls', cwd: 'relative/dir' }, 'cwd'],
       ['POST', `${S}/commands`, { cmd: 'ls', envs: { 'A-B': 'x' } }, 'envs.A-B'],
       ['POST', `${S}/commands`, { cmd: 'ls', timeoutMs: 0 }, 'timeoutMs'],
+      ['POST', `${S}/commands`, { cmd: 'ls', timeoutMs: 1.5 }, 'timeoutMs'],
+      ['POST', `${S}/commands`, { cmd: 'ls', timeoutMs: COMMAND_TIMEOUT_MAX_MS + 1 }, 'timeoutMs'],
       ['POST', `${S}/commands`, { cmd: 'ls', background: 'yes' }, 'background'],
       ['POST', `${S}/commands`, { cmd: 'ls', shell: true }, 'shell'],
       ['POST', `${S}/commands`, { cmd: 'ls', toolCallId: '' }, 'toolCallId'],
