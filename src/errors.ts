@@ -156,17 +156,42 @@ export type NotFoundKind =
 /** Kinds of things AlreadyExistsError names; each has a `<KIND>_EXISTS` code. */
 export type ExistingKind = 'image' | 'tenant' | 'snapshot';
 
+/**
+ * The brand every LockstepError carries: the names of its class and of each
+ * parent up to LockstepError (`['NotFoundError', 'LockstepError']`). A global
+ * symbol, so that two copies of this module (two installs of the package in
+ * one process) recognise each other's errors.
+ */
+export const ERROR_BRAND = Symbol.for('lockstep.error');
+
 /** Base class of every error Lockstep throws. */
 export class LockstepError extends Error {
   readonly code: ErrorCode;
   /** Extra structured facts for callers and logs (ids, paths, log tails). */
   readonly details: Record<string, unknown>;
+  declare readonly [ERROR_BRAND]: readonly string[];
 
   constructor(code: ErrorCode, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = new.target.name;
     this.code = code;
     this.details = options.details ?? {};
+    const lineage: string[] = [];
+    for (let c: unknown = new.target; c !== Error && typeof c === 'function'; c = Object.getPrototypeOf(c))
+      lineage.push(c.name);
+    Object.defineProperty(this, ERROR_BRAND, { value: Object.freeze(lineage) });
+  }
+
+  /**
+   * `instanceof` for this class and every subclass: true for its own
+   * instances, and for an error made by another copy of this module whose
+   * brand names this class (so `e instanceof NotFoundError` holds whichever
+   * copy threw it).
+   */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    if (Function.prototype[Symbol.hasInstance].call(this, value)) return true;
+    const brand = (value as { [ERROR_BRAND]?: unknown } | null | undefined)?.[ERROR_BRAND];
+    return Array.isArray(brand) && brand.includes(this.name);
   }
 
   toJSON(): Record<string, unknown> {
