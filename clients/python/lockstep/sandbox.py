@@ -454,8 +454,9 @@ class Sandbox:
     def list(cls, *, metadata: Optional[Dict[str, str]] = None, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[SandboxInfo]:
         """The tenant's sandboxes, oldest first; with metadata, those whose labels include every pair."""
         t = Transport(api_url, api_key, **transport_options)
-        want = (metadata or {}).items()
-        return [SandboxInfo._from_wire(d) for d in t.json("GET", "/sandboxes") if all((d.get("metadata") or {}).get(k) == v for k, v in want)]
+        # The server filters: ?metadata.KEY=VALUE for each label asked for.
+        query = {f"metadata.{k}": v for k, v in (metadata or {}).items()}
+        return [SandboxInfo._from_wire(d) for d in t.json("GET", "/sandboxes", query=query)]
 
     def _kill_class(cls, sandbox_id: str, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> bool:
         return _kill(Transport(api_url, api_key, **transport_options), sandbox_id)
