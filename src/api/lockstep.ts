@@ -327,9 +327,7 @@ export class Lockstep {
   list(tenant?: string | null, filter: { metadata?: Record<string, string> | undefined } = {}): SandboxInfo[] {
     this.assertOpen();
     const metadata = validateMetadataFilter(filter.metadata);
-    return this.engine.catalog
-      .sandboxes(tenant, metadata)
-      .map((r) => sandboxInfo(r, this.engine.config.networkRange));
+    return this.engine.catalog.sandboxes(tenant, metadata).map((r) => sandboxInfo(r, this.engine.config.networkRange));
   }
 
   /**
@@ -450,6 +448,7 @@ function validateMetadataFilter(metadata: unknown): Record<string, string> {
     throw new InvalidArgumentError('metadata', 'an object of string values', metadata);
   const entries = Object.entries(metadata);
   if (entries.length > 64) throw new InvalidArgumentError('metadata', 'at most 64 labels', entries.length);
-  for (const [k, v] of entries) if (typeof v !== 'string') throw new InvalidArgumentError(`metadata.${k}`, 'a string', v);
+  for (const [k, v] of entries)
+    if (typeof v !== 'string') throw new InvalidArgumentError(`metadata.${k}`, 'a string', v);
   return metadata as Record<string, string>;
 }

@@ -267,7 +267,9 @@ integration(test, () => {
       });
       // The older lists stay for existing callers.
       t.deepEqual(fork.body.ids, [results[0]!.id, results[2]!.id]);
-      t.deepEqual(fork.body.errors, [{ code: 'FORK_FAILED', message: 'Internal error; the server log has the details' }]);
+      t.deepEqual(fork.body.errors, [
+        { code: 'FORK_FAILED', message: 'Internal error; the server log has the details' },
+      ]);
       t.deepEqual(
         (await api.get('/v1/sandboxes')).body.map((s: { id: string }) => s.id).sort(),
         [id, results[0]!.id, results[2]!.id].sort(),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from ._transport import Transport
-from .errors import InvalidArgumentError, LockstepConnectionError, NotFoundError, error_from_wire
+from .errors import InvalidArgumentError, LockstepConnectionError, LockstepError, NotFoundError, error_from_wire, fork_results
 from .pty import Pty
 
 _SANDBOX_ID = re.compile(r"^sbx_[a-z0-9]+$")
@@ -490,12 +490,11 @@ class Sandbox:
         """Rolls back to a checkpoint; the report has the context, stale observations, effects after it and warnings."""
         return self._t.json("POST", self._path("/rollback"), json_body=_drop_none({"checkpointId": checkpoint_id, "policy": policy, "failure": failure, "lessons": lessons}))
 
-    def fork(self, checkpoint_id: str, count: int = 1) -> List["Sandbox"]:
-        """Starts sandboxes from a checkpoint. Raises the first fork's error if none started."""
+    def fork(self, checkpoint_id: str, count: int = 1) -> List[Union["Sandbox", LockstepError]]:
+        """Starts sandboxes from a checkpoint: one result per fork, in order, a ``Sandbox``
+        or, for a fork that failed, its error (the exception class its code maps to, not raised)."""
         r = self._t.json("POST", self._path("/fork"), json_body={"checkpointId": checkpoint_id, "count": count})
-        if not r["ids"] and r["errors"]:
-            raise error_from_wire(500, r["errors"][0])
-        return [Sandbox(i, self._t) for i in r["ids"]]
+        return [Sandbox(i, self._t) if isinstance(i, str) else i for i in fork_results(r)]
 
     def observations(self, *, include_stale: bool = False) -> List[Dict[str, Any]]:
         return self._t.json("GET", self._path("/observations"), query={"includeStale": "true" if include_stale else None})

@@ -140,7 +140,8 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
         ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })),
       );
       const answer = forkResultsToWire(results);
-      if (answer.errors.length) req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'forks failed');
+      if (answer.errors.length)
+        req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'forks failed');
       req.log.info({ checkpointId: req.body.checkpointId, forks: answer.ids }, 'forked');
       return answer;
     },

@@ -138,7 +138,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
         ls.snapshots.start(snap.id, { count, tenant: tenant.id, signal }),
       );
       const answer = forkResultsToWire(results);
-      if (answer.errors.length) req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'starts failed');
+      if (answer.errors.length)
+        req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'starts failed');
       req.log.info({ snapshotId: snap.id, sandboxes: answer.ids }, 'started from a snapshot');
       return answer;
     },
