@@ -323,9 +323,11 @@ export class Lockstep {
     return new Sandbox(this.engine, id);
   }
 
-  list(tenant?: string | null): SandboxInfo[] {
+  /** The sandboxes (a tenant's, when given), oldest first; with `metadata`, those whose labels include every pair. */
+  list(tenant?: string | null, filter: { metadata?: Record<string, string> | undefined } = {}): SandboxInfo[] {
     this.assertOpen();
-    return this.engine.catalog.sandboxes(tenant).map((r) => sandboxInfo(r, this.engine.config.networkRange));
+    const metadata = validateMetadataFilter(filter.metadata);
+    return this.engine.catalog.sandboxes(tenant, metadata).map((r) => sandboxInfo(r, this.engine.config.networkRange));
   }
 
   /**
@@ -438,3 +440,15 @@ function ensureSharedRunFolder(native: NativeBinding, proc: ProcessTable, dir: s
 
 /** The sandboxes' run folder's size: inodes only (folders, device nodes, links), a few KiB a sandbox. */
 const RUN_FOLDER_BYTES = 64 << 20;
+
+/** A list filter on labels: an object of at most 64 string values (a sandbox has at most 64 labels). */
+function validateMetadataFilter(metadata: unknown): Record<string, string> {
+  if (metadata === undefined) return {};
+  if (typeof metadata !== 'object' || metadata === null || Array.isArray(metadata))
+    throw new InvalidArgumentError('metadata', 'an object of string values', metadata);
+  const entries = Object.entries(metadata);
+  if (entries.length > 64) throw new InvalidArgumentError('metadata', 'at most 64 labels', entries.length);
+  for (const [k, v] of entries)
+    if (typeof v !== 'string') throw new InvalidArgumentError(`metadata.${k}`, 'a string', v);
+  return metadata as Record<string, string>;
+}

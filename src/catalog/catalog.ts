@@ -305,14 +305,22 @@ export class Catalog {
     }
     return row;
   }
-  sandboxes(tenant?: string | null): SandboxRow[] {
-    if (tenant !== undefined && tenant !== null)
-      return this.statement("SELECT * FROM sandboxes WHERE tenant = ? AND state != 'removing' ORDER BY created_at").all(
-        tenant,
-      ) as SandboxRow[];
-    return this.statement(
-      "SELECT * FROM sandboxes WHERE state != 'removing' ORDER BY created_at",
-    ).all() as SandboxRow[];
+  /** The sandboxes (a tenant's, when given), oldest first; with metadata, those whose labels include every pair. */
+  sandboxes(tenant?: string | null, metadata: Record<string, string> = {}): SandboxRow[] {
+    const where = ["state != 'removing'"];
+    const args: string[] = [];
+    if (tenant !== undefined && tenant !== null) {
+      where.push('tenant = ?');
+      args.push(tenant);
+    }
+    // One EXISTS per label over the JSON column: keys need no quoting in a JSON path this way.
+    for (const [k, v] of Object.entries(metadata)) {
+      where.push("EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE key = ? AND type = 'text' AND value = ?)");
+      args.push(k, v);
+    }
+    return this.statement(`SELECT * FROM sandboxes WHERE ${where.join(' AND ')} ORDER BY created_at`).all(
+      ...args,
+    ) as SandboxRow[];
   }
   allSandboxes(): SandboxRow[] {
     return this.statement('SELECT * FROM sandboxes ORDER BY created_at').all() as SandboxRow[];

@@ -46,8 +46,20 @@ export interface ForkDeps extends ProcessImageDeps, IntegrityDeps, DurabilityDep
 
 export const MAX_FORKS = 64;
 
+/**
+ * One fork's outcome, in the order asked for: the child's id, its init's host
+ * pid and how long it took, or the typed error's code, message and details
+ * (`field` for bad input, for one).
+ */
 export type ForkResult =
-  { ok: true; id: string; pid: number; ms: number } | { ok: false; error: { code: string; message: string } };
+  | { ok: true; id: string; pid: number; ms: number }
+  | { ok: false; error: { code: string; message: string; details?: Record<string, unknown> } };
+
+/** A failed fork's result from a typed error (its details kept when it has any). */
+export function forkFailure(e: LockstepError): ForkResult {
+  const details = Object.keys(e.details).length ? { details: { ...e.details } } : {};
+  return { ok: false, error: { code: e.code, message: e.message, ...details } };
+}
 
 export function validateForkCount(count: unknown): number {
   if (count === undefined) return 1;
@@ -134,7 +146,7 @@ export function reserveChildren(
           });
           return { child, opId };
         } catch (e) {
-          if (e instanceof LockstepError) return { ok: false, error: { code: e.code, message: e.message } };
+          if (e instanceof LockstepError) return forkFailure(e);
           throw e;
         }
       });
@@ -160,8 +172,9 @@ async function forkOne(
   const started = performance.now();
   const { catalog } = engine;
   const id = child.id;
-  engine.fault('fork:begin');
   try {
+    // Inside the try: a failure at this child's start is its result, not the whole fork's.
+    engine.fault('fork:begin');
     const pid = await restoreNewInstance(engine, id, child, ckpt, (point) => engine.fault(`fork:${point}`));
     engine.fault('fork:restored');
     await addForkPolicy(engine, child);
@@ -198,11 +211,8 @@ export async function abandonChild(engine: ForkDeps, child: SandboxRow, opId: st
     engine.catalog.deleteSandboxRow(child.id);
     engine.catalog.endOperation(opId);
   });
-  const error =
-    e instanceof LockstepError
-      ? { code: e.code, message: e.message }
-      : { code: 'FORK_FAILED', message: (e as Error).message };
-  return { ok: false, error };
+  if (e instanceof LockstepError) return forkFailure(e);
+  return { ok: false, error: { code: 'FORK_FAILED', message: (e as Error).message } };
 }
 
 /** Starts `count` sandboxes from a checkpoint, a few at a time. */

@@ -36,5 +36,5 @@ export {
 export type { ObservedRunResult } from '../api/sandbox-commands.js';
 export type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 export type { CheckpointInfo } from '../checkpoints/checkpoint.js';
-export type { ForkResult } from '../checkpoints/fork.js';
+export type { RemoteForkResult } from './fork-results.js';
 export type { EffectRecord, EffectSpec, BeginResult } from '../effects/effect-ledger.js';

@@ -16,7 +16,8 @@ import type { FileEntry, FilePage } from '../instances/files.js';
 import type { OutputChunk, OutputOffsets } from '../instances/background-output.js';
 import { RemotePty } from './pty.js';
 import type { CheckpointInfo } from '../checkpoints/checkpoint.js';
-import type { ForkResult } from '../checkpoints/fork.js';
+import type { WireForkResults } from '../http/fork-results.js';
+import { forkResultsFromWire, type RemoteForkResult } from './fork-results.js';
 import type { RollbackReport } from '../checkpoints/rollback.js';
 import type { RollbackAgentOptions } from '../agent-state/agent-state.js';
 import type { EffectRecord, EffectSpec, BeginResult, Resolution } from '../effects/effect-ledger.js';
@@ -111,9 +112,9 @@ export class Sandbox {
     opts: ConnectionOptions & CallOptions & { metadata?: Record<string, string> | undefined } = {},
   ): Promise<RemoteSandboxInfo[]> {
     const t = new Transport(opts);
-    const all = await t.json<RemoteSandboxInfo[]>({ method: 'GET', path: '/sandboxes', signal: opts.signal });
-    const want = Object.entries(opts.metadata ?? {});
-    return all.filter((s) => want.every(([k, v]) => s.metadata[k] === v));
+    // The server filters: ?metadata.KEY=VALUE for each label asked for.
+    const query = Object.fromEntries(Object.entries(opts.metadata ?? {}).map(([k, v]) => [`metadata.${k}`, v]));
+    return t.json<RemoteSandboxInfo[]>({ method: 'GET', path: '/sandboxes', query, signal: opts.signal });
   }
 
   /** Removes a sandbox by id; false if the tenant had none with that id (already removed is not a failure). */
@@ -187,20 +188,19 @@ export class Sandbox {
     });
   }
 
-  /** Starts independent sandboxes from a checkpoint; one result per fork (failures carry their error). */
-  async fork(checkpointId: string, opts: { count?: number | undefined } & CallOptions = {}): Promise<ForkResult[]> {
-    const r = await this.transport.json<{ ids: string[]; errors: { code: string; message: string }[] }>({
+  /** Starts independent sandboxes from a checkpoint; one result per fork, in order (a failed one carries its typed error). */
+  async fork(
+    checkpointId: string,
+    opts: { count?: number | undefined } & CallOptions = {},
+  ): Promise<RemoteForkResult[]> {
+    const r = await this.transport.json<WireForkResults>({
       method: 'POST',
       path: this.path('/fork'),
       body: { json: { checkpointId, ...(opts.count !== undefined ? { count: opts.count } : {}) } },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
-    // The API reports ids and errors; pid and timings stay on the server.
-    return [
-      ...r.ids.map((id) => ({ ok: true as const, id, pid: 0, ms: 0 })),
-      ...r.errors.map((error) => ({ ok: false as const, error })),
-    ];
+    return forkResultsFromWire(r);
   }
 
   /** A handle on one of the forks this sandbox made (same connection). */

@@ -1,7 +1,8 @@
 /** Named snapshots of the calling tenant, over HTTP: the SDK's `ls.snapshots` shape. */
 import { Readable } from 'node:stream';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
-import type { ForkResult } from '../checkpoints/fork.js';
+import type { WireForkResults } from '../http/fork-results.js';
+import { forkResultsFromWire, type RemoteForkResult } from './fork-results.js';
 import type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
 import type { PullReport } from '../snapshots/pull.js';
 import type { PushReport, StorePullReport } from '../snapshots/transfer.js';
@@ -61,19 +62,16 @@ export class Snapshots {
     return r.context;
   }
 
-  /** Starts sandboxes from it; one result each (connect with Sandbox.connect(id)). */
-  async start(ref: string, opts: { count?: number | undefined } & CallOptions = {}): Promise<ForkResult[]> {
-    const r = await this.transport.json<{ ids: string[]; errors: { code: string; message: string }[] }>({
+  /** Starts sandboxes from it; one result each, in order (connect with Sandbox.connect(id)). */
+  async start(ref: string, opts: { count?: number | undefined } & CallOptions = {}): Promise<RemoteForkResult[]> {
+    const r = await this.transport.json<WireForkResults>({
       method: 'POST',
       path: `/snapshots/${enc(ref)}/sandboxes`,
       body: { json: opts.count !== undefined ? { count: opts.count } : {} },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
-    return [
-      ...r.ids.map((id) => ({ ok: true as const, id, pid: 0, ms: 0 })),
-      ...r.errors.map((error) => ({ ok: false as const, error })),
-    ];
+    return forkResultsFromWire(r);
   }
 
   /** The snapshot's bundle as a stream; a failed request is the stream's error. */

@@ -234,6 +234,14 @@ export const ptyCreateBody = obj(
   ['cols', 'rows'],
 );
 export const ptyResizeBody = obj({ cols: dimension('Columns'), rows: dimension('Rows') }, ['cols', 'rows']);
+/** `GET /sandboxes?metadata.KEY=VALUE`: only sandboxes with every label named (the names are free-form). */
+export const sandboxListQuery: Schema = {
+  type: 'object',
+  patternProperties: {
+    '^metadata\\..+$': { type: 'string', maxLength: 1024, description: 'A label the sandbox must have (KEY=VALUE)' },
+  },
+  additionalProperties: false,
+};
 export const offsetQuery = obj({
   offset: { type: 'string', pattern: '^(0|[1-9][0-9]{0,15})$', description: 'Byte offset to read from (default 0)' },
 });
@@ -449,10 +457,47 @@ export const rollbackReport = loose(
     recoverySummary: { type: 'object', additionalProperties: true },
   },
 );
-export const forkResult = loose('Forks started, and errors of those that failed', {
-  ids: { type: 'array', items: { type: 'string' } },
-  errors: { type: 'array', items: { type: 'object', additionalProperties: true } },
-});
+export const forkResult = loose(
+  'One result per sandbox asked for, in order (`results`); `ids` and `errors` list the same without the order',
+  {
+    results: {
+      type: 'array',
+      items: {
+        oneOf: [
+          {
+            type: 'object',
+            description: 'Started: its id and how long it took (ms)',
+            properties: { id: { type: 'string' }, ms: { type: 'integer' } },
+            required: ['id', 'ms'],
+          },
+          {
+            type: 'object',
+            description: 'Failed: its error body (code, message, field?) with the status that error has alone',
+            properties: {
+              error: {
+                type: 'object',
+                properties: {
+                  code: { type: 'string' },
+                  message: { type: 'string' },
+                  field: { type: 'string' },
+                  status: { type: 'integer' },
+                },
+                required: ['code', 'message', 'status'],
+              },
+            },
+            required: ['error'],
+          },
+        ],
+      },
+    },
+    ids: { type: 'array', items: { type: 'string' }, description: 'The ids of those started' },
+    errors: {
+      type: 'array',
+      items: { type: 'object', additionalProperties: true },
+      description: 'The errors (code, message) of those that failed',
+    },
+  },
+);
 export const effectRecord = loose('A ledger row', {
   id: { type: 'string' },
   kind: { type: 'string' },

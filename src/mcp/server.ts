@@ -80,6 +80,27 @@ async function tool(fn: () => Promise<unknown> | unknown): Promise<CallToolResul
   }
 }
 
+/**
+ * A fork's or start's answer: `results`, one per sandbox in order (its id, or
+ * its error as a tool error's body), and the ids and errors as lists.
+ */
+function forkAnswer(results: ForkResult[]): {
+  results: Array<{ id: string } | { error: { code: string; message: string; field?: string } }>;
+  ids: string[];
+  errors: { code: string; message: string }[];
+} {
+  const slots = results.map((r) => {
+    if (r.ok) return { id: r.id };
+    const field = r.error.details?.field;
+    return { error: { code: r.error.code, message: r.error.message, ...(typeof field === 'string' ? { field } : {}) } };
+  });
+  return {
+    results: slots,
+    ids: results.flatMap((r) => (r.ok ? [r.id] : [])),
+    errors: results.flatMap((r) => (r.ok ? [] : [{ code: r.error.code, message: r.error.message }])),
+  };
+}
+
 const toolCallId = z
   .string()
   .min(1)
@@ -452,7 +473,8 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
   server.registerTool(
     'fork',
     {
-      description: 'Start independent sandboxes from a checkpoint; returns their ids.',
+      description:
+        'Start independent sandboxes from a checkpoint; returns one result per fork in order ({id} or {error}), and the ids started.',
       inputSchema: {
         checkpointId: z.string().min(1),
         count: z.number().int().min(1).max(MAX_FORKS).optional(),
@@ -464,9 +486,9 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       tool(async () => {
         const sb = sandbox(a);
         const results = scope ? await scope.fork(sb, checkpointId, count ?? 1) : await sb.fork(checkpointId, { count });
-        const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
-        opts.onFork?.(ids);
-        return { ids, errors: results.flatMap((r) => (r.ok ? [] : [r.error])) };
+        const answer = forkAnswer(results);
+        opts.onFork?.(answer.ids);
+        return answer;
       }),
   );
 
@@ -659,11 +681,7 @@ export function createMcpServer(opts: McpServerOptions): McpServer {
       },
       ({ snapshot, count }) =>
         tool(async () => {
-          const results = await scope.start(snapshot, count ?? 1);
-          return {
-            ids: results.flatMap((r) => (r.ok ? [r.id] : [])),
-            errors: results.flatMap((r) => (r.ok ? [] : [r.error])),
-          };
+          return forkAnswer(await scope.start(snapshot, count ?? 1));
         }),
     );
 

@@ -189,6 +189,58 @@ integration(test, () => {
     },
   );
 
+  test.serial('fork answers each child in order; a failed one is its typed error, nothing invented', async (t) => {
+    // The second child's restore fails (the fault hook throws at its start, as a failed restore would).
+    let forkBegins = 0;
+    const ls = await openTestLockstep(t, {
+      open: {
+        fault: (point) => {
+          if (point === 'fork:begin' && ++forkBegins === 2) throw new Error('injected: restore failed');
+        },
+      },
+    });
+    const { client } = await startServer(t, ls);
+    const conn = { apiUrl: client.base, apiKey: tenantToken(ls, 'acme') };
+    const sbx = await Sandbox.create({ ...conn, memoryMb: 64 });
+    t.teardown(() => sbx.kill().then(() => undefined));
+    const ck = await sbx.checkpoint({ label: 'before forks' });
+    const results = await sbx.fork(ck.id, { count: 3 });
+    t.is(results.length, 3);
+    for (const r of [results[0]!, results[2]!]) {
+      if (!r.ok) return t.fail(`fork failed: ${r.error.code}`);
+      t.teardown(() => Sandbox.kill(r.id, conn).then(() => undefined));
+      t.regex(r.id, /^sbx_/);
+      t.true(Number.isInteger(r.ms) && r.ms > 0, 'the time the server measured');
+      t.false('pid' in r, 'no pid made up for the wire');
+      t.is((await Sandbox.connect(r.id, conn)).id, r.id);
+    }
+    const failed = results[1]!;
+    if (failed.ok) return t.fail('the second fork should have failed');
+    t.true(failed.error instanceof LockstepError);
+    t.like(failed.error, { code: 'FORK_FAILED', message: 'Internal error; the server log has the details' });
+    t.is(failed.error.details.status, 500);
+  });
+
+  test.serial('list sends the metadata filter: the server answers only the sandboxes with those labels', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const conn = { apiUrl: client.base, apiKey: tenantToken(ls, 'acme') };
+    const a = await Sandbox.create({ ...conn, memoryMb: 64, metadata: { team: 'a', env: 'prod' } });
+    t.teardown(() => a.kill().then(() => undefined));
+    const b = await Sandbox.create({ ...conn, memoryMb: 64, metadata: { team: 'b', env: 'prod' } });
+    t.teardown(() => b.kill().then(() => undefined));
+    const ids = async (metadata: Record<string, string>) =>
+      (await Sandbox.list({ ...conn, metadata })).map((s) => s.id);
+    t.deepEqual(await ids({ team: 'b' }), [b.id]);
+    t.deepEqual(await ids({ env: 'prod' }), [a.id, b.id]);
+    t.deepEqual(await ids({ env: 'prod', team: 'a' }), [a.id]);
+    t.deepEqual(await ids({ team: 'c' }), []);
+    // The server checks the filter: a label value past 1024 characters is its INVALID_ARGUMENT.
+    const tooLong = await t.throwsAsync(Sandbox.list({ ...conn, metadata: { team: 'x'.repeat(1025) } }));
+    t.like(tooLong, { code: 'INVALID_ARGUMENT', field: 'metadata.team' });
+    t.is((tooLong as LockstepError).details.status, 400);
+  });
+
   test.serial('bad settings, a wrong token and an unreachable server are typed errors', async (t) => {
     const ls = await openTestLockstep(t);
     const { client } = await startServer(t, ls);

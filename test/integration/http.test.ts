@@ -232,6 +232,82 @@ integration(test, () => {
     },
   );
 
+  test.serial(
+    'a fork of 3 whose second child fails answers each result in order, the failure in its slot',
+    async (t) => {
+      // The second child's restore fails (the fault hook throws at its start, as a failed restore would).
+      let forkBegins = 0;
+      const ls = await openTestLockstep(t, {
+        open: {
+          fault: (point) => {
+            if (point === 'fork:begin' && ++forkBegins === 2) throw new Error('injected: restore failed');
+          },
+        },
+      });
+      const { client } = await startServer(t, ls);
+      const api = client.as(tenantToken(ls, 'acme'));
+      const created = await api.post('/v1/sandboxes', { memoryMb: 64 });
+      t.is(created.status, 201, created.text);
+      const id: string = created.body.id;
+      const ck = await api.post(`/v1/sandboxes/${id}/checkpoints`, {});
+      t.is(ck.status, 201, ck.text);
+
+      const fork = await api.post(`/v1/sandboxes/${id}/fork`, { checkpointId: ck.body.id, count: 3 });
+      t.is(fork.status, 200, fork.text);
+      const results: Array<{ id?: string; ms?: number; error?: Record<string, unknown> }> = fork.body.results;
+      t.is(results.length, 3);
+      for (const i of [0, 2]) {
+        t.regex(results[i]!.id ?? '', /^sbx_/);
+        t.true(Number.isInteger(results[i]!.ms));
+        t.false('pid' in results[i]!, 'no host pid on the wire');
+      }
+      // An internal failure: its code and status, the details stay in the server log.
+      t.deepEqual(results[1], {
+        error: { code: 'FORK_FAILED', message: 'Internal error; the server log has the details', status: 500 },
+      });
+      // The older lists stay for existing callers.
+      t.deepEqual(fork.body.ids, [results[0]!.id, results[2]!.id]);
+      t.deepEqual(fork.body.errors, [
+        { code: 'FORK_FAILED', message: 'Internal error; the server log has the details' },
+      ]);
+      t.deepEqual(
+        (await api.get('/v1/sandboxes')).body.map((s: { id: string }) => s.id).sort(),
+        [id, results[0]!.id, results[2]!.id].sort(),
+      );
+    },
+  );
+
+  test.serial('GET /v1/sandboxes?metadata.KEY=VALUE lists only the sandboxes with every label named', async (t) => {
+    const ls = await openTestLockstep(t);
+    const { client } = await startServer(t, ls);
+    const api = client.as(tenantToken(ls, 'acme'));
+    const make = async (metadata: Record<string, string>) => {
+      const r = await api.post('/v1/sandboxes', { memoryMb: 64, metadata });
+      t.is(r.status, 201, r.text);
+      return r.body.id as string;
+    };
+    const a = await make({ team: 'a', env: 'prod' });
+    const b = await make({ team: 'b', env: 'prod' });
+    const ids = async (query: string) => {
+      const r = await api.get(`/v1/sandboxes${query}`);
+      t.is(r.status, 200, r.text);
+      return r.body.map((s: { id: string }) => s.id);
+    };
+    t.deepEqual(await ids('?metadata.team=b'), [b]);
+    t.deepEqual(await ids('?metadata.env=prod'), [a, b]);
+    t.deepEqual(await ids('?metadata.env=prod&metadata.team=a'), [a]);
+    t.deepEqual(await ids('?metadata.team=c'), []);
+    t.deepEqual(await ids(`?metadata.${encodeURIComponent('odd "key".x')}=b`), []);
+
+    // A label asked for twice, or an unknown parameter: INVALID_ARGUMENT naming it.
+    const twice = await api.get('/v1/sandboxes?metadata.team=a&metadata.team=b');
+    t.is(twice.status, 400, twice.text);
+    t.like(twice.body.error, { code: 'INVALID_ARGUMENT', field: 'metadata.team' });
+    const unknown = await api.get('/v1/sandboxes?team=a');
+    t.is(unknown.status, 400, unknown.text);
+    t.like(unknown.body.error, { code: 'INVALID_ARGUMENT', field: 'team' });
+  });
+
   test.serial('commands stream stdout/stderr chunks as they come, as NDJSON and as server-sent events', async (t) => {
     const ls = await openTestLockstep(t);
     const { client } = await startServer(t, ls);

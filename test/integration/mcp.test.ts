@@ -168,6 +168,8 @@ integration(test, () => {
       const forked = await call(client, 'fork', { checkpointId: ck.id, count: 1 });
       t.is(forked.ids.length, 1);
       t.is(ls.get(forked.ids[0]).info().forkedFrom, ck.id);
+      // One result per fork, in order.
+      t.deepEqual(forked.results, [{ id: forked.ids[0] }]);
 
       // Errors come back as tool errors with the API's error body.
       t.like(await call(client, 'read_file', { path: 'nope.txt' }, { error: true }), {

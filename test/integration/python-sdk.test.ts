@@ -74,6 +74,8 @@ integration(test, () => {
       PATH: '/usr/bin:/bin',
       LOCKSTEP_API_URL: url,
       LOCKSTEP_API_KEY: tenantToken(ls, 'python'),
+      // A sandbox (2048 MiB by default) and two forks fit in its disk quota, a third does not.
+      LOCKSTEP_API_KEY_DISK_QUOTA: tenantToken(ls, 'python-disk', { maxDiskMb: 7000 }),
       PYTHONPATH: PYTHON_DIR,
       PYTHONDONTWRITEBYTECODE: '1',
       ...(process.env.CI ? { CI: process.env.CI } : {}),

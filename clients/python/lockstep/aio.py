@@ -12,6 +12,7 @@ import asyncio
 import functools
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
 
+from .errors import LockstepError
 from .pty import PtyExit, PtyHandle, PtyOutput
 from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, list_images
 
@@ -247,8 +248,9 @@ class AsyncSandbox:
     async def rollback(self, checkpoint_id: str, **kw: Any) -> Dict[str, Any]:
         return await asyncio.to_thread(functools.partial(self._sbx.rollback, checkpoint_id, **kw))
 
-    async def fork(self, checkpoint_id: str, count: int = 1) -> List["AsyncSandbox"]:
-        return [AsyncSandbox(s) for s in await asyncio.to_thread(self._sbx.fork, checkpoint_id, count)]
+    async def fork(self, checkpoint_id: str, count: int = 1) -> List[Union["AsyncSandbox", LockstepError]]:
+        """One result per fork, in order: an ``AsyncSandbox``, or the failed fork's error (not raised)."""
+        return [AsyncSandbox(s) if isinstance(s, Sandbox) else s for s in await asyncio.to_thread(self._sbx.fork, checkpoint_id, count)]
 
 
 async def list_images_async(**kw: Any) -> List[Dict[str, Any]]:

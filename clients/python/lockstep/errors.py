@@ -3,7 +3,7 @@ as exceptions. Callers branch on ``code`` (stable), never on the message."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Dict, List, Optional, Type, Union
 
 
 class LockstepError(Exception):
@@ -178,3 +178,9 @@ def error_from_wire(status: int, body: dict) -> LockstepError:
     if cls is LockstepConnectionError:
         return LockstepConnectionError(message)
     return cls(code, message, field=field if isinstance(field, str) else None, status=status)
+
+
+def fork_results(answer: dict) -> List[Union[str, LockstepError]]:
+    """A fork's or start's ``results``, in order: each started sandbox's id, or the
+    exception for the one that failed (with the status the server gave its code)."""
+    return [r["id"] if "id" in r else error_from_wire(int(r["error"]["status"]), r["error"]) for r in answer["results"]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from ._transport import Transport
-from .errors import InvalidArgumentError, LockstepConnectionError, NotFoundError, error_from_wire
+from .errors import InvalidArgumentError, LockstepConnectionError, LockstepError, NotFoundError, error_from_wire, fork_results
 from .pty import Pty
 
 _SANDBOX_ID = re.compile(r"^sbx_[a-z0-9]+$")
@@ -454,8 +454,9 @@ class Sandbox:
     def list(cls, *, metadata: Optional[Dict[str, str]] = None, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[SandboxInfo]:
         """The tenant's sandboxes, oldest first; with metadata, those whose labels include every pair."""
         t = Transport(api_url, api_key, **transport_options)
-        want = (metadata or {}).items()
-        return [SandboxInfo._from_wire(d) for d in t.json("GET", "/sandboxes") if all((d.get("metadata") or {}).get(k) == v for k, v in want)]
+        # The server filters: ?metadata.KEY=VALUE for each label asked for.
+        query = {f"metadata.{k}": v for k, v in (metadata or {}).items()}
+        return [SandboxInfo._from_wire(d) for d in t.json("GET", "/sandboxes", query=query)]
 
     def _kill_class(cls, sandbox_id: str, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> bool:
         return _kill(Transport(api_url, api_key, **transport_options), sandbox_id)
@@ -489,12 +490,11 @@ class Sandbox:
         """Rolls back to a checkpoint; the report has the context, stale observations, effects after it and warnings."""
         return self._t.json("POST", self._path("/rollback"), json_body=_drop_none({"checkpointId": checkpoint_id, "policy": policy, "failure": failure, "lessons": lessons}))
 
-    def fork(self, checkpoint_id: str, count: int = 1) -> List["Sandbox"]:
-        """Starts sandboxes from a checkpoint. Raises the first fork's error if none started."""
+    def fork(self, checkpoint_id: str, count: int = 1) -> List[Union["Sandbox", LockstepError]]:
+        """Starts sandboxes from a checkpoint: one result per fork, in order, a ``Sandbox``
+        or, for a fork that failed, its error (the exception class its code maps to, not raised)."""
         r = self._t.json("POST", self._path("/fork"), json_body={"checkpointId": checkpoint_id, "count": count})
-        if not r["ids"] and r["errors"]:
-            raise error_from_wire(500, r["errors"][0])
-        return [Sandbox(i, self._t) for i in r["ids"]]
+        return [Sandbox(i, self._t) if isinstance(i, str) else i for i in fork_results(r)]
 
     def observations(self, *, include_stale: bool = False) -> List[Dict[str, Any]]:
         return self._t.json("GET", self._path("/observations"), query={"includeStale": "true" if include_stale else None})

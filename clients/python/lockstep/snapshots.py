@@ -6,7 +6,7 @@ from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Unio
 from urllib.parse import quote
 
 from ._transport import Transport
-from .errors import error_from_wire
+from .errors import LockstepError, fork_results
 
 
 def _path(ref: str) -> str:
@@ -39,12 +39,10 @@ class Snapshots:
     def context(self, ref: str) -> Any:
         return self._t.json("GET", _path(ref) + "/context")["context"]
 
-    def start(self, ref: str, count: int = 1) -> List[str]:
-        """Starts sandboxes from the snapshot; returns their ids (``Sandbox.connect`` them)."""
-        r = self._t.json("POST", _path(ref) + "/sandboxes", json_body={"count": count})
-        if r["errors"] and not r["ids"]:
-            raise error_from_wire(500, r["errors"][0])
-        return r["ids"]
+    def start(self, ref: str, count: int = 1) -> List[Union[str, LockstepError]]:
+        """Starts sandboxes from the snapshot: one result per sandbox, in order, its id
+        (``Sandbox.connect`` it) or, for one that failed, its error (not raised)."""
+        return fork_results(self._t.json("POST", _path(ref) + "/sandboxes", json_body={"count": count}))
 
     def export(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """The bundle, chunk by chunk (write them to a file: ``for c in snaps.export(id): f.write(c)``)."""

@@ -20,6 +20,18 @@ def conn():
     return {"api_url": url, "api_key": key}
 
 
+@pytest.fixture(scope="session")
+def disk_quota_conn(conn):
+    """A tenant with maxDiskMb 7000: a sandbox (2048 MiB by default) and two forks fit, a third does not."""
+    key = os.environ.get("LOCKSTEP_API_KEY_DISK_QUOTA")
+    if not key:
+        reason = "set LOCKSTEP_API_KEY_DISK_QUOTA to the token of a tenant with maxDiskMb 7000 (npm test does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return {"api_url": conn["api_url"], "api_key": key}
+
+
 def eventually(fn, timeout=10.0, step=0.05):
     """Polls fn until it returns a truthy value."""
     deadline = time.monotonic() + timeout

@@ -13,6 +13,7 @@ from lockstep import (
     LockstepConnectionError,
     LockstepError,
     NotFoundError,
+    QuotaExceededError,
     Sandbox,
     list_images,
 )
@@ -265,3 +266,35 @@ def _try_expose(sbx, port):
         return sbx.ports.expose(port)
     except LockstepError:
         return None
+
+
+def test_fork_answers_each_result_in_order_with_the_failure_as_its_error(disk_quota_conn):
+    with Sandbox.create(memory_mb=64, **disk_quota_conn) as sbx:
+        ck = sbx.checkpoint(label="before forks")
+        results = sbx.fork(ck["id"], count=3)
+        try:
+            assert len(results) == 3
+            assert all(isinstance(r, Sandbox) for r in results[:2])
+            assert isinstance(results[2], QuotaExceededError)
+            assert results[2].code == "QUOTA_EXCEEDED" and results[2].status == 429
+            assert "at most 7000" in results[2].message
+            assert sorted(s.sandbox_id for s in Sandbox.list(**disk_quota_conn)) == sorted(
+                [sbx.sandbox_id] + [r.sandbox_id for r in results[:2]]
+            )
+        finally:
+            for r in results:
+                if isinstance(r, Sandbox):
+                    r.kill()
+
+
+def test_list_sends_the_metadata_filter_to_the_server(conn):
+    tag = uuid.uuid4().hex[:8]
+    with Sandbox.create(memory_mb=64, metadata={"tag": tag, "side": "a"}, **conn) as a, Sandbox.create(
+        memory_mb=64, metadata={"tag": tag, "side": "b"}, **conn
+    ) as b:
+        assert [s.sandbox_id for s in Sandbox.list(metadata={"tag": tag}, **conn)] == [a.sandbox_id, b.sandbox_id]
+        assert [s.sandbox_id for s in Sandbox.list(metadata={"tag": tag, "side": "b"}, **conn)] == [b.sandbox_id]
+        # The server checks the filter: a label value past 1024 characters is its INVALID_ARGUMENT.
+        with pytest.raises(InvalidArgumentError) as e:
+            Sandbox.list(metadata={"tag": "x" * 1025}, **conn)
+        assert e.value.field == "metadata.tag"

@@ -4,12 +4,7 @@ import type { RollbackPolicy } from '../../effects/effect-ledger.js';
 import type { ApiContext } from '../context.js';
 import { contextFromWire, contextToWire, rollbackToWire } from '../../api/wire.js';
 import * as S from '../schemas.js';
-import { statusForCode } from '../errors.js';
-
-/** A failed fork as the client sees it: internal failures (CRIU logs, paths) stay in the server log. */
-function publicError(e: { code: string; message: string }): { code: string; message: string } {
-  return statusForCode(e.code) >= 500 ? { code: e.code, message: 'Internal error; the server log has the details' } : e;
-}
+import { forkResultsToWire } from '../fork-results.js';
 
 interface CheckpointBody {
   label?: string;
@@ -144,11 +139,11 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
       const results = await m.time(m.forkSeconds, () =>
         ctx.operation('fork', reply, (signal) => sb.fork(req.body.checkpointId, { count, signal })),
       );
-      const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
-      const errors = results.flatMap((r) => (r.ok ? [] : [publicError(r.error)]));
-      if (errors.length) req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'forks failed');
-      req.log.info({ checkpointId: req.body.checkpointId, forks: ids }, 'forked');
-      return { ids, errors };
+      const answer = forkResultsToWire(results);
+      if (answer.errors.length)
+        req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'forks failed');
+      req.log.info({ checkpointId: req.body.checkpointId, forks: answer.ids }, 'forked');
+      return answer;
     },
   );
 }

@@ -94,17 +94,20 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     },
   );
 
-  app.get(
+  app.get<{ Querystring: Record<string, string> }>(
     '/sandboxes',
     {
       schema: {
         tags,
-        summary: "List the tenant's sandboxes",
+        summary: "List the tenant's sandboxes (`?metadata.KEY=VALUE`: those with every label named)",
+        querystring: S.sandboxListQuery,
         response: { 200: S.arrayOf(S.sandboxInfo, 'Sandboxes, oldest first'), ...S.errors() },
       },
     },
     async (req) => {
-      return ctx.lockstep.list(ctx.tenant(req).id).map((info) => ctx.present(req, info));
+      // The schema lets only metadata.KEY parameters through.
+      const metadata = Object.fromEntries(Object.entries(req.query).map(([k, v]) => [k.slice('metadata.'.length), v]));
+      return ctx.lockstep.list(ctx.tenant(req).id, { metadata }).map((info) => ctx.present(req, info));
     },
   );
 

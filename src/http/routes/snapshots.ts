@@ -7,8 +7,9 @@
 import type { FastifyInstance } from 'fastify';
 import { Readable } from 'node:stream';
 import type { ApiContext } from '../context.js';
-import { HttpError, statusForCode } from '../errors.js';
+import { HttpError } from '../errors.js';
 import { contextToWire } from '../../api/wire.js';
+import { forkResultsToWire } from '../fork-results.js';
 import * as S from '../schemas.js';
 
 interface SnapParams {
@@ -33,10 +34,6 @@ async function* skip(stream: Readable, n: number): AsyncGenerator<Buffer> {
 function rangeStart(header: string | undefined): number | null {
   const m = header ? /^bytes=(\d{1,15})-$/.exec(header.trim()) : null;
   return m ? Number(m[1]) : null;
-}
-
-function publicError(e: { code: string; message: string }): { code: string; message: string } {
-  return statusForCode(e.code) >= 500 ? { code: e.code, message: 'Internal error; the server log has the details' } : e;
 }
 
 export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
@@ -140,11 +137,11 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
       const results = await ctx.operation('fork', reply, (signal) =>
         ls.snapshots.start(snap.id, { count, tenant: tenant.id, signal }),
       );
-      const ids = results.flatMap((r) => (r.ok ? [r.id] : []));
-      const errors = results.flatMap((r) => (r.ok ? [] : [publicError(r.error)]));
-      if (errors.length) req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'starts failed');
-      req.log.info({ snapshotId: snap.id, sandboxes: ids }, 'started from a snapshot');
-      return { ids, errors };
+      const answer = forkResultsToWire(results);
+      if (answer.errors.length)
+        req.log.warn({ errors: results.flatMap((r) => (r.ok ? [] : [r.error])) }, 'starts failed');
+      req.log.info({ snapshotId: snap.id, sandboxes: answer.ids }, 'started from a snapshot');
+      return answer;
     },
   );
 
