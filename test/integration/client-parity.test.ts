@@ -137,7 +137,11 @@ const OPERATIONS: Record<string, Entry> = {
     py: 'Sandbox.delete_checkpoint',
     pyAsync: 'AsyncSandbox.delete_checkpoint',
   },
-  'POST /v1/sandboxes/{id}/rollback': { ts: 'Sandbox#rollback', py: 'Sandbox.rollback', pyAsync: 'AsyncSandbox.rollback' },
+  'POST /v1/sandboxes/{id}/rollback': {
+    ts: 'Sandbox#rollback',
+    py: 'Sandbox.rollback',
+    pyAsync: 'AsyncSandbox.rollback',
+  },
   'POST /v1/sandboxes/{id}/fork': { ts: 'Sandbox#fork', py: 'Sandbox.fork', pyAsync: 'AsyncSandbox.fork' },
   'GET /v1/sandboxes/{id}/observations': {
     ts: 'Sandbox#observations',
@@ -173,7 +177,11 @@ const OPERATIONS: Record<string, Entry> = {
     pyAsync: 'AsyncVerdicts.record',
   },
   // One route, two methods: all verdicts, or (?stale=true) those whose file changed.
-  'GET /v1/sandboxes/{id}/verdicts': { ts: 'RemoteVerdicts#stale', py: 'Verdicts.stale', pyAsync: 'AsyncVerdicts.stale' },
+  'GET /v1/sandboxes/{id}/verdicts': {
+    ts: 'RemoteVerdicts#stale',
+    py: 'Verdicts.stale',
+    pyAsync: 'AsyncVerdicts.stale',
+  },
 
   'POST /v1/sandboxes/{id}/ports': { ts: 'RemotePorts#expose', py: 'Ports.expose', pyAsync: 'AsyncPorts.expose' },
   'GET /v1/sandboxes/{id}/ports': { ts: 'RemotePorts#list', py: 'Ports.list', pyAsync: 'AsyncPorts.list' },
