@@ -22,6 +22,7 @@ export {
 export { RemotePty, RemotePtyHandle, type RemotePtyCreateOptions } from './pty.js';
 export type { PtyExit, PtyOutput } from '../api/sandbox-pty.js';
 export { Images, type ImageInfo } from './images.js';
+export { Tenant, type RemoteTenantInfo } from './tenant.js';
 export { Snapshots, type RemotePullResult, type RemoteStorePullResult } from './snapshots.js';
 export type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
 export { ConnectionError, RequestAbortedError, errorFromWire, type WireError } from '../errors-from-wire.js';

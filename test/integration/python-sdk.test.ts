@@ -14,6 +14,8 @@ const CLI = fileURLToPath(new URL('../../../bin/lockstep.js', import.meta.url));
 const PYTHON_DIR = fileURLToPath(new URL('../../../clients/python', import.meta.url));
 /** Debian's interpreter, not whatever python3 comes first on PATH: the SDK promises to need nothing else. */
 const PYTHON = '/usr/bin/python3';
+/** Addresses of the egress sandbox the scenario makes: a range no other file uses (test/unit/test-ranges.test.ts). */
+const RANGE = '10.236.0.0/24';
 
 /** Starts `lockstep serve --port 0 --json` on a state directory; resolves with its URL. */
 async function serve(t: { teardown: (fn: () => Promise<void>) => void }, home: string): Promise<string> {
@@ -21,7 +23,13 @@ async function serve(t: { teardown: (fn: () => Promise<void>) => void }, home: s
   const store = `${home}-store`;
   t.teardown(async () => fs.rmSync(store, { recursive: true, force: true }));
   const child: ChildProcess = spawn(process.execPath, [CLI, 'serve', '--port', '0', '--json'], {
-    env: { ...process.env, LOCKSTEP_HOME: home, LOCKSTEP_LOG_LEVEL: 'warn', LOCKSTEP_SNAPSHOT_STORE: store },
+    env: {
+      ...process.env,
+      LOCKSTEP_HOME: home,
+      LOCKSTEP_LOG_LEVEL: 'warn',
+      LOCKSTEP_SNAPSHOT_STORE: store,
+      LOCKSTEP_NETWORK_RANGE: RANGE,
+    },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));

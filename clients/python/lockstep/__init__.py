@@ -6,7 +6,7 @@ API of ``lockstep serve``. Standard library only.
         print(sbx.commands.run("echo hi").stdout)
 """
 
-from .aio import AsyncCommandHandle, AsyncPtyHandle, AsyncSandbox, list_images_async
+from .aio import AsyncCommandHandle, AsyncPtyHandle, AsyncSandbox, get_tenant_async, list_images_async
 from .errors import (
     CommandAbortedError,
     InvalidArgumentError,
@@ -17,7 +17,7 @@ from .errors import (
     QuotaExceededError,
 )
 from .pty import PtyExit, PtyHandle, PtyOutput
-from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, get_tenant, list_images
 from .snapshots import Snapshots
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "Sandbox",
     "SandboxInfo",
     "Snapshots",
+    "get_tenant",
+    "get_tenant_async",
     "list_images",
     "list_images_async",
 ]

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Uni
 
 from .errors import LockstepError
 from .pty import PtyExit, PtyHandle, PtyOutput
-from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, get_tenant, list_images
 
 
 class AsyncCommandHandle:
@@ -185,8 +185,31 @@ class AsyncEffects:
     async def commit(self, effect_id: str, output: Any = None) -> Dict[str, Any]:
         return await asyncio.to_thread(self._sbx.effects.commit, effect_id, output)
 
+    async def fail(self, effect_id: str, error: BaseException, *, definite: bool) -> Dict[str, Any]:
+        return await asyncio.to_thread(functools.partial(self._sbx.effects.fail, effect_id, error, definite=definite))
+
     async def list(self) -> List[Dict[str, Any]]:
         return await asyncio.to_thread(self._sbx.effects.list)
+
+    async def get(self, effect_id: str) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._sbx.effects.get, effect_id)
+
+    async def resolve_unknown(self, effect_id: str, outcome: str, output: Any = None) -> Dict[str, Any]:
+        return await asyncio.to_thread(self._sbx.effects.resolve_unknown, effect_id, outcome, output)
+
+
+class AsyncVerdicts:
+    def __init__(self, sbx: Sandbox):
+        self._sbx = sbx
+
+    async def record(self, path: str, verdict: str, **kw: Any) -> Dict[str, Any]:
+        return await asyncio.to_thread(functools.partial(self._sbx.verdicts.record, path, verdict, **kw))
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.verdicts.list)
+
+    async def stale(self) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(self._sbx.verdicts.stale)
 
 
 class AsyncPorts:
@@ -213,6 +236,7 @@ class AsyncSandbox:
         self.pty = AsyncPty(sbx)
         self.files = AsyncFiles(sbx)
         self.effects = AsyncEffects(sbx)
+        self.verdicts = AsyncVerdicts(sbx)
         self.ports = AsyncPorts(sbx)
 
     @classmethod
@@ -245,12 +269,25 @@ class AsyncSandbox:
     async def checkpoints(self) -> List[Dict[str, Any]]:
         return await asyncio.to_thread(self._sbx.checkpoints)
 
+    async def context(self, checkpoint_id: str) -> Any:
+        return await asyncio.to_thread(self._sbx.context, checkpoint_id)
+
+    async def delete_checkpoint(self, checkpoint_id: str) -> None:
+        await asyncio.to_thread(self._sbx.delete_checkpoint, checkpoint_id)
+
     async def rollback(self, checkpoint_id: str, **kw: Any) -> Dict[str, Any]:
         return await asyncio.to_thread(functools.partial(self._sbx.rollback, checkpoint_id, **kw))
 
     async def fork(self, checkpoint_id: str, count: int = 1) -> List[Union["AsyncSandbox", LockstepError]]:
         """One result per fork, in order: an ``AsyncSandbox``, or the failed fork's error (not raised)."""
         return [AsyncSandbox(s) if isinstance(s, Sandbox) else s for s in await asyncio.to_thread(self._sbx.fork, checkpoint_id, count)]
+
+    async def observations(self, *, include_stale: bool = False) -> List[Dict[str, Any]]:
+        return await asyncio.to_thread(functools.partial(self._sbx.observations, include_stale=include_stale))
+
+
+async def get_tenant_async(**kw: Any) -> Dict[str, Any]:
+    return await asyncio.to_thread(functools.partial(get_tenant, **kw))
 
 
 async def list_images_async(**kw: Any) -> List[Dict[str, Any]]:

@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
+from urllib.parse import quote
 
 from ._transport import Transport
 from .errors import InvalidArgumentError, LockstepConnectionError, LockstepError, NotFoundError, error_from_wire, fork_results
@@ -389,6 +390,36 @@ class Effects:
     def list(self) -> List[Dict[str, Any]]:
         return self._sandbox._t.json("GET", self._sandbox._path("/effects"))
 
+    def get(self, effect_id: str) -> Dict[str, Any]:
+        """One effect of this sandbox (NotFoundError EFFECT_NOT_FOUND unless it recorded it)."""
+        return self._sandbox._t.json("GET", self._sandbox._path(f"/effects/{quote(effect_id, safe='')}"))
+
+    def resolve_unknown(self, effect_id: str, outcome: str, output: Any = None) -> Dict[str, Any]:
+        """Settles an effect whose outcome is unknown, after checking the outside world:
+        ``outcome`` "committed" (with its ``output``) or "failed". Returns the effect."""
+        body = {"outcome": outcome} if outcome != "committed" or output is None else {"outcome": outcome, "output": output}
+        return self._sandbox._t.json("POST", self._sandbox._path(f"/effects/{quote(effect_id, safe='')}/resolve"), json_body=body)
+
+
+class Verdicts:
+    """Verdicts about files of a sandbox, bound to the file's content hash: one goes
+    stale when the file changes."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._sandbox = sandbox
+
+    def record(self, path: str, verdict: str, *, tool_call_id: Optional[str] = None) -> Dict[str, Any]:
+        """Records a verdict about the file as it is now; returns it (with ``contentHash``)."""
+        body = _drop_none({"path": path, "verdict": verdict, "toolCallId": tool_call_id})
+        return self._sandbox._t.json("POST", self._sandbox._path("/verdicts"), json_body=body)
+
+    def list(self) -> List[Dict[str, Any]]:
+        return self._sandbox._t.json("GET", self._sandbox._path("/verdicts"))
+
+    def stale(self) -> List[Dict[str, Any]]:
+        """Verdicts whose file no longer has the content they were made on."""
+        return self._sandbox._t.json("GET", self._sandbox._path("/verdicts"), query={"stale": "true"})
+
 
 class Ports:
     """Ports the sandbox listens on, exposed through the server at ``/ports/<id>/``
@@ -420,6 +451,7 @@ class Sandbox:
         self.pty = Pty(self)
         self.files = Files(self)
         self.effects = Effects(self)
+        self.verdicts = Verdicts(self)
         self.ports = Ports(self)
 
     @classmethod
@@ -430,16 +462,41 @@ class Sandbox:
         api_url: Optional[str] = None,
         api_key: Optional[str] = None,
         memory_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        cpu_weight: Optional[int] = None,
+        cpus: Optional[float] = None,
+        io_weight: Optional[int] = None,
+        disk_mb: Optional[int] = None,
         envs: Optional[Dict[str, str]] = None,
+        network: Optional[str] = None,
+        allow_out: Optional[List[str]] = None,
+        bandwidth_mbit: Optional[int] = None,
         metadata: Optional[Dict[str, str]] = None,
         timeout_ms: Optional[int] = None,
         from_snapshot: Optional[str] = None,
         **transport_options: Any,
     ) -> "Sandbox":
-        """Creates and starts a sandbox from an image, or from a snapshot (``from_snapshot``: its processes resume)."""
+        """Creates and starts a sandbox from an image, or from a snapshot (``from_snapshot``: its processes resume).
+        ``network``: "none" (loopback only) or "egress" (outbound connections to ``allow_out``: addresses,
+        CIDRs or domain names, each with an optional :PORT or :LOW-HIGH; none given: anywhere outside the deny list)."""
         t = Transport(api_url, api_key, **transport_options)
         body = _drop_none(
-            {"image": image, "memoryMb": memory_mb, "envs": envs, "metadata": metadata, "timeoutMs": timeout_ms, "fromSnapshot": from_snapshot}
+            {
+                "image": image,
+                "memoryMb": memory_mb,
+                "pids": pids,
+                "cpuWeight": cpu_weight,
+                "cpus": cpus,
+                "ioWeight": io_weight,
+                "diskMb": disk_mb,
+                "envs": envs,
+                "network": network,
+                "allowOut": allow_out,
+                "bandwidthMbit": bandwidth_mbit,
+                "metadata": metadata,
+                "timeoutMs": timeout_ms,
+                "fromSnapshot": from_snapshot,
+            }
         )
         info = t.json("POST", "/sandboxes", json_body=body)
         return cls(info["id"], t)
@@ -486,9 +543,29 @@ class Sandbox:
     def checkpoints(self) -> List[Dict[str, Any]]:
         return self._t.json("GET", self._path("/checkpoints"))
 
-    def rollback(self, checkpoint_id: str, *, policy: Optional[str] = None, failure: Optional[str] = None, lessons: Optional[List[str]] = None) -> Dict[str, Any]:
-        """Rolls back to a checkpoint; the report has the context, stale observations, effects after it and warnings."""
-        return self._t.json("POST", self._path("/rollback"), json_body=_drop_none({"checkpointId": checkpoint_id, "policy": policy, "failure": failure, "lessons": lessons}))
+    def context(self, checkpoint_id: str) -> Any:
+        """The context stored with a checkpoint (None if none)."""
+        return self._t.json("GET", self._path(f"/checkpoints/{quote(checkpoint_id, safe='')}/context"))["context"]
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        """Deletes a checkpoint (its children move to its parent)."""
+        self._t.request("DELETE", self._path(f"/checkpoints/{quote(checkpoint_id, safe='')}")).read()
+
+    def rollback(
+        self,
+        checkpoint_id: str,
+        *,
+        policy: Optional[str] = None,
+        failure: Optional[str] = None,
+        lessons: Optional[List[str]] = None,
+        with_recovery_summary: Optional[bool] = None,
+    ) -> Dict[str, Any]:
+        """Rolls back to a checkpoint; the report has the context, stale observations, effects after it and warnings
+        (and recoverySummary, contextWithRecovery unless ``with_recovery_summary=False``)."""
+        body = _drop_none(
+            {"checkpointId": checkpoint_id, "policy": policy, "failure": failure, "lessons": lessons, "withRecoverySummary": with_recovery_summary}
+        )
+        return self._t.json("POST", self._path("/rollback"), json_body=body)
 
     def fork(self, checkpoint_id: str, count: int = 1) -> List[Union["Sandbox", LockstepError]]:
         """Starts sandboxes from a checkpoint: one result per fork, in order, a ``Sandbox``
@@ -498,6 +575,11 @@ class Sandbox:
 
     def observations(self, *, include_stale: bool = False) -> List[Dict[str, Any]]:
         return self._t.json("GET", self._path("/observations"), query={"includeStale": "true" if include_stale else None})
+
+
+def get_tenant(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> Dict[str, Any]:
+    """The tenant the API key belongs to: its id (tn_...), name, quotas and ``usage``."""
+    return Transport(api_url, api_key, **transport_options).json("GET", "/tenant")
 
 
 def list_images(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[Dict[str, Any]]:

@@ -95,3 +95,17 @@ def test_scenario_create_process_files_checkpoint_effect_rollback_fork(conn):
             assert sent == ["m-1"]
         finally:
             assert child.kill() is True
+
+
+def test_scenario_egress_sandbox_with_an_allow_list(conn):
+    # python-sdk.test.ts gives the server a network range of its own (LOCKSTEP_NETWORK_RANGE).
+    allow = ["203.0.113.7:443", "example.test"]
+    with Sandbox.create(memory_mb=64, network="egress", allow_out=allow, bandwidth_mbit=10, **conn) as sbx:
+        net = sbx.get_info().raw["network"]
+        assert net["mode"] == "egress"
+        # The server shows each entry in its canonical form (an address as a /32).
+        assert net["allowOut"] == ["203.0.113.7/32:443", "example.test"]
+        assert net["bandwidthMbit"] == 10
+        assert net["address"] and net["gateway"]
+        # The sandbox holds its routed address besides loopback.
+        assert net["address"] in sbx.commands.run("cat /proc/net/fib_trie").stdout
