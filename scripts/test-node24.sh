@@ -70,7 +70,9 @@ if [[ $(cat node_modules/.lockstep-node24-hash 2>/dev/null) != "$lock_hash" ]]; 
 	npm ci --no-audit --no-fund >&2
 	echo "$lock_hash" >node_modules/.lockstep-node24-hash
 else
-	native_hash="$(cat binding.gyp native/*/* 2>/dev/null | sha256sum | cut -d' ' -f1) node-$NODE24_VERSION"
+	# Every file under native/, at any depth (native/criu has folders: `cat native/*/*`
+	# failed on them, and under pipefail that ended the run).
+	native_hash="$(find binding.gyp native -type f -print0 | sort -z | xargs -0 cat | sha256sum | cut -d' ' -f1) node-$NODE24_VERSION"
 	if [[ $(cat build/.lockstep-node24-native 2>/dev/null) != "$native_hash" ]]; then
 		log "building the native parts against Node 24's headers"
 		node scripts/install.js >&2
