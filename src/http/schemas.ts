@@ -12,6 +12,18 @@ import { COMMAND_TIMEOUT_MAX_MS, IMAGE_NAME_MAX, SANDBOX_LIFETIME_MS } from '../
 
 type Schema = Record<string, unknown>;
 
+/**
+ * The server's ajv options (server.ts): reject what does not fit instead of
+ * quietly fixing it, so no type coercion, no stripping of unknown properties.
+ */
+export const AJV_OPTIONS = {
+  removeAdditional: false,
+  coerceTypes: false,
+  useDefaults: false,
+  allErrors: false,
+  allowUnionTypes: true,
+} as const;
+
 const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
 
 export const errorBody: Schema = {

@@ -25,6 +25,7 @@ import { IdempotencyStore, requestHash, validateIdempotencyKey } from './idempot
 import { ServerMetrics } from './metrics.js';
 import { OperationTracker } from './operations.js';
 import { agentRoutes } from './routes/agent.js';
+import { AJV_OPTIONS } from './schemas.js';
 import { ptyRoutes } from './routes/pty.js';
 import { backgroundRoutes } from './routes/background.js';
 import { checkpointRoutes } from './routes/checkpoints.js';
@@ -150,17 +151,7 @@ export function createServer(opts: ServerOptions): LockstepServer {
     // Errors fastify raises before routing (a path with bad percent-encoding,
     // an over-long parameter) get the one error body too.
     frameworkErrors: (err, req, reply) => errorHandler(err, req, reply),
-    ajv: {
-      // Reject what does not fit instead of quietly fixing it: no type
-      // coercion, no stripping of unknown properties.
-      customOptions: {
-        removeAdditional: false,
-        coerceTypes: false,
-        useDefaults: false,
-        allErrors: false,
-        allowUnionTypes: true,
-      },
-    },
+    ajv: { customOptions: { ...AJV_OPTIONS } },
   }) as unknown as FastifyInstance;
 
   // First hook of all, so that no route (plugins' included) is registered before it.

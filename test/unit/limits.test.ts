@@ -11,7 +11,7 @@ import { COMMAND_TIMEOUT_MAX_MS, IMAGE_NAME_MAX, SANDBOX_LIFETIME_MS } from '../
 import { validateImageName } from '../../src/images/image-store.js';
 import { validateCommand } from '../../src/instances/commands.js';
 import { validateCreateOptions } from '../../src/lifecycle/create.js';
-import { createBody, runBody } from '../../src/http/schemas.js';
+import { AJV_OPTIONS, createBody, runBody } from '../../src/http/schemas.js';
 import { commandTimeoutArg, imageArg } from '../../src/mcp/server.js';
 
 /**
@@ -20,15 +20,7 @@ import { commandTimeoutArg, imageArg } from '../../src/mcp/server.js';
  * code says whether a body got past the schema.
  */
 const app = Fastify({
-  ajv: {
-    customOptions: {
-      removeAdditional: false,
-      coerceTypes: false,
-      useDefaults: false,
-      allErrors: false,
-      allowUnionTypes: true,
-    },
-  },
+  ajv: { customOptions: { ...AJV_OPTIONS } },
 });
 app.post('/create', { schema: { body: createBody } }, async () => ({}));
 app.post('/run', { schema: { body: runBody } }, async () => ({}));
