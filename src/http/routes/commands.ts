@@ -84,7 +84,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         tags,
         operationId: 'runCommand',
         'x-lockstep-doc': {
-          input: '`{cmd, cwd, envs, timeoutMs, toolCallId, background}`',
+          input: '`{cmd, cwd, envs, timeoutMs, toolCallId, background, stdin}`',
           success: '200 result, a stream, or `{pid}`',
         },
         summary: 'Run a command (JSON, or streamed with Accept: application/x-ndjson or text/event-stream)',

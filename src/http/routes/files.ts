@@ -128,7 +128,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         tags,
         operationId: 'writeFile',
         'x-lockstep-doc': {
-          input: '`?path=`; raw bytes (streamed) or `{content, encoding, mode, toolCallId}`',
+          input: '`?path=&toolCallId=`; raw bytes (streamed) or `{content, encoding, mode, toolCallId}`',
           success: '200 `{path, sha256, bytes, observationId}`',
         },
         summary: 'Write a file (raw bytes, or JSON {content, encoding})',
@@ -189,7 +189,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
       schema: {
         tags,
         operationId: 'removeFile',
-        'x-lockstep-doc': { input: '`?path=`', success: '200 `{path, removed}`' },
+        'x-lockstep-doc': { input: '`?path=&toolCallId=`', success: '200 `{path, removed}`' },
         summary: 'Remove a file, symlink or empty directory',
         params: S.sandboxParams,
         querystring: S.pathQuery(),
@@ -210,7 +210,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         tags,
         operationId: 'listFiles',
         'x-lockstep-doc': {
-          input: '`?path=&limit=&cursor=`',
+          input: '`?path=&limit=&cursor=&toolCallId=`',
           success:
             '200 `{path, entries, nextCursor, observationId}`: one page, sorted by name (see "Files"; 429 `RATE_LIMITED`)',
         },

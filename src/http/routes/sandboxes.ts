@@ -76,7 +76,8 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
         tags,
         operationId: 'createSandbox',
         'x-lockstep-doc': {
-          input: '`{image, memoryMb, pids, envs, timeoutMs, metadata}`, or `{fromSnapshot}` alone',
+          input:
+            '`{image, memoryMb, pids, cpuWeight, cpus, ioWeight, diskMb, envs, network, allowOut, bandwidthMbit, timeoutMs, metadata}`, or `{fromSnapshot}` alone',
           success: '201 sandbox (503 `IMAGE_BUILDING` while a shipped recipe is made on first use)',
         },
         summary: 'Create a sandbox',
