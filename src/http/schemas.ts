@@ -24,6 +24,28 @@ export const AJV_OPTIONS = {
   allowUnionTypes: true,
 } as const;
 
+/**
+ * What docs/http-reference.md's Routes table says of a route beyond its
+ * method and path: its "Body / query" and "Success" cells, word for word.
+ * Each route's schema carries it as `x-lockstep-doc`; @fastify/swagger puts
+ * `x-` keys of a route schema into the operation in /openapi.json, and
+ * fastify compiles only body, querystring, params, headers and response, so
+ * it validates nothing. `npm run docs:http` renders the table from the
+ * document (scripts/http-reference.mjs).
+ */
+export interface RouteDoc {
+  /** The Body / query cell (none: the route takes no input). */
+  input?: string;
+  /** The Success cell: the status first, then what comes back and the notes on it. */
+  success: string;
+}
+
+declare module 'fastify' {
+  interface FastifySchema {
+    'x-lockstep-doc'?: RouteDoc;
+  }
+}
+
 const ENV_NAME = '^[A-Za-z_][A-Za-z0-9_]*$';
 
 export const errorBody: Schema = {

@@ -206,17 +206,20 @@ export function createServer(opts: ServerOptions): LockstepServer {
       },
       components: { securitySchemes: { bearerAuth: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearerAuth: [] }],
+      // In this order in Swagger UI and in docs/http-reference.md's Routes table (scripts/http-reference.mjs).
       tags: [
         'sandboxes',
         'commands',
+        'pty',
         'files',
         'checkpoints',
-        'snapshots',
         'effects',
         'observations',
         'verdicts',
-        'images',
+        'snapshots',
+        'snapshot store',
         'tenant',
+        'images',
       ].map((name) => ({ name })),
     },
   });

@@ -334,13 +334,17 @@ integration(test, () => {
     const doc = (await api.get('/openapi.json')).body;
 
     const operations: string[] = [];
-    for (const [path, item] of Object.entries(doc.paths as Record<string, Record<string, unknown>>))
-      for (const method of Object.keys(item))
-        if (['get', 'put', 'post', 'delete', 'patch'].includes(method))
+    /** Each operation's operationId (http-reference.test.ts checks that there is one, unique). */
+    const operationIds: Record<string, string> = {};
+    for (const [path, item] of Object.entries(doc.paths as Record<string, Record<string, { operationId?: string }>>))
+      for (const [method, operation] of Object.entries(item))
+        if (['get', 'put', 'post', 'delete', 'patch'].includes(method)) {
           operations.push(`${method.toUpperCase()} ${path}`);
+          operationIds[`${method.toUpperCase()} ${path}`] = operation.operationId ?? '(no operationId)';
+        }
     t.true(operations.length > 50, `the document lists the API's operations (${operations.length})`);
     t.deepEqual(
-      operations.filter((op) => !OPERATIONS[op]),
+      operations.filter((op) => !OPERATIONS[op]).map((op) => `${op} (${operationIds[op]})`),
       [],
       'operations with no entry in OPERATIONS: give each its client methods',
     );

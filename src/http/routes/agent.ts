@@ -38,6 +38,11 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'beginEffect',
+        'x-lockstep-doc': {
+          input: '`{kind, input, reversibility, scope, key, toolCallId, compensation}`',
+          success: '201 begun, or 200 `{replayed: true, output}`',
+        },
         summary:
           'Record the intent of an effect before running it (201), or get ' +
           'what it returned last time (200, replayed: true)',
@@ -64,6 +69,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listEffects',
+        'x-lockstep-doc': { success: '200 effects' },
         summary: 'Effects recorded by the sandbox, in order',
         params: S.sandboxParams,
         response: { 200: S.arrayOf(S.effectRecord, 'Ledger rows'), ...S.errors() },
@@ -77,7 +84,14 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.get<{ Params: EffectParams }>(
     '/sandboxes/:id/effects/:effectId',
     {
-      schema: { tags, summary: 'One effect', params: S.effectParams, response: { 200: S.effectRecord, ...S.errors() } },
+      schema: {
+        tags,
+        operationId: 'getEffect',
+        'x-lockstep-doc': { success: '200 effect' },
+        summary: 'One effect',
+        params: S.effectParams,
+        response: { 200: S.effectRecord, ...S.errors() },
+      },
     },
     async (req) => {
       return ctx.sandbox(req).effects.get(req.params.effectId);
@@ -89,6 +103,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'commitEffect',
+        'x-lockstep-doc': { input: '`{output}`', success: '200 effect' },
         summary: 'Record that the effect happened, with its output',
         params: S.effectParams,
         body: S.effectCommitBody,
@@ -111,6 +127,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'failEffect',
+        'x-lockstep-doc': { input: '`{error, definite}`', success: '200 effect' },
         summary: 'Record that the effect failed (definite: it certainly did not happen)',
         params: S.effectParams,
         body: S.effectFailBody,
@@ -130,6 +148,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'resolveEffect',
+        'x-lockstep-doc': { input: '`{outcome, output}`', success: '200 effect' },
         summary: 'Settle an effect whose outcome is unknown, after checking the outside world',
         params: S.effectParams,
         body: S.effectResolveBody,
@@ -152,6 +172,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['observations'],
+        operationId: 'listObservations',
+        'x-lockstep-doc': { input: '`?includeStale=true`', success: '200 observations' },
         summary: 'What was observed in the sandbox (commands, file reads, writes, listings)',
         params: S.sandboxParams,
         querystring: S.observationsQuery,
@@ -168,6 +190,11 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['verdicts'],
+        operationId: 'recordVerdict',
+        'x-lockstep-doc': {
+          input: '`{path, verdict, toolCallId}`',
+          success: '201 verdict (`contentHash`: sha256 of the file, or `identity:…` over 64 MiB; see "Files")',
+        },
         summary: "Record a verdict about a file as it is now (bound to its content's hash)",
         params: S.sandboxParams,
         body: S.verdictBody,
@@ -185,6 +212,8 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['verdicts'],
+        operationId: 'listVerdicts',
+        'x-lockstep-doc': { input: '`?stale=true`', success: '200 verdicts' },
         summary: 'Verdicts recorded in the sandbox (stale=true: only those whose file changed since)',
         params: S.sandboxParams,
         querystring: S.verdictsQuery,

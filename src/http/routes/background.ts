@@ -28,6 +28,8 @@ export function backgroundRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listCommands',
+        'x-lockstep-doc': { success: '200 `[{pid, running, exitCode}]` (background commands)' },
         summary: 'Background commands of the sandbox: pid, running, exitCode',
         params: S.sandboxParams,
         response: {
@@ -44,6 +46,11 @@ export function backgroundRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'getCommandOutput',
+        'x-lockstep-doc': {
+          input: '`?stdoutOffset=&stderrOffset=`',
+          success: '200 `{pid, stdout, stderr, offsets, rewound, running}`',
+        },
         summary: 'Output of a background command since the given byte offsets',
         params: S.pidParams,
         querystring: outputQuery,

@@ -31,6 +31,8 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
       bodyLimit: opts.contextBodyLimit,
       schema: {
         tags,
+        operationId: 'createCheckpoint',
+        'x-lockstep-doc': { input: '`{label, context, contextFormat}`', success: '201 checkpoint' },
         summary: "Checkpoint files, processes and the agent's context together",
         params: S.sandboxParams,
         body: S.checkpointBody,
@@ -54,6 +56,8 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
     {
       schema: {
         tags,
+        operationId: 'listCheckpoints',
+        'x-lockstep-doc': { success: '200 checkpoints' },
         summary: "The sandbox's checkpoints, oldest first",
         params: S.sandboxParams,
         response: { 200: S.arrayOf(S.checkpointInfo, 'Checkpoints'), ...S.errors() },
@@ -69,6 +73,8 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
     {
       schema: {
         tags,
+        operationId: 'getCheckpointContext',
+        'x-lockstep-doc': { success: '200 `{checkpointId, context}`' },
         summary: 'The context stored with a checkpoint (null if none)',
         params: S.checkpointParams,
         response: { 200: S.anyObject('{checkpointId, context}'), ...S.errors(409) },
@@ -85,6 +91,8 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
     {
       schema: {
         tags,
+        operationId: 'deleteCheckpoint',
+        'x-lockstep-doc': { success: '200 `{id, deleted}`' },
         summary: 'Delete a checkpoint (its children move to its parent)',
         params: S.checkpointParams,
         response: { 200: S.anyObject('{id, deleted: true}'), ...S.errors(409) },
@@ -102,6 +110,11 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
     {
       schema: {
         tags,
+        operationId: 'rollbackSandbox',
+        'x-lockstep-doc': {
+          input: '`{checkpointId, policy, failure, lessons, withRecoverySummary}`',
+          success: '200 rollback report',
+        },
         summary: 'Roll back to a checkpoint; returns the rollback report',
         params: S.sandboxParams,
         body: S.rollbackBody,
@@ -126,6 +139,11 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
     {
       schema: {
         tags,
+        operationId: 'forkSandbox',
+        'x-lockstep-doc': {
+          input: '`{checkpointId, count}`',
+          success: '200 `{results, ids, errors}` (see "Fork results")',
+        },
         summary: 'Start sandboxes from a checkpoint',
         params: S.sandboxParams,
         body: S.forkBody,

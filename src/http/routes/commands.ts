@@ -82,6 +82,11 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
       config: { replaysItself: true },
       schema: {
         tags,
+        operationId: 'runCommand',
+        'x-lockstep-doc': {
+          input: '`{cmd, cwd, envs, timeoutMs, toolCallId, background, stdin}`',
+          success: '200 result, a stream, or `{pid}`',
+        },
         summary: 'Run a command (JSON, or streamed with Accept: application/x-ndjson or text/event-stream)',
         params: S.sandboxParams,
         body: S.runBody,
@@ -183,6 +188,8 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'waitCommand',
+        'x-lockstep-doc': { input: '`{timeoutMs}`', success: '200 `{pid, exitCode}`' },
         summary: 'Wait for a background command; its exit code (null if killed before reporting one)',
         params: S.pidParams,
         body: S.waitBody,
@@ -213,6 +220,8 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'killCommand',
+        'x-lockstep-doc': { input: '`{signal}`', success: '200 `{pid, killed}`' },
         summary: 'Send a signal (default SIGKILL) to a background command',
         params: S.pidParams,
         body: S.killBody,

@@ -76,6 +76,11 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
     {
       schema: {
         tags,
+        operationId: 'readFile',
+        'x-lockstep-doc': {
+          input: '`?path=&encoding=&toolCallId=`',
+          success: '200 `{path, content, encoding, sha256, bytes, observationId}` or raw bytes (see "Files")',
+        },
         summary: 'Read a file (JSON, or raw bytes with Accept: application/octet-stream)',
         params: S.sandboxParams,
         querystring: S.readQuery,
@@ -121,6 +126,11 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
       bodyLimit: opts.fileBodyLimit,
       schema: {
         tags,
+        operationId: 'writeFile',
+        'x-lockstep-doc': {
+          input: '`?path=&toolCallId=`; raw bytes (streamed) or `{content, encoding, mode, toolCallId}`',
+          success: '200 `{path, sha256, bytes, observationId}`',
+        },
         summary: 'Write a file (raw bytes, or JSON {content, encoding})',
         params: S.sandboxParams,
         querystring: S.pathQuery(),
@@ -178,6 +188,8 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
     {
       schema: {
         tags,
+        operationId: 'removeFile',
+        'x-lockstep-doc': { input: '`?path=&toolCallId=`', success: '200 `{path, removed}`' },
         summary: 'Remove a file, symlink or empty directory',
         params: S.sandboxParams,
         querystring: S.pathQuery(),
@@ -196,6 +208,12 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
     {
       schema: {
         tags,
+        operationId: 'listFiles',
+        'x-lockstep-doc': {
+          input: '`?path=&limit=&cursor=&toolCallId=`',
+          success:
+            '200 `{path, entries, nextCursor, observationId}`: one page, sorted by name (see "Files"; 429 `RATE_LIMITED`)',
+        },
         summary: 'List a directory, one page at a time (sorted by name; nextCursor is null on the last page)',
         params: S.sandboxParams,
         querystring: S.listQuery,
@@ -222,6 +240,8 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
     {
       schema: {
         tags,
+        operationId: 'checkFileExists',
+        'x-lockstep-doc': { input: '`?path=`', success: '200 `{path, exists}`' },
         summary: 'Whether a path exists (not recorded as an observation)',
         params: S.sandboxParams,
         querystring: S.existsQuery,

@@ -28,6 +28,11 @@ export function imageRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['images'],
+        operationId: 'listImages',
+        'x-lockstep-doc': {
+          success:
+            '200 `[{name, ready, source, sizeBytes, createdAt}]` (`ready: false`: a shipped recipe not built yet)',
+        },
         summary: 'Images to create sandboxes from (ready: false: a shipped recipe the first create will build or link)',
         response: { 200: S.arrayOf(imageSchema, 'Images by name'), ...S.errors() },
       },

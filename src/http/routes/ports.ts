@@ -179,6 +179,11 @@ export function portRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'exposePort',
+        'x-lockstep-doc': {
+          input: '`{port}` (1–65535, something in the sandbox must listen on it: else 409 `PORT_NOT_LISTENING`)',
+          success: '201 `{id, sandboxId, port, path, url, token, createdAt}` (the token only here)',
+        },
         summary: 'Expose a port the sandbox listens on (the token is shown only here)',
         params: S.sandboxParams,
         body: portBody,
@@ -199,6 +204,8 @@ export function portRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listPorts',
+        'x-lockstep-doc': { success: '200 `[{id, sandboxId, port, path, url, createdAt}]`' },
         summary: "The sandbox's exposed ports (without tokens)",
         params: S.sandboxParams,
         response: {
@@ -214,6 +221,8 @@ export function portRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'closePort',
+        'x-lockstep-doc': { success: '200 `{port, closed}`' },
         summary: 'Close an exposed port and the connections open through it',
         params: portParams,
         response: { 200: S.anyObject('{port, closed}'), ...S.errors() },

@@ -50,6 +50,11 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['commands'],
+        operationId: 'sendCommandStdin',
+        'x-lockstep-doc': {
+          input: 'raw bytes (`application/octet-stream`, up to 1 MiB)',
+          success: '200 `{pid, bytes}` (background command started with `stdin: true`)',
+        },
         summary: 'Write bytes to the stdin of a background command started with stdin: true',
         params: S.pidParams,
         response: { 200: S.anyObject('{pid, bytes}'), ...S.errors(409, 413) },
@@ -68,6 +73,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['commands'],
+        operationId: 'closeCommandStdin',
+        'x-lockstep-doc': { success: '200 `{pid}`' },
         summary: 'Close the stdin of a background command (it reads EOF after the bytes sent before)',
         params: S.pidParams,
         response: { 200: S.anyObject('{pid}'), ...S.errors(409) },
@@ -88,6 +95,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'createPty',
+        'x-lockstep-doc': { input: '`{cols, rows, cmd, cwd, envs}`', success: '200 `{pid}` (see "PTYs")' },
         summary: 'Start a program on a new terminal of the sandbox (default /bin/sh -i); its id is the pid',
         params: S.sandboxParams,
         body: S.ptyCreateBody,
@@ -109,6 +118,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listPtys',
+        'x-lockstep-doc': { success: '200 `[{pid, running, exitCode}]`' },
         summary: 'PTYs of the sandbox: pid, running, exitCode',
         params: S.sandboxParams,
         response: { 200: S.arrayOf(S.anyObject('{pid, running, exitCode}'), 'PTYs, by pid'), ...S.errors(409) },
@@ -122,6 +133,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'getPtyOutput',
+        'x-lockstep-doc': { input: '`?offset=`', success: '200 `{pid, data (base64), offset, rewound, running}`' },
         summary: 'Terminal output since a byte offset: {pid, data (base64), offset, rewound, running}',
         params: S.pidParams,
         querystring: S.offsetQuery,
@@ -146,10 +159,18 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'streamPtyOutput',
+        'x-lockstep-doc': { input: '`?offset=`', success: '200 NDJSON until the PTY ends' },
         summary: 'Terminal output from a byte offset as NDJSON lines, until the PTY ends (see docs/http-reference.md)',
         params: S.pidParams,
         querystring: S.offsetQuery,
-        response: { ...S.errors(409) },
+        response: {
+          200: {
+            description: 'NDJSON lines (data, rewound, exit, error) until the PTY ends',
+            content: { 'application/x-ndjson': { schema: {} } },
+          },
+          ...S.errors(409),
+        },
       },
     },
     async (req, reply) => {
@@ -197,6 +218,11 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'writePtyInput',
+        'x-lockstep-doc': {
+          input: 'raw bytes (`application/octet-stream`, up to 1 MiB)',
+          success: '200 `{pid, bytes}`',
+        },
         summary: 'Type bytes on the terminal (application/octet-stream)',
         params: S.pidParams,
         body: rawBody,
@@ -216,6 +242,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'resizePty',
+        'x-lockstep-doc': { input: '`{cols, rows}`', success: '200 `{pid, cols, rows}`' },
         summary: 'Set the terminal size (the program gets SIGWINCH)',
         params: S.pidParams,
         body: S.ptyResizeBody,
@@ -234,6 +262,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'waitPty',
+        'x-lockstep-doc': { input: '`{timeoutMs}`', success: '200 `{pid, exitCode, reason}`' },
         summary: 'Wait for a PTY to end: {pid, exitCode, reason}',
         params: S.pidParams,
         body: S.waitBody,
@@ -260,6 +290,8 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'killPty',
+        'x-lockstep-doc': { success: '200 `{pid, killed}`' },
         summary: 'Kill a PTY (its relay and the program on it)',
         params: S.pidParams,
         response: { 200: S.anyObject('{pid, killed}'), ...S.errors() },

@@ -74,6 +74,12 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'createSandbox',
+        'x-lockstep-doc': {
+          input:
+            '`{image, memoryMb, pids, cpuWeight, cpus, ioWeight, diskMb, envs, network, allowOut, bandwidthMbit, timeoutMs, metadata}`, or `{fromSnapshot}` alone',
+          success: '201 sandbox (503 `IMAGE_BUILDING` while a shipped recipe is made on first use)',
+        },
         summary: 'Create a sandbox',
         body: S.createBody,
         response: { 201: S.sandboxInfo, ...S.errors(409, 413, 422, 429) },
@@ -99,6 +105,12 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listSandboxes',
+        'x-lockstep-doc': {
+          input: '`?metadata.KEY=VALUE` (any number; a sandbox must have every label named)',
+          success:
+            '200 sandboxes, oldest first (400 `INVALID_ARGUMENT` naming a label asked for twice, a value past 1024 characters, an unknown parameter)',
+        },
         summary: "List the tenant's sandboxes (`?metadata.KEY=VALUE`: those with every label named)",
         querystring: S.sandboxListQuery,
         response: { 200: S.arrayOf(S.sandboxInfo, 'Sandboxes, oldest first'), ...S.errors() },
@@ -116,6 +128,8 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'getSandbox',
+        'x-lockstep-doc': { success: '200 sandbox' },
         summary: 'Get a sandbox',
         params: S.sandboxParams,
         response: { 200: S.sandboxInfo, ...S.errors() },
@@ -131,6 +145,8 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'removeSandbox',
+        'x-lockstep-doc': { success: '200 `{id, removed}`' },
         summary: 'Remove a sandbox with its processes, files and checkpoints',
         params: S.sandboxParams,
         response: { 200: S.anyObject('{id, removed: true}'), ...S.errors(409) },
@@ -148,6 +164,8 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags: ['tenant'],
+        operationId: 'getTenant',
+        'x-lockstep-doc': { success: '200 the tenant, its quotas and usage' },
         summary: 'The calling tenant: its quotas and what it uses',
         response: {
           200: S.anyObject(

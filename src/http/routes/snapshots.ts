@@ -45,6 +45,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'createSnapshot',
+        'x-lockstep-doc': { input: '`{checkpointId, name, metadata}`', success: '201 snapshot' },
         summary: 'Promote a checkpoint to a named snapshot that outlives its sandbox',
         body: S.snapshotBody,
         response: { 201: S.snapshotInfo, ...S.errors(409) },
@@ -63,6 +65,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listSnapshots',
+        'x-lockstep-doc': { success: '200 snapshots' },
         summary: "The tenant's snapshots, oldest first",
         response: { 200: S.arrayOf(S.snapshotInfo, 'Snapshots'), ...S.errors() },
       },
@@ -75,6 +79,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'getSnapshot',
+        'x-lockstep-doc': { input: '(id or name)', success: '200 snapshot' },
         summary: 'Get a snapshot (by id or name)',
         params: S.snapshotParams,
         response: { 200: S.snapshotInfo, ...S.errors() },
@@ -88,6 +94,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'deleteSnapshot',
+        'x-lockstep-doc': { success: '200 `{id, deleted}`' },
         summary: 'Delete a snapshot (its files go once no checkpoint or other snapshot holds them)',
         params: S.snapshotParams,
         response: { 200: S.anyObject('{id, deleted: true}'), ...S.errors(409) },
@@ -106,6 +114,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'getSnapshotContext',
+        'x-lockstep-doc': { success: '200 `{snapshotId, context}`' },
         summary: 'The context stored with a snapshot (null if none)',
         params: S.snapshotParams,
         response: { 200: S.anyObject('{snapshotId, context}'), ...S.errors() },
@@ -123,6 +133,8 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'startSnapshotSandboxes',
+        'x-lockstep-doc': { input: '`{count}`', success: '200 `{results, ids, errors}` (see "Fork results")' },
         summary: 'Start sandboxes from a snapshot (its processes, files and lineage resume)',
         params: S.snapshotParams,
         body: S.snapshotStartBody,
@@ -150,6 +162,11 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'exportSnapshot',
+        'x-lockstep-doc': {
+          input: '`Range: bytes=N-`, `If-Range`',
+          success: '200 the bundle (streamed, `ETag`: its digest when known), 206 from N, 416 past its end',
+        },
         summary:
           'Export the snapshot as one bundle stream (application/octet-stream). `Range: bytes=N-` resumes a download (206; `If-Range` with the ETag, the bundle digest)',
         params: S.snapshotParams,
@@ -209,6 +226,12 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
       {
         schema: {
           tags,
+          operationId: 'importSnapshot',
+          'x-lockstep-doc': {
+            input: '`?name=`; the bundle, `application/octet-stream` (streamed)',
+            success:
+              '201 snapshot (`BUNDLE_CORRUPT`, `IMAGE_NOT_FOUND`, 422 `SNAPSHOT_INCOMPATIBLE`, 422 `BUNDLE_UNTRUSTED`, 429 `QUOTA_EXCEEDED`)',
+          },
           summary:
             'Import a snapshot bundle (application/octet-stream, streamed); nothing is kept unless all of it verifies',
           querystring: S.importQuery,
@@ -235,6 +258,12 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'pullSnapshot',
+        'x-lockstep-doc': {
+          input:
+            '`{from, snapshot, token, name}` (`from` one of `LOCKSTEP_PULL_SOURCES`, else 403 `PULL_SOURCE_NOT_ALLOWED`)',
+          success: '201 `{snapshot, bundleBytes, receivedBytes, resumed, restarted, downloadMs, importMs}`',
+        },
         summary:
           'Pull a snapshot from another Lockstep server (one of LOCKSTEP_PULL_SOURCES) with a token of the tenant there; an interrupted download resumes',
         body: S.pullBody,

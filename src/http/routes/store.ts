@@ -21,6 +21,12 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'pushSnapshot',
+        'x-lockstep-doc': {
+          input: '`{key}` (default: its name, else its id; one segment)',
+          success:
+            "201 `{key, snapshotId, digest, bytes, chunks, uploadedChunks, skippedChunks, ms}` into the tenant's part of the snapshot store (501 `STORE_NOT_CONFIGURED`, 503 `STORE_UNAVAILABLE`)",
+        },
         summary:
           "Export the snapshot into the tenant's part of the snapshot store under `key` (default: its name, else its id); chunks the store has are not sent again",
         params: S.snapshotParams,
@@ -47,6 +53,10 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'listStoredBundles',
+        'x-lockstep-doc': {
+          success: "200 `[{name, digest, bytes, chunks, chunkBytes, createdAt}]`: the tenant's bundles in the store",
+        },
         summary: "The bundles in the tenant's part of the snapshot store",
         response: { 200: S.arrayOf(S.storedBundle, 'Bundles'), ...S.errors(501, 503) },
       },
@@ -59,6 +69,12 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'pullStoredBundle',
+        'x-lockstep-doc': {
+          input: '`{name}`',
+          success:
+            '201 `{key, snapshot, bytes, ms}` (404 `BUNDLE_NOT_FOUND`, `BUNDLE_CORRUPT`, 422 `BUNDLE_UNTRUSTED`, 429 `QUOTA_EXCEEDED`)',
+        },
         summary:
           "Import the bundle stored under `key` in the tenant's part of the store as a new snapshot (verified, signed by a trusted host, within the tenant's quota)",
         params: S.storeKeyParams,
@@ -84,6 +100,8 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
     {
       schema: {
         tags,
+        operationId: 'deleteStoredBundle',
+        'x-lockstep-doc': { success: '200 `{key, deleted}` (its chunks go at the next `lockstep store gc`)' },
         summary: "Remove a bundle from the tenant's part of the store",
         params: S.storeKeyParams,
         response: { 200: S.anyObject('{key, deleted: true}'), ...S.errors(501, 503) },
