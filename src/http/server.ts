@@ -222,6 +222,16 @@ export function createServer(opts: ServerOptions): LockstepServer {
         'images',
       ].map((name) => ({ name })),
     },
+    // A query of free-form names (patternProperties: GET /v1/sandboxes's
+    // metadata.KEY) has no OpenAPI 3.0 parameter form; @fastify/swagger would
+    // list the schema's own keywords as parameters. The route's summary and
+    // x-lockstep-doc say how to send it instead.
+    transform: ({ schema, url }) => {
+      const query = schema?.querystring as Record<string, unknown> | undefined;
+      if (!query || !('patternProperties' in query)) return { schema, url };
+      const { querystring: _free, ...rest } = schema;
+      return { schema: rest, url };
+    },
   });
   void app.register(swaggerUi, { routePrefix: '/docs', uiConfig: { validatorUrl: null, deepLinking: true } });
 
