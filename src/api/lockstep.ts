@@ -223,11 +223,10 @@ export class Lockstep {
       listings: new Admission(LISTING_LIMITS),
       network,
       dns,
-      exposures: undefined as unknown as ExposedPorts,
+      exposures: new ExposedPorts({ catalog, clock, config, native, proc }),
       withSandboxLock,
       drainLocks: () => locks.drain(),
     };
-    engine.exposures = new ExposedPorts(engine);
     let reaped: ReapReport | null = null;
     if (exclusive) {
       reaped = await reap(engine);
