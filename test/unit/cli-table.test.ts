@@ -2,17 +2,30 @@
  * The CLI's one table of commands (src/cli/command-table.ts) against what a
  * user sees: every `--flag` of a synopsis is an option its command parses
  * and every option is in its synopsis, `lockstep --help` lists every command
- * once, and a command's usage error is its synopsis. The CLI runs
- * in-process (main()), only with arguments it refuses before it opens a
- * state directory.
+ * once, a command's usage error is its synopsis, and docs/cli.md's command
+ * list is what `npm run docs:cli` renders. The CLI runs in-process
+ * (main()), only with arguments it refuses before it opens a state
+ * directory.
  */
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import test from 'ava';
-import { commandEntries, synopses, usageOf, type CommandSpec } from '../../src/cli/command-table.js';
+import {
+  CLI_DOC_BEGIN,
+  CLI_DOC_END,
+  cliDocGenerated,
+  cliDocSection,
+  commandEntries,
+  synopses,
+  usageOf,
+  type CommandSpec,
+} from '../../src/cli/command-table.js';
 import { main } from '../../src/cli/main.js';
 import { EXIT } from '../../src/cli/output.js';
+
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
 // A state directory that cannot be made (its parent is a file): a command this
 // file runs by mistake fails instead of making sandboxes in the real one.
@@ -161,4 +174,11 @@ test('the positionals a synopsis requires are read as a user would', (t) => {
     'compensable',
     'compensation',
   ]);
+});
+
+test('docs/cli.md holds the command list npm run docs:cli renders from the table', (t) => {
+  const doc = fs.readFileSync(path.join(repoRoot, 'docs/cli.md'), 'utf8');
+  t.true(doc.includes(CLI_DOC_BEGIN) && doc.includes(CLI_DOC_END));
+  t.is(cliDocGenerated(doc), cliDocSection(), 'docs/cli.md is out of date: run npm run docs:cli');
+  for (const [, spec] of entries) for (const s of synopses(spec)) t.true(doc.includes(`\`lockstep ${s}\``), s);
 });
