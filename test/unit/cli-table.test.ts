@@ -24,6 +24,12 @@ import {
 } from '../../src/cli/command-table.js';
 import { main } from '../../src/cli/main.js';
 import { EXIT } from '../../src/cli/output.js';
+import { agentCommands } from '../../src/cli/agent-commands.js';
+import { portCommands } from '../../src/cli/port-commands.js';
+import { serverCommands } from '../../src/cli/server-commands.js';
+import { setupCommands } from '../../src/cli/setup-command.js';
+import { snapshotCommands } from '../../src/cli/snapshot-commands.js';
+import { storeCommands } from '../../src/cli/store-commands.js';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
@@ -79,6 +85,12 @@ async function run(...argv: string[]): Promise<{ code: number; stdout: string; s
 }
 
 const entries: [string, CommandSpec][] = commandEntries();
+
+test('every command of the CLI files has entries in the table', (t) => {
+  const words = new Set(entries.map(([name]) => name.split(' ')[0]));
+  for (const handlers of [agentCommands, portCommands, serverCommands, setupCommands, snapshotCommands, storeCommands])
+    for (const word of Object.keys(handlers)) t.true(words.has(word), word);
+});
 
 test('the table has every command the CLI dispatches, and names each once', (t) => {
   const names = entries.map(([name]) => name);
