@@ -10,6 +10,7 @@ import { InvalidArgumentError } from '../errors.js';
 import type { JsonValue } from '../effects/idempotency.js';
 import type { Reversibility } from '../effects/effect-ledger.js';
 import { withLockstep } from './session.js';
+import { command, subcommandUsage } from './command-table.js';
 
 type Handler = (argv: string[]) => Promise<number>;
 
@@ -67,18 +68,8 @@ export function readContextFile(file: string, format: string | undefined, mediaT
 
 export const agentCommands: Record<string, Handler> = {
   async checkpoint(argv) {
-    const usage = 'lockstep checkpoint ID [--label L] [--context FILE --context-format F [--media-type T]] [--json]';
-    const { values, positionals } = parse(
-      argv,
-      {
-        label: { type: 'string' },
-        context: { type: 'string' },
-        'context-format': { type: 'string' },
-        'media-type': { type: 'string' },
-        json: { type: 'boolean' },
-      },
-      usage,
-    );
+    const { options, usage } = command('checkpoint');
+    const { values, positionals } = parse(argv, options, usage);
     const [id] = need(positionals, 1, usage);
     const context = values.context
       ? readContextFile(values.context, values['context-format'], values['media-type'])
@@ -101,17 +92,8 @@ export const agentCommands: Record<string, Handler> = {
   },
 
   async rollback(argv) {
-    const usage = 'lockstep rollback ID CHECKPOINT [--policy warn|refuse] [--failure TEXT] [--lesson TEXT]... [--json]';
-    const { values, positionals } = parse(
-      argv,
-      {
-        policy: { type: 'string' },
-        failure: { type: 'string' },
-        lesson: { type: 'string', multiple: true },
-        json: { type: 'boolean' },
-      },
-      usage,
-    );
+    const { options, usage } = command('rollback');
+    const { values, positionals } = parse(argv, options, usage);
     const [id, ckpt] = need(positionals, 2, usage);
     return withLockstep(async (ls) => {
       const progress = new Progress(values.json === true, { ttyOnly: true });
@@ -140,24 +122,8 @@ export const agentCommands: Record<string, Handler> = {
   async effect(argv) {
     const [sub, ...rest] = argv;
     if (sub === 'begin') {
-      const usage =
-        'lockstep effect begin ID --kind K --input JSON [--key KEY] ' +
-        '[--irreversible|--compensable --compensation JSON] [--scope lineage|branch] [--tool-call ID]';
-      const { values, positionals } = parse(
-        rest,
-        {
-          kind: { type: 'string' },
-          input: { type: 'string' },
-          key: { type: 'string' },
-          irreversible: { type: 'boolean' },
-          compensable: { type: 'boolean' },
-          compensation: { type: 'string' },
-          scope: { type: 'string' },
-          'tool-call': { type: 'string' },
-          json: { type: 'boolean' },
-        },
-        usage,
-      );
+      const { options, usage } = command('effect begin');
+      const { values, positionals } = parse(rest, options, usage);
       const [id] = need(positionals, 1, usage);
       if (!values.kind) throw new InvalidArgumentError('kind', 'an effect kind such as "email.send"', undefined);
       if (values.irreversible && values.compensable)
@@ -188,8 +154,8 @@ export const agentCommands: Record<string, Handler> = {
       });
     }
     if (sub === 'commit') {
-      const usage = 'lockstep effect commit ID EFFECT_ID --output JSON';
-      const { values, positionals } = parse(rest, { output: { type: 'string' }, json: { type: 'boolean' } }, usage);
+      const { options, usage } = command('effect commit');
+      const { values, positionals } = parse(rest, options, usage);
       const [id, effectId] = need(positionals, 2, usage);
       return withLockstep(async (ls) => {
         const fx = ls.get(id!).effects;
@@ -200,12 +166,8 @@ export const agentCommands: Record<string, Handler> = {
       });
     }
     if (sub === 'fail') {
-      const usage = 'lockstep effect fail ID EFFECT_ID --error TEXT [--definite]';
-      const { values, positionals } = parse(
-        rest,
-        { error: { type: 'string' }, definite: { type: 'boolean' }, json: { type: 'boolean' } },
-        usage,
-      );
+      const { options, usage } = command('effect fail');
+      const { values, positionals } = parse(rest, options, usage);
       const [id, effectId] = need(positionals, 2, usage);
       return withLockstep(async (ls) => {
         const fx = ls.get(id!).effects;
@@ -215,12 +177,12 @@ export const agentCommands: Record<string, Handler> = {
         return EXIT.ok;
       });
     }
-    throw new UsageError('usage: lockstep effect begin|commit|fail ...');
+    throw new UsageError(`usage:\n${subcommandUsage('effect')}`);
   },
 
   async effects(argv) {
-    const usage = 'lockstep effects ID [--json]';
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const { options, usage } = command('effects');
+    const { values, positionals } = parse(argv, options, usage);
     const [id] = need(positionals, 1, usage);
     return withLockstep(async (ls) => {
       const list = ls.get(id!).effects.list();

@@ -15,12 +15,13 @@ import { buildCacheDir } from '../config.js';
 import { native } from '../native/binding.js';
 import { InvalidArgumentError } from '../errors.js';
 import { agentCommands } from './agent-commands.js';
-import { SERVER_HELP, serverCommands } from './server-commands.js';
+import { serverCommands } from './server-commands.js';
 import { withLockstep } from './session.js';
-import { SETUP_HELP, setupCommands } from './setup-command.js';
-import { STORE_HELP, storeCommands } from './store-commands.js';
-import { SNAPSHOT_HELP, snapshotCommands } from './snapshot-commands.js';
-import { PORTS_HELP, portCommands } from './port-commands.js';
+import { setupCommands } from './setup-command.js';
+import { storeCommands } from './store-commands.js';
+import { snapshotCommands } from './snapshot-commands.js';
+import { portCommands } from './port-commands.js';
+import { command, commandsHelp, subcommandUsage } from './command-table.js';
 import { VERSION } from '../version.js';
 
 /** "mem 512M pids 256 cpu 100 cap 0.5 disk 8M": the limits of a sandbox on one line. */
@@ -36,48 +37,7 @@ const HELP = `lockstep — copy-on-write sandboxes with aligned checkpoints for 
 
 usage: lockstep <command> [options]
 
-sandboxes
-  create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] [--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--network none|egress] [--allow ENTRY]... [--bandwidth-mbit N] [--env K=V]... [--json]
-  exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]
-  spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]
-  ls [--json]
-  inspect ID [--json]             limits and what the sandbox uses (CPU time, disk)
-  rm ID [--json]
-
-checkpoints
-  checkpoint ID [--label L] [--context FILE --context-format F] [--json]
-  rollback ID CHECKPOINT [--policy warn|refuse] [--failure TEXT] [--lesson TEXT]... [--json]
-  fork ID CHECKPOINT [--count N] [--json]
-  checkpoints ID [--json]
-  log ID [--json]
-
-${SNAPSHOT_HELP}
-
-${PORTS_HELP}
-
-effects
-  effect begin ID --kind K --input JSON [--key KEY] [--irreversible|--compensable]
-  effect commit ID EFFECT_ID --output JSON
-  effect fail ID EFFECT_ID --error TEXT [--definite]
-  effects ID [--json]
-
-images
-  image build NAME [--force]      build from sandbox-images/NAME
-  image ls [--json]
-  image rm NAME
-  image import docker:REF [--name NAME]
-  image export NAME docker:REF
-  image cache NAME                build a recipe into the build cache only
-
-host
-  doctor [--json]
-  --version [--json]
-
-${SETUP_HELP}
-
-${SERVER_HELP}
-
-${STORE_HELP}
+${commandsHelp()}
 
 The state directory is /var/lib/lockstep, or LOCKSTEP_HOME when set.
 Exit codes: 0 ok, 1 failure, 2 bad usage or input, 3 not found, 4 conflict
@@ -93,14 +53,16 @@ const commands: Record<string, Handler> = {
   },
 
   async version(argv) {
-    const { values } = parse(argv, { json: { type: 'boolean' } }, 'lockstep --version [--json]');
+    const { options, usage } = command('--version');
+    const { values } = parse(argv, options, usage);
     if (values.json) printJson({ version: VERSION });
     else process.stdout.write(`${VERSION}\n`);
     return EXIT.ok;
   },
 
   async doctor(argv) {
-    const { values } = parse(argv, { json: { type: 'boolean' } }, 'lockstep doctor [--json]');
+    const { options, usage } = command('doctor');
+    const { values } = parse(argv, options, usage);
     const checks = await runDoctor();
     const failed = checks.filter((c) => !c.ok && !c.optional);
     if (values.json) printJson({ ok: failed.length === 0, checks });
@@ -127,25 +89,7 @@ const commands: Record<string, Handler> = {
   },
 
   async create(argv) {
-    const usage =
-      'lockstep create [--image NAME | --from-snapshot ID] [--memory MIB] [--pids N] [--cpu-weight 1-10000] ' +
-      '[--cpus N.NN] [--io-weight 1-1000] [--disk-mb MIB] [--network none|egress] [--allow ENTRY]... ' +
-      '[--bandwidth-mbit N] [--env K=V]... [--json]';
-    const options = {
-      image: { type: 'string' },
-      memory: { type: 'string' },
-      pids: { type: 'string' },
-      'cpu-weight': { type: 'string' },
-      cpus: { type: 'string' },
-      'io-weight': { type: 'string' },
-      'disk-mb': { type: 'string' },
-      network: { type: 'string' },
-      allow: { type: 'string', multiple: true },
-      'bandwidth-mbit': { type: 'string' },
-      env: { type: 'string', multiple: true },
-      'from-snapshot': { type: 'string' },
-      json: { type: 'boolean' },
-    } as const;
+    const { options, usage } = command('create');
     const { values, positionals } = parse(argv, options, usage);
     need(positionals, 0, usage);
     return withLockstep(async (ls) => {
@@ -175,18 +119,9 @@ const commands: Record<string, Handler> = {
   },
 
   async exec(argv) {
-    const usage = 'lockstep exec ID [--cwd DIR] [--env K=V]... [--timeout MS] [--json] -- CMD [ARG...]';
+    const { options, usage } = command('exec');
     const [flags, cmd] = splitCommand(argv);
-    const { values, positionals } = parse(
-      flags,
-      {
-        cwd: { type: 'string' },
-        env: { type: 'string', multiple: true },
-        timeout: { type: 'string' },
-        json: { type: 'boolean' },
-      },
-      usage,
-    );
+    const { values, positionals } = parse(flags, options, usage);
     const [id] = need(positionals, 1, usage);
     if (!cmd.length) throw new InvalidArgumentError('command', 'a command after "--"', '');
     return withLockstep(async (ls) => {
@@ -204,18 +139,9 @@ const commands: Record<string, Handler> = {
   },
 
   async spawn(argv) {
-    const usage = 'lockstep spawn ID [--cwd DIR] [--env K=V]... [--stdout PATH] [--json] -- CMD [ARG...]';
+    const { options, usage } = command('spawn');
     const [flags, cmd] = splitCommand(argv);
-    const { values, positionals } = parse(
-      flags,
-      {
-        cwd: { type: 'string' },
-        env: { type: 'string', multiple: true },
-        stdout: { type: 'string' },
-        json: { type: 'boolean' },
-      },
-      usage,
-    );
+    const { values, positionals } = parse(flags, options, usage);
     const [id] = need(positionals, 1, usage);
     if (!cmd.length) throw new InvalidArgumentError('command', 'a command after "--"', '');
     return withLockstep(async (ls) => {
@@ -229,8 +155,9 @@ const commands: Record<string, Handler> = {
   },
 
   async ls(argv) {
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, 'lockstep ls [--json]');
-    need(positionals, 0, 'lockstep ls [--json]');
+    const { options, usage } = command('ls');
+    const { values, positionals } = parse(argv, options, usage);
+    need(positionals, 0, usage);
     return withLockstep(async (ls) => {
       const list = ls.list();
       if (values.json) printJson(list);
@@ -243,8 +170,8 @@ const commands: Record<string, Handler> = {
   },
 
   async inspect(argv) {
-    const usage = 'lockstep inspect ID [--json]';
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const { options, usage } = command('inspect');
+    const { values, positionals } = parse(argv, options, usage);
     const [id] = need(positionals, 1, usage);
     return withLockstep(async (ls) => {
       const sb = ls.get(id!);
@@ -274,8 +201,8 @@ const commands: Record<string, Handler> = {
   },
 
   async rm(argv) {
-    const usage = 'lockstep rm ID [--json]';
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const { options, usage } = command('rm');
+    const { values, positionals } = parse(argv, options, usage);
     const [id] = need(positionals, 1, usage);
     return withLockstep(async (ls) => {
       await ls.remove(id!);
@@ -285,8 +212,8 @@ const commands: Record<string, Handler> = {
   },
 
   async fork(argv) {
-    const usage = 'lockstep fork ID CHECKPOINT [--count N] [--json]';
-    const { values, positionals } = parse(argv, { count: { type: 'string' }, json: { type: 'boolean' } }, usage);
+    const { options, usage } = command('fork');
+    const { values, positionals } = parse(argv, options, usage);
     const [id, ckpt] = need(positionals, 2, usage);
     return withLockstep(async (ls) => {
       const progress = new Progress(values.json === true);
@@ -307,8 +234,8 @@ const commands: Record<string, Handler> = {
   },
 
   async checkpoints(argv) {
-    const usage = 'lockstep checkpoints ID [--json]';
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const { options, usage } = command('checkpoints');
+    const { values, positionals } = parse(argv, options, usage);
     const [id] = need(positionals, 1, usage);
     return withLockstep(async (ls) => {
       const sb = ls.get(id!);
@@ -334,8 +261,8 @@ const commands: Record<string, Handler> = {
   },
 
   async log(argv) {
-    const usage = 'lockstep log ID [--json]';
-    const { values, positionals } = parse(argv, { json: { type: 'boolean' } }, usage);
+    const { options, usage } = command('log');
+    const { values, positionals } = parse(argv, options, usage);
     const [id] = need(positionals, 1, usage);
     return withLockstep(async (ls) => {
       const sb = ls.get(id!);
@@ -355,17 +282,11 @@ const commands: Record<string, Handler> = {
 
   async image(argv) {
     const [sub, ...rest] = argv;
-    const usage =
-      'lockstep image build NAME | ls | rm NAME | import docker:REF ' +
-      '[--name NAME] | export NAME docker:REF | cache NAME';
     switch (sub) {
       case 'build': {
-        const { values, positionals } = parse(
-          rest,
-          { force: { type: 'boolean' }, json: { type: 'boolean' } },
-          'lockstep image build NAME [--force]',
-        );
-        const [name] = need(positionals, 1, 'lockstep image build NAME [--force]');
+        const { options, usage } = command('image build');
+        const { values, positionals } = parse(rest, options, usage);
+        const [name] = need(positionals, 1, usage);
         return withLockstep(async (ls) => {
           const progress = new Progress(values.json === true);
           const row = await ls.images.build(name!, {
@@ -379,7 +300,8 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'ls': {
-        const { values } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image ls [--json]');
+        const { options, usage } = command('image ls');
+        const { values } = parse(rest, options, usage);
         return withLockstep(async (ls) => {
           const rows = ls.images.list();
           if (values.json)
@@ -402,8 +324,9 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'rm': {
-        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, 'lockstep image rm NAME');
-        const [name] = need(positionals, 1, 'lockstep image rm NAME');
+        const { options, usage } = command('image rm');
+        const { values, positionals } = parse(rest, options, usage);
+        const [name] = need(positionals, 1, usage);
         return withLockstep(async (ls) => {
           const r = ls.images.remove(name!);
           if (values.json) printJson({ name, ...r });
@@ -415,12 +338,9 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'import': {
-        const { values, positionals } = parse(
-          rest,
-          { name: { type: 'string' }, json: { type: 'boolean' } },
-          'lockstep image import docker:REF [--name NAME] [--json]',
-        );
-        const [src] = need(positionals, 1, 'lockstep image import docker:REF [--name NAME]');
+        const { options, usage } = command('image import');
+        const { values, positionals } = parse(rest, options, usage);
+        const [src] = need(positionals, 1, usage);
         const ref = dockerRef(src!);
         const name =
           values.name ??
@@ -436,12 +356,9 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'export': {
-        const { values, positionals } = parse(
-          rest,
-          { json: { type: 'boolean' } },
-          'lockstep image export NAME docker:REF [--json]',
-        );
-        const [name, dst] = need(positionals, 2, 'lockstep image export NAME docker:REF [--json]');
+        const { options, usage } = command('image export');
+        const { values, positionals } = parse(rest, options, usage);
+        const [name, dst] = need(positionals, 2, usage);
         return withLockstep(async (ls) => {
           const progress = new Progress(values.json === true);
           progress.update(`exporting ${name} to ${dst}`);
@@ -452,12 +369,9 @@ const commands: Record<string, Handler> = {
         });
       }
       case 'cache': {
-        const { values, positionals } = parse(
-          rest,
-          { json: { type: 'boolean' } },
-          'lockstep image cache NAME [--json]',
-        );
-        const [name] = need(positionals, 1, 'lockstep image cache NAME [--json]');
+        const { options, usage } = command('image cache');
+        const { values, positionals } = parse(rest, options, usage);
+        const [name] = need(positionals, 1, usage);
         const progress = new Progress(values.json === true);
         const rootfs = await ImageStore.cacheRecipe(name!, { cacheDir: buildCacheDir(), native: native() }, (m) =>
           progress.update(m),
@@ -467,7 +381,7 @@ const commands: Record<string, Handler> = {
         return EXIT.ok;
       }
       default:
-        throw new UsageError(`unknown image command ${JSON.stringify(sub ?? '')}\nusage: ${usage}`);
+        throw new UsageError(`unknown image command ${JSON.stringify(sub ?? '')}\nusage:\n${subcommandUsage('image')}`);
     }
   },
 };

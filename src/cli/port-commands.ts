@@ -7,19 +7,17 @@
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { need, parse } from './args.js';
 import { withLockstep } from './session.js';
+import { command, subcommandUsage } from './command-table.js';
 
 type Handler = (argv: string[]) => Promise<number>;
-
-export const PORTS_HELP = `exposed ports (reached through lockstep serve at /ports/<id>/)
-  ports expose ID PORT [--json]   prints the URL and the token (shown only here)
-  ports ls ID [--json]
-  ports close ID PORT [--json]`;
 
 export const portCommands: Record<string, Handler> = {
   async ports(argv) {
     const [sub, ...rest] = argv;
-    const u = `lockstep ports ${sub ?? 'expose|ls|close'} ID${sub === 'ls' ? '' : ' PORT'} [--json]`;
-    const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, u);
+    if (sub !== 'expose' && sub !== 'ls' && sub !== 'close')
+      throw new UsageError(`usage:\n${subcommandUsage('ports')}`);
+    const { options, usage: u } = command(`ports ${sub}`);
+    const { values, positionals } = parse(rest, options, u);
     switch (sub) {
       case 'expose': {
         const [id, port] = need(positionals, 2, u);
@@ -53,8 +51,6 @@ export const portCommands: Record<string, Handler> = {
           return EXIT.ok;
         });
       }
-      default:
-        throw new UsageError(`usage:\n${PORTS_HELP.split('\n').slice(1).join('\n')}`);
     }
   },
 };

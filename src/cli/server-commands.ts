@@ -7,11 +7,11 @@ import type { NetworkMode } from '../host/network/policy.js';
 import { Lockstep } from '../api/lockstep.js';
 import { createLogger } from '../log.js';
 import type { LockstepServer } from '../http/server.js';
-import { DEFAULT_CONFIG_FILE, DEFAULT_HOST, DEFAULT_PORT } from '../server-defaults.js';
 import { VERSION } from '../version.js';
 import { EXIT, UsageError, printJson, table } from './output.js';
 import { intFlag, need, parse } from './args.js';
 import { withLockstep } from './session.js';
+import { command, subcommandUsage } from './command-table.js';
 import { envValue } from '../config.js';
 
 type Handler = (argv: string[]) => Promise<number>;
@@ -19,38 +19,10 @@ type Handler = (argv: string[]) => Promise<number>;
 // The servers load fastify and the MCP SDK only when they run (dynamic
 // imports below), so that the rest of the CLI starts as fast as before.
 
-export const SERVER_HELP = `server
-  serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]
-                                  HTTP API (default ${DEFAULT_HOST}:${DEFAULT_PORT}); SIGTERM drains and stops;
-                                  settings: flag > LOCKSTEP_* environment > config file (${DEFAULT_CONFIG_FILE})
-  mcp [--sandbox ID] [--image NAME] [--memory MIB]
-                                  MCP server on stdio for one sandbox (created and removed if not given)
-  tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--max-disk-mb MIB] [--network none|egress] [--max-network none|egress] [--json]
-                                  prints the tenant's bearer token (shown once)
-  tenant ls [--json]
-  tenant rm NAME [--force] [--json]
-                                  --force first removes the tenant's sandboxes`;
-
 export const serverCommands: Record<string, Handler> = {
   async serve(argv) {
-    const usage =
-      'lockstep serve [--config FILE] [--port P] [--host H] [--home DIR] [--metrics-token T ' +
-      '| --metrics-token-file F] [--log-level L] [--grace-ms MS] [--json]';
-    const { values, positionals } = parse(
-      argv,
-      {
-        config: { type: 'string' },
-        port: { type: 'string' },
-        host: { type: 'string' },
-        home: { type: 'string' },
-        'metrics-token': { type: 'string' },
-        'metrics-token-file': { type: 'string' },
-        'log-level': { type: 'string' },
-        'grace-ms': { type: 'string' },
-        json: { type: 'boolean' },
-      },
-      usage,
-    );
+    const { options, usage } = command('serve');
+    const { values, positionals } = parse(argv, options, usage);
     need(positionals, 0, usage);
     const { loadConfigFile, resolveServeConfig } = await import('../http/config.js');
     const { file, config: fileConfig } = loadConfigFile(values.config ?? envValue('LOCKSTEP_CONFIG'));
@@ -108,12 +80,8 @@ export const serverCommands: Record<string, Handler> = {
   },
 
   async mcp(argv) {
-    const usage = 'lockstep mcp [--sandbox ID] [--image NAME] [--memory MIB]';
-    const { values, positionals } = parse(
-      argv,
-      { sandbox: { type: 'string' }, image: { type: 'string' }, memory: { type: 'string' } },
-      usage,
-    );
+    const { options, usage } = command('mcp');
+    const { values, positionals } = parse(argv, options, usage);
     need(positionals, 0, usage);
     const { runMcpStdio } = await import('../mcp/stdio.js');
     await runMcpStdio({ sandboxId: values.sandbox, image: values.image, memoryMb: intFlag(values.memory, 'memory') });
@@ -122,28 +90,10 @@ export const serverCommands: Record<string, Handler> = {
 
   async tenant(argv) {
     const [sub, ...rest] = argv;
-    const usage =
-      'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] [--cpu-weight W] [--max-cpu-weight ' +
-      'W] [--max-checkpoint-mb MIB] [--max-disk-mb MIB] [--network none|egress] [--max-network none|egress] [--json] | ls [--json] | ' +
-      'rm NAME [--force] [--json]';
     switch (sub) {
       case 'add': {
-        const u =
-          'lockstep tenant add NAME [--max-sandboxes N] [--max-memory MIB] ' +
-          '[--cpu-weight W] [--max-cpu-weight W] [--max-checkpoint-mb MIB] [--max-disk-mb MIB] [--network none|egress] ' +
-          '[--max-network none|egress] [--json]';
-        const opts = {
-          'max-sandboxes': { type: 'string' },
-          'max-memory': { type: 'string' },
-          'cpu-weight': { type: 'string' },
-          'max-cpu-weight': { type: 'string' },
-          'max-checkpoint-mb': { type: 'string' },
-          'max-disk-mb': { type: 'string' },
-          network: { type: 'string' },
-          'max-network': { type: 'string' },
-          json: { type: 'boolean' },
-        } as const;
-        const { values, positionals } = parse(rest, opts, u);
+        const { options, usage: u } = command('tenant add');
+        const { values, positionals } = parse(rest, options, u);
         const [name] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
           const { tenant, token } = ls.tenants.add(name!, {
@@ -167,8 +117,8 @@ export const serverCommands: Record<string, Handler> = {
         });
       }
       case 'ls': {
-        const u = 'lockstep tenant ls [--json]';
-        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, u);
+        const { options, usage: u } = command('tenant ls');
+        const { values, positionals } = parse(rest, options, u);
         need(positionals, 0, u);
         return withLockstep(async (ls) => {
           const rows = ls.tenants.list().map((t) => ({ ...t, usage: ls.tenants.usage(t.id) }));
@@ -195,8 +145,8 @@ export const serverCommands: Record<string, Handler> = {
         });
       }
       case 'rm': {
-        const u = 'lockstep tenant rm NAME [--force] [--json]';
-        const { values, positionals } = parse(rest, { force: { type: 'boolean' }, json: { type: 'boolean' } }, u);
+        const { options, usage: u } = command('tenant rm');
+        const { values, positionals } = parse(rest, options, u);
         const [name] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
           // --force tears the tenant's sandboxes down first; without it, a tenant with sandboxes is refused.
@@ -207,7 +157,9 @@ export const serverCommands: Record<string, Handler> = {
         });
       }
       default:
-        throw new UsageError(`unknown tenant command ${JSON.stringify(sub ?? '')}\nusage: ${usage}`);
+        throw new UsageError(
+          `unknown tenant command ${JSON.stringify(sub ?? '')}\nusage:\n${subcommandUsage('tenant')}`,
+        );
     }
   },
 };

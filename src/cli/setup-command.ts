@@ -6,28 +6,14 @@
 import { checkSetup, runSetup } from './host-setup.js';
 import { EXIT, printJson, useColor } from './output.js';
 import { need, parse } from './args.js';
+import { command } from './command-table.js';
 
 type Handler = (argv: string[]) => Promise<number>;
 
-export const SETUP_HELP = `setup
-  setup [--images NAME,...] [--home DIR] [--cache-only] [--check] [--json]
-                                  host packages, CRIU, native build, state directory, images (default base);
-                                  idempotent; --check only reports (exit 0: set up, 5: not)`;
-
 export const setupCommands: Record<string, Handler> = {
   async setup(argv) {
-    const usage = 'lockstep setup [--images NAME,...] [--home DIR] [--cache-only] [--check] [--json]';
-    const { values, positionals } = parse(
-      argv,
-      {
-        images: { type: 'string' },
-        home: { type: 'string' },
-        'cache-only': { type: 'boolean' },
-        check: { type: 'boolean' },
-        json: { type: 'boolean' },
-      },
-      usage,
-    );
+    const { options, usage } = command('setup');
+    const { values, positionals } = parse(argv, options, usage);
     need(positionals, 0, usage);
     const opts = {
       home: values.home,

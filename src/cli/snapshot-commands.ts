@@ -13,22 +13,9 @@ import type { SnapshotStore } from '../snapshots/store.js';
 import type { TransferProgress } from '../snapshots/transfer.js';
 import { intFlag, need, parse } from './args.js';
 import { withLockstep } from './session.js';
+import { command, subcommandUsage } from './command-table.js';
 
 type Handler = (argv: string[]) => Promise<number>;
-
-export const SNAPSHOT_HELP = `snapshots
-  snapshot create CHECKPOINT [--name N] [--meta K=V]... [--json]
-  snapshot ls [--json]
-  snapshot inspect ID|NAME [--json]
-  snapshot rm ID|NAME [--json]
-  snapshot start ID|NAME [--count N] [--json]   start sandboxes from it
-  snapshot export ID|NAME > FILE                 the bundle on stdout
-  snapshot import [--name N] [--json] < FILE     a bundle from stdin
-  snapshot pull --from URL --token T ID|NAME [--name N] [--json]
-  snapshot push ID|NAME [--key K] [--store URL] [--json]   into the snapshot store
-  snapshot pull KEY [--store URL] [--name N] [--json]      from the snapshot store
-  snapshot key                                   this host's bundle-signing key
-  create --from-snapshot ID|NAME [--json]`;
 
 const MiB = 1024 * 1024;
 
@@ -74,15 +61,10 @@ function show(s: SnapshotInfo, json: boolean | undefined): void {
 export const snapshotCommands: Record<string, Handler> = {
   async snapshot(argv) {
     const [sub, ...rest] = argv;
-    const usage = SNAPSHOT_HELP.split('\n').slice(1, -1).join('\n');
     switch (sub) {
       case 'create': {
-        const u = 'lockstep snapshot create CHECKPOINT [--name N] [--meta K=V]... [--json]';
-        const { values, positionals } = parse(
-          rest,
-          { name: { type: 'string' }, meta: { type: 'string', multiple: true }, json: { type: 'boolean' } },
-          u,
-        );
+        const { options, usage: u } = command('snapshot create');
+        const { values, positionals } = parse(rest, options, u);
         const [ckpt] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
           show(await ls.snapshots.create(ckpt!, { name: values.name, metadata: metaFlags(values.meta) }), values.json);
@@ -90,7 +72,8 @@ export const snapshotCommands: Record<string, Handler> = {
         });
       }
       case 'ls': {
-        const { values } = parse(rest, { json: { type: 'boolean' } }, 'lockstep snapshot ls [--json]');
+        const { options, usage } = command('snapshot ls');
+        const { values } = parse(rest, options, usage);
         return withLockstep(async (ls) => {
           const all = ls.snapshots.list();
           if (values.json) printJson(all);
@@ -106,8 +89,8 @@ export const snapshotCommands: Record<string, Handler> = {
       }
       case 'inspect':
       case 'rm': {
-        const u = `lockstep snapshot ${sub} ID|NAME [--json]`;
-        const { values, positionals } = parse(rest, { json: { type: 'boolean' } }, u);
+        const { options, usage: u } = command(`snapshot ${sub}`);
+        const { values, positionals } = parse(rest, options, u);
         const [ref] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
           const s = ls.snapshots.get(ref!);
@@ -121,8 +104,8 @@ export const snapshotCommands: Record<string, Handler> = {
         });
       }
       case 'start': {
-        const u = 'lockstep snapshot start ID|NAME [--count N] [--json]';
-        const { values, positionals } = parse(rest, { count: { type: 'string' }, json: { type: 'boolean' } }, u);
+        const { options, usage: u } = command('snapshot start');
+        const { values, positionals } = parse(rest, options, u);
         const [ref] = need(positionals, 1, u);
         return withLockstep(async (ls) => {
           const results = await ls.snapshots.start(ref!, { count: intFlag(values.count, 'count') });
@@ -134,8 +117,8 @@ export const snapshotCommands: Record<string, Handler> = {
         });
       }
       case 'export': {
-        const u = 'lockstep snapshot export ID|NAME > FILE';
-        const { positionals } = parse(rest, {}, u);
+        const { options, usage: u } = command('snapshot export');
+        const { positionals } = parse(rest, options, u);
         const [ref] = need(positionals, 1, u);
         if (process.stdout.isTTY) throw new UsageError(`the bundle is binary: redirect stdout to a file\nusage: ${u}`);
         return withLockstep(async (ls) => {
@@ -144,8 +127,8 @@ export const snapshotCommands: Record<string, Handler> = {
         });
       }
       case 'import': {
-        const u = 'lockstep snapshot import [--name N] [--json] < FILE';
-        const { values, positionals } = parse(rest, { name: { type: 'string' }, json: { type: 'boolean' } }, u);
+        const { options, usage: u } = command('snapshot import');
+        const { values, positionals } = parse(rest, options, u);
         need(positionals, 0, u);
         if (process.stdin.isTTY) throw new UsageError(`give the bundle on stdin\nusage: ${u}`);
         return withLockstep(async (ls) => {
@@ -154,12 +137,8 @@ export const snapshotCommands: Record<string, Handler> = {
         });
       }
       case 'push': {
-        const u = 'lockstep snapshot push ID|NAME [--key K] [--store URL] [--json]';
-        const { values, positionals } = parse(
-          rest,
-          { key: { type: 'string' }, store: { type: 'string' }, json: { type: 'boolean' } },
-          u,
-        );
+        const { options, usage: u } = command('snapshot push');
+        const { values, positionals } = parse(rest, options, u);
         const [ref] = need(positionals, 1, u);
         const store = await storeFlag(values.store);
         try {
@@ -179,28 +158,16 @@ export const snapshotCommands: Record<string, Handler> = {
         }
       }
       case 'key': {
-        const u = 'lockstep snapshot key';
-        need(parse(rest, {}, u).positionals, 0, u);
+        const { options, usage: u } = command('snapshot key');
+        need(parse(rest, options, u).positionals, 0, u);
         return withLockstep(async (ls) => {
           process.stdout.write(`${ls.snapshots.signingKey()}\n`);
           return EXIT.ok;
         });
       }
       case 'pull': {
-        const u =
-          'lockstep snapshot pull --from URL --token T ID|NAME [--name N] [--json]\n' +
-          '       lockstep snapshot pull KEY [--store URL] [--name N] [--json]';
-        const { values, positionals } = parse(
-          rest,
-          {
-            from: { type: 'string' },
-            token: { type: 'string' },
-            name: { type: 'string' },
-            store: { type: 'string' },
-            json: { type: 'boolean' },
-          },
-          u,
-        );
+        const { options, usage: u } = command('snapshot pull');
+        const { values, positionals } = parse(rest, options, u);
         const [ref] = need(positionals, 1, u);
         if (values.from === undefined && values.token === undefined) {
           const store = await storeFlag(values.store);
@@ -233,7 +200,9 @@ export const snapshotCommands: Record<string, Handler> = {
         });
       }
       default:
-        throw new UsageError(`unknown snapshot command ${JSON.stringify(sub ?? '')}\nusage:\n${usage}`);
+        throw new UsageError(
+          `unknown snapshot command ${JSON.stringify(sub ?? '')}\nusage:\n${subcommandUsage('snapshot')}`,
+        );
     }
   },
 };

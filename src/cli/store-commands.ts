@@ -11,15 +11,9 @@ import { openSnapshotStore } from '../snapshots/open-store.js';
 import type { SnapshotStore } from '../snapshots/store.js';
 import { need, parse } from './args.js';
 import { EXIT, Progress, UsageError, printJson, table } from './output.js';
+import { command, groupHelp } from './command-table.js';
 
 type Handler = (argv: string[]) => Promise<number>;
-
-export const STORE_HELP = `snapshot store (--store s3://BUCKET[/PREFIX] | file:///DIR | /DIR, else LOCKSTEP_SNAPSHOT_STORE)
-  store put NAME [--store URL] [--json]   reads the bundle from stdin; sends only chunks the store lacks
-  store get NAME [--store URL]            writes the bundle to stdout, each chunk verified
-  store ls [PREFIX] [--store URL] [--json]
-  store rm NAME [--store URL] [--json]
-  store gc [--grace-ms MS] [--store URL] [--json]   removes chunks no bundle lists (every tenant's part too)`;
 
 const MiB = 1024 * 1024;
 
@@ -35,11 +29,10 @@ async function withStore<T>(url: string | undefined, fn: (s: SnapshotStore) => P
 export const storeCommands: Record<string, Handler> = {
   async store(argv) {
     const [sub, ...rest] = argv;
-    const common = { store: { type: 'string' }, json: { type: 'boolean' } } as const;
     switch (sub) {
       case 'put': {
-        const usage = 'lockstep store put NAME [--store URL] [--json] < BUNDLE';
-        const { values, positionals } = parse(rest, common, usage);
+        const { options, usage } = command('store put');
+        const { values, positionals } = parse(rest, options, usage);
         const [name] = need(positionals, 1, usage);
         if (process.stdin.isTTY)
           throw new UsageError(`store put reads the bundle from stdin: pipe it in\nusage: ${usage}`);
@@ -71,8 +64,8 @@ export const storeCommands: Record<string, Handler> = {
         }
       }
       case 'get': {
-        const usage = 'lockstep store get NAME [--store URL] > BUNDLE';
-        const { values, positionals } = parse(rest, { store: { type: 'string' } }, usage);
+        const { options, usage } = command('store get');
+        const { values, positionals } = parse(rest, options, usage);
         const [name] = need(positionals, 1, usage);
         return withStore(values.store, async (store) => {
           await pipeline(await store.get(name!), process.stdout);
@@ -80,8 +73,8 @@ export const storeCommands: Record<string, Handler> = {
         });
       }
       case 'ls': {
-        const usage = 'lockstep store ls [PREFIX] [--store URL] [--json]';
-        const { values, positionals } = parse(rest, common, usage);
+        const { options, usage } = command('store ls');
+        const { values, positionals } = parse(rest, options, usage);
         if (positionals.length > 1) throw new UsageError(`too many arguments\nusage: ${usage}`);
         return withStore(values.store, async (store) => {
           const all = await store.list(positionals[0]);
@@ -97,8 +90,8 @@ export const storeCommands: Record<string, Handler> = {
         });
       }
       case 'rm': {
-        const usage = 'lockstep store rm NAME [--store URL] [--json]';
-        const { values, positionals } = parse(rest, common, usage);
+        const { options, usage } = command('store rm');
+        const { values, positionals } = parse(rest, options, usage);
         const [name] = need(positionals, 1, usage);
         return withStore(values.store, async (store) => {
           await store.delete(name!);
@@ -107,8 +100,8 @@ export const storeCommands: Record<string, Handler> = {
         });
       }
       case 'gc': {
-        const usage = 'lockstep store gc [--grace-ms MS] [--store URL] [--json]';
-        const { values, positionals } = parse(rest, { ...common, 'grace-ms': { type: 'string' } }, usage);
+        const { options, usage } = command('store gc');
+        const { values, positionals } = parse(rest, options, usage);
         need(positionals, 0, usage);
         const grace = values['grace-ms'];
         if (grace !== undefined && !/^\d+$/.test(grace))
@@ -128,7 +121,7 @@ export const storeCommands: Record<string, Handler> = {
         });
       }
       default:
-        throw new UsageError(`unknown store command ${JSON.stringify(sub ?? '')}\nusage:\n${STORE_HELP}`);
+        throw new UsageError(`unknown store command ${JSON.stringify(sub ?? '')}\nusage:\n${groupHelp('store')}`);
     }
   },
 };
