@@ -584,7 +584,12 @@ export class RemoteFiles {
     const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
     if (opts.mode !== undefined) {
       // Only the JSON form carries a mode.
-      return this.t.json({
+      return this.t.json<
+        Checked<
+          { sha256: string; bytes: number; observationId: string | undefined },
+          Answer<'/v1/sandboxes/{id}/files', 'put'>
+        >
+      >({
         method: 'PUT',
         path: this.sandbox.path('/files'),
         query: { path },
@@ -594,12 +599,17 @@ export class RemoteFiles {
             encoding: 'base64',
             mode: opts.mode,
             ...(opts.toolCallId ? { toolCallId: opts.toolCallId } : {}),
-          },
+          } satisfies Body<'/v1/sandboxes/{id}/files', 'put'>,
         },
         signal: opts.signal,
       });
     }
-    return this.t.json({
+    return this.t.json<
+      Checked<
+        { sha256: string; bytes: number; observationId: string | undefined },
+        Answer<'/v1/sandboxes/{id}/files', 'put'>
+      >
+    >({
       method: 'PUT',
       path: this.sandbox.path('/files'),
       query: { path, toolCallId: opts.toolCallId },
@@ -617,7 +627,12 @@ export class RemoteFiles {
     source: AsyncIterable<Uint8Array | string>,
     opts: { toolCallId?: string | undefined } & CallOptions = {},
   ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
-    return this.t.json({
+    return this.t.json<
+      Checked<
+        { sha256: string; bytes: number; observationId: string | undefined },
+        Answer<'/v1/sandboxes/{id}/files', 'put'>
+      >
+    >({
       method: 'PUT',
       path: this.sandbox.path('/files'),
       query: { path, toolCallId: opts.toolCallId },
