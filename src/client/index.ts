@@ -17,6 +17,7 @@ export {
   type RemoteCreateOptions,
   type RemoteRunOptions,
   type RemoteRollbackReport,
+  type KillSignal,
   type RemoteReadStream,
 } from './sandbox.js';
 export { RemotePty, RemotePtyHandle, type RemotePtyCreateOptions } from './pty.js';

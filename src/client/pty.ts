@@ -9,6 +9,7 @@
 import { InvalidArgumentError } from '../errors.js';
 import type { PtyCreateOptions, PtyExit, PtyOutput } from '../api/sandbox-pty.js';
 import { errorFromWire, type WireError, ConnectionError } from '../errors-from-wire.js';
+import type { Answer, Body, Checked } from './wire.js';
 import { WAIT_SLICE_MS, ndjsonEvents, type CallOptions, type Transport } from './transport.js';
 
 /** What a PTY handle uses of its sandbox's handle: the connection and the sandbox's path. */
@@ -27,10 +28,10 @@ export class RemotePty {
   /** Starts cmd (default /bin/sh -i) on a new terminal of the sandbox; the handle's pid is its id. */
   async create(opts: RemotePtyCreateOptions): Promise<RemotePtyHandle> {
     const { signal, idempotencyKey, onData, ...body } = opts;
-    const r = await this.sandbox.transport.json<{ pid: number }>({
+    const r = await this.sandbox.transport.json<Checked<{ pid: number }, Answer<'/v1/sandboxes/{id}/pty', 'post'>>>({
       method: 'POST',
       path: this.sandbox.path('/pty'),
-      body: { json: body },
+      body: { json: body satisfies Body<'/v1/sandboxes/{id}/pty', 'post'> },
       signal,
       idempotencyKey,
     });
@@ -48,7 +49,12 @@ export class RemotePty {
   }
 
   async list(opts: CallOptions = {}): Promise<{ pid: number; running: boolean; exitCode: number | null }[]> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/pty'), signal: opts.signal });
+    return this.sandbox.transport.json<
+      Checked<
+        { pid: number; running: boolean; exitCode: number | null },
+        Answer<'/v1/sandboxes/{id}/pty', 'get'>[number]
+      >[]
+    >({ method: 'GET', path: this.sandbox.path('/pty'), signal: opts.signal });
   }
 }
 
@@ -78,7 +84,7 @@ export class RemotePtyHandle {
     await this.sandbox.transport.json({
       method: 'POST',
       path: this.path('/resize'),
-      body: { json: { cols, rows } },
+      body: { json: { cols, rows } satisfies Body<'/v1/sandboxes/{id}/pty/{pid}/resize', 'post'> },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
@@ -86,7 +92,12 @@ export class RemotePtyHandle {
 
   /** Output from byte `from` of the transcript (one answer, at most 1 MiB). */
   async output(from = 0, opts: CallOptions = {}): Promise<PtyOutput> {
-    const r = await this.sandbox.transport.json<{ data: string; offset: number; rewound: boolean; running: boolean }>({
+    const r = await this.sandbox.transport.json<
+      Checked<
+        { data: string; offset: number; rewound: boolean; running: boolean },
+        Answer<'/v1/sandboxes/{id}/pty/{pid}/output', 'get'>
+      >
+    >({
       method: 'GET',
       path: this.path('/output'),
       query: { offset: String(from) },
@@ -127,10 +138,12 @@ export class RemotePtyHandle {
     for (;;) {
       const slice = Math.max(1, Math.min(WAIT_SLICE_MS, deadline - Date.now()));
       try {
-        const r = await this.sandbox.transport.json<PtyExit>({
+        const r = await this.sandbox.transport.json<
+          Checked<PtyExit, Answer<'/v1/sandboxes/{id}/pty/{pid}/wait', 'post'>>
+        >({
           method: 'POST',
           path: this.path('/wait'),
-          body: { json: { timeoutMs: Math.ceil(slice) } },
+          body: { json: { timeoutMs: Math.ceil(slice) } satisfies Body<'/v1/sandboxes/{id}/pty/{pid}/wait', 'post'> },
           signal: opts.signal,
         });
         return { exitCode: r.exitCode, reason: r.reason };
@@ -142,7 +155,9 @@ export class RemotePtyHandle {
 
   /** Kills the PTY; false if it had already ended. */
   async kill(opts: CallOptions = {}): Promise<boolean> {
-    const r = await this.sandbox.transport.json<{ killed: boolean }>({
+    const r = await this.sandbox.transport.json<
+      Checked<{ killed: boolean }, Answer<'/v1/sandboxes/{id}/pty/{pid}/kill', 'post'>>
+    >({
       method: 'POST',
       path: this.path('/kill'),
       signal: opts.signal,

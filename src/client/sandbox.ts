@@ -27,6 +27,7 @@ import type { Verdict, StaleVerdict } from '../provenance/verdicts.js';
 import type { ExposedPort, ExposureInfo } from '../network/exposed-ports.js';
 import { CommandAbortedError, InvalidArgumentError } from '../errors.js';
 import { errorFromWire, type WireError, ConnectionError, RequestAbortedError } from '../errors-from-wire.js';
+import type { Answer, Body, Checked } from './wire.js';
 import { Transport, WAIT_SLICE_MS, ndjsonEvents, type CallOptions, type ConnectionOptions } from './transport.js';
 
 /** The most entries the server returns in one page (LIST_MAX_LIMIT in src/instances/files.ts). */
@@ -57,6 +58,9 @@ export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWith
   contextWithRecovery?: unknown;
 };
 
+/** The signals commands.kill can send: the ones the server accepts. */
+export type KillSignal = NonNullable<Body<'/v1/sandboxes/{id}/commands/{pid}/kill', 'post'>['signal']>;
+
 const enc = encodeURIComponent;
 
 /** A handle on a sandbox of the calling tenant, over HTTP. */
@@ -86,10 +90,10 @@ export class Sandbox {
   static async create(opts: RemoteCreateOptions = {}): Promise<Sandbox> {
     const { apiUrl, apiKey, maxAttempts, retryDelayMs, requestTimeoutMs, signal, idempotencyKey, ...body } = opts;
     const t = new Transport({ apiUrl, apiKey, maxAttempts, retryDelayMs, requestTimeoutMs });
-    const info = await t.json<RemoteSandboxInfo>({
+    const info = await t.json<Checked<RemoteSandboxInfo, Answer<'/v1/sandboxes', 'post', 201>>>({
       method: 'POST',
       path: '/sandboxes',
-      body: { json: body },
+      body: { json: body satisfies Body<'/v1/sandboxes', 'post'> },
       signal,
       idempotencyKey,
     });
@@ -99,7 +103,7 @@ export class Sandbox {
   /** A handle on an existing sandbox; SANDBOX_NOT_FOUND (NotFoundError) if the tenant has none with that id. */
   static async connect(id: string, opts: ConnectionOptions & CallOptions = {}): Promise<Sandbox> {
     const t = new Transport(opts);
-    const info = await t.json<RemoteSandboxInfo>({
+    const info = await t.json<Checked<RemoteSandboxInfo, Answer<'/v1/sandboxes/{id}', 'get'>>>({
       method: 'GET',
       path: `/sandboxes/${sandboxPath(id)}`,
       signal: opts.signal,
@@ -114,7 +118,12 @@ export class Sandbox {
     const t = new Transport(opts);
     // The server filters: ?metadata.KEY=VALUE for each label asked for.
     const query = Object.fromEntries(Object.entries(opts.metadata ?? {}).map(([k, v]) => [`metadata.${k}`, v]));
-    return t.json<RemoteSandboxInfo[]>({ method: 'GET', path: '/sandboxes', query, signal: opts.signal });
+    return t.json<Checked<RemoteSandboxInfo, Answer<'/v1/sandboxes', 'get'>[number]>[]>({
+      method: 'GET',
+      path: '/sandboxes',
+      query,
+      signal: opts.signal,
+    });
   }
 
   /** Removes a sandbox by id; false if the tenant had none with that id (already removed is not a failure). */
@@ -128,7 +137,11 @@ export class Sandbox {
   }
 
   async info(opts: CallOptions = {}): Promise<RemoteSandboxInfo> {
-    return this.transport.json({ method: 'GET', path: this.path(''), signal: opts.signal });
+    return this.transport.json<Checked<RemoteSandboxInfo, Answer<'/v1/sandboxes/{id}', 'get'>>>({
+      method: 'GET',
+      path: this.path(''),
+      signal: opts.signal,
+    });
   }
 
   /** Takes an aligned checkpoint of files, processes, the agent's context and the ledger cursor. */
@@ -136,10 +149,10 @@ export class Sandbox {
     opts: { label?: string | undefined; context?: unknown; contextFormat?: string | undefined } & CallOptions = {},
   ): Promise<CheckpointInfo> {
     const { signal, idempotencyKey, ...body } = opts;
-    return this.transport.json({
+    return this.transport.json<Checked<CheckpointInfo, Answer<'/v1/sandboxes/{id}/checkpoints', 'post', 201>>>({
       method: 'POST',
       path: this.path('/checkpoints'),
-      body: { json: wireContext(body) },
+      body: { json: wireContext(body) satisfies Body<'/v1/sandboxes/{id}/checkpoints', 'post'> },
       signal,
       idempotencyKey,
     });
@@ -147,12 +160,18 @@ export class Sandbox {
 
   /** This sandbox's checkpoints, oldest first. */
   async checkpoints(opts: CallOptions = {}): Promise<CheckpointInfo[]> {
-    return this.transport.json({ method: 'GET', path: this.path('/checkpoints'), signal: opts.signal });
+    return this.transport.json<Checked<CheckpointInfo, Answer<'/v1/sandboxes/{id}/checkpoints', 'get'>[number]>[]>({
+      method: 'GET',
+      path: this.path('/checkpoints'),
+      signal: opts.signal,
+    });
   }
 
   /** The context stored with a checkpoint (null if none). */
   async context(checkpointId: string, opts: CallOptions = {}): Promise<unknown> {
-    const r = await this.transport.json<{ context: unknown }>({
+    const r = await this.transport.json<
+      Checked<{ context: unknown }, Answer<'/v1/sandboxes/{id}/checkpoints/{ckpt}/context', 'get'>>
+    >({
       method: 'GET',
       path: this.path(`/checkpoints/${enc(checkpointId)}/context`),
       signal: opts.signal,
@@ -179,10 +198,10 @@ export class Sandbox {
     opts: Omit<RollbackAgentOptions, 'signal'> & CallOptions & { withRecoverySummary?: boolean | undefined } = {},
   ): Promise<RemoteRollbackReport> {
     const { signal, idempotencyKey, ...rest } = opts;
-    return this.transport.json({
+    return this.transport.json<Checked<RemoteRollbackReport, Answer<'/v1/sandboxes/{id}/rollback', 'post'>>>({
       method: 'POST',
       path: this.path('/rollback'),
-      body: { json: { checkpointId, ...rest } },
+      body: { json: { checkpointId, ...rest } satisfies Body<'/v1/sandboxes/{id}/rollback', 'post'> },
       signal,
       idempotencyKey,
     });
@@ -193,10 +212,15 @@ export class Sandbox {
     checkpointId: string,
     opts: { count?: number | undefined } & CallOptions = {},
   ): Promise<RemoteForkResult[]> {
-    const r = await this.transport.json<WireForkResults>({
+    const r = await this.transport.json<Checked<WireForkResults, Answer<'/v1/sandboxes/{id}/fork', 'post'>>>({
       method: 'POST',
       path: this.path('/fork'),
-      body: { json: { checkpointId, ...(opts.count !== undefined ? { count: opts.count } : {}) } },
+      body: {
+        json: { checkpointId, ...(opts.count !== undefined ? { count: opts.count } : {}) } satisfies Body<
+          '/v1/sandboxes/{id}/fork',
+          'post'
+        >,
+      },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
@@ -205,7 +229,7 @@ export class Sandbox {
 
   /** A handle on one of the forks this sandbox made (same connection). */
   async connectFork(id: string, opts: CallOptions = {}): Promise<Sandbox> {
-    const info = await this.transport.json<RemoteSandboxInfo>({
+    const info = await this.transport.json<Checked<RemoteSandboxInfo, Answer<'/v1/sandboxes/{id}', 'get'>>>({
       method: 'GET',
       path: `/sandboxes/${sandboxPath(id)}`,
       signal: opts.signal,
@@ -215,7 +239,7 @@ export class Sandbox {
 
   /** Observations recorded in this sandbox (stale ones included on request). */
   async observations(opts: { includeStale?: boolean } & CallOptions = {}): Promise<Observation[]> {
-    return this.transport.json({
+    return this.transport.json<Checked<Observation, Answer<'/v1/sandboxes/{id}/observations', 'get'>[number]>[]>({
       method: 'GET',
       path: this.path('/observations'),
       query: { includeStale: opts.includeStale ? 'true' : undefined },
@@ -280,7 +304,12 @@ export class RemoteCommandHandle {
     from: OutputOffsets = { stdout: 0, stderr: 0 },
     opts: CallOptions = {},
   ): Promise<OutputChunk & { running: boolean }> {
-    const r = await this.sandbox.transport.json<OutputChunk & { running: boolean; pid: number }>({
+    const r = await this.sandbox.transport.json<
+      Checked<
+        OutputChunk & { running: boolean; pid: number },
+        Answer<'/v1/sandboxes/{id}/commands/{pid}/output', 'get'>
+      >
+    >({
       method: 'GET',
       path: this.sandbox.path(`/commands/${this.pid}/output`),
       query: { stdoutOffset: String(from.stdout), stderrOffset: String(from.stderr) },
@@ -299,10 +328,14 @@ export class RemoteCommandHandle {
     for (;;) {
       const slice = Math.max(1, Math.min(WAIT_SLICE_MS, deadline - Date.now()));
       try {
-        const r = await this.sandbox.transport.json<{ exitCode: number | null }>({
+        const r = await this.sandbox.transport.json<
+          Checked<{ exitCode: number | null }, Answer<'/v1/sandboxes/{id}/commands/{pid}/wait', 'post'>>
+        >({
           method: 'POST',
           path: this.sandbox.path(`/commands/${this.pid}/wait`),
-          body: { json: { timeoutMs: Math.ceil(slice) } },
+          body: {
+            json: { timeoutMs: Math.ceil(slice) } satisfies Body<'/v1/sandboxes/{id}/commands/{pid}/wait', 'post'>,
+          },
           signal: opts.signal,
         });
         return { exitCode: r.exitCode };
@@ -338,12 +371,17 @@ export class RemoteCommandHandle {
     });
   }
 
-  /** Sends a signal (default SIGKILL); false if it had already exited. */
-  async kill(signal: NodeJS.Signals = 'SIGKILL', opts: CallOptions = {}): Promise<boolean> {
-    const r = await this.sandbox.transport.json<{ killed: boolean }>({
+  /**
+   * Sends a signal (default SIGKILL); false if it had already exited. Only the
+   * signals the server accepts (others were a 400 INVALID_ARGUMENT).
+   */
+  async kill(signal: KillSignal = 'SIGKILL', opts: CallOptions = {}): Promise<boolean> {
+    const r = await this.sandbox.transport.json<
+      Checked<{ killed: boolean }, Answer<'/v1/sandboxes/{id}/commands/{pid}/kill', 'post'>>
+    >({
       method: 'POST',
       path: this.sandbox.path(`/commands/${this.pid}/kill`),
-      body: { json: { signal } },
+      body: { json: { signal } satisfies Body<'/v1/sandboxes/{id}/commands/{pid}/kill', 'post'> },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
@@ -371,7 +409,12 @@ export class RemoteCommands {
 
   /** The background commands, by pid, with whether each still runs. */
   async list(opts: CallOptions = {}): Promise<{ pid: number; running: boolean; exitCode: number | null }[]> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/commands'), signal: opts.signal });
+    return this.sandbox.transport.json<
+      Checked<
+        { pid: number; running: boolean; exitCode: number | null },
+        Answer<'/v1/sandboxes/{id}/commands', 'get'>[number]
+      >[]
+    >({ method: 'GET', path: this.sandbox.path('/commands'), signal: opts.signal });
   }
 
   /**
@@ -406,11 +449,20 @@ export class RemoteCommands {
     opts: RemoteRunOptions & { background?: boolean | undefined },
   ): Promise<ObservedRunResult | RemoteCommandHandle> {
     const { signal, idempotencyKey, onStdout, onStderr, background, ...rest } = opts;
-    const body = { cmd, ...rest, ...(background ? { background: true } : {}) };
+    const body = { cmd, ...rest, ...(background ? { background: true } : {}) } satisfies Body<
+      '/v1/sandboxes/{id}/commands',
+      'post'
+    >;
     const t = this.sandbox.transport;
     const path = this.sandbox.path('/commands');
     if (background) {
-      const r = await t.json<{ pid: number }>({ method: 'POST', path, body: { json: body }, signal, idempotencyKey });
+      const r = await t.json<Checked<{ pid: number }, Answer<'/v1/sandboxes/{id}/commands', 'post'>>>({
+        method: 'POST',
+        path,
+        body: { json: body },
+        signal,
+        idempotencyKey,
+      });
       return new RemoteCommandHandle(this.sandbox, r.pid);
     }
     // Without callbacks, one JSON answer, sent when the command has finished: an
@@ -419,7 +471,13 @@ export class RemoteCommands {
     // the retry runs it afresh). fetch waits 300 s for an answer: longer commands
     // stream (the headers come at once) or run in the background (wait() asks in slices).
     if (!onStdout && !onStderr)
-      return t.json<ObservedRunResult>({ method: 'POST', path, body: { json: body }, signal, idempotencyKey });
+      return t.json<Checked<ObservedRunResult, Answer<'/v1/sandboxes/{id}/commands', 'post'>>>({
+        method: 'POST',
+        path,
+        body: { json: body },
+        signal,
+        idempotencyKey,
+      });
 
     const res = await t.send({
       method: 'POST',
@@ -526,7 +584,12 @@ export class RemoteFiles {
     const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
     if (opts.mode !== undefined) {
       // Only the JSON form carries a mode.
-      return this.t.json({
+      return this.t.json<
+        Checked<
+          { sha256: string; bytes: number; observationId: string | undefined },
+          Answer<'/v1/sandboxes/{id}/files', 'put'>
+        >
+      >({
         method: 'PUT',
         path: this.sandbox.path('/files'),
         query: { path },
@@ -536,12 +599,17 @@ export class RemoteFiles {
             encoding: 'base64',
             mode: opts.mode,
             ...(opts.toolCallId ? { toolCallId: opts.toolCallId } : {}),
-          },
+          } satisfies Body<'/v1/sandboxes/{id}/files', 'put'>,
         },
         signal: opts.signal,
       });
     }
-    return this.t.json({
+    return this.t.json<
+      Checked<
+        { sha256: string; bytes: number; observationId: string | undefined },
+        Answer<'/v1/sandboxes/{id}/files', 'put'>
+      >
+    >({
       method: 'PUT',
       path: this.sandbox.path('/files'),
       query: { path, toolCallId: opts.toolCallId },
@@ -559,7 +627,12 @@ export class RemoteFiles {
     source: AsyncIterable<Uint8Array | string>,
     opts: { toolCallId?: string | undefined } & CallOptions = {},
   ): Promise<{ sha256: string; bytes: number; observationId: string | undefined }> {
-    return this.t.json({
+    return this.t.json<
+      Checked<
+        { sha256: string; bytes: number; observationId: string | undefined },
+        Answer<'/v1/sandboxes/{id}/files', 'put'>
+      >
+    >({
       method: 'PUT',
       path: this.sandbox.path('/files'),
       query: { path, toolCallId: opts.toolCallId },
@@ -602,7 +675,9 @@ export class RemoteFiles {
     path: string,
     opts: { toolCallId?: string | undefined; limit?: number; cursor?: string | null } & CallOptions = {},
   ): Promise<FilePage & { observationId?: string }> {
-    const r = await this.t.json<FilePage & { observationId?: string }>({
+    const r = await this.t.json<
+      Checked<FilePage & { observationId?: string }, Answer<'/v1/sandboxes/{id}/files/list', 'get'>>
+    >({
       method: 'GET',
       path: this.sandbox.path('/files/list'),
       query: { path, toolCallId: opts.toolCallId, limit: opts.limit?.toString(), cursor: opts.cursor ?? undefined },
@@ -616,7 +691,7 @@ export class RemoteFiles {
   }
 
   async exists(path: string, opts: CallOptions = {}): Promise<boolean> {
-    const r = await this.t.json<{ exists: boolean }>({
+    const r = await this.t.json<Checked<{ exists: boolean }, Answer<'/v1/sandboxes/{id}/files/exists', 'get'>>>({
       method: 'GET',
       path: this.sandbox.path('/files/exists'),
       query: { path },
@@ -645,20 +720,27 @@ export class RemoteEffects {
 
   /** Records the intent durably; returns the recorded output instead if this effect already committed. */
   async begin(spec: EffectSpec, opts: CallOptions = {}): Promise<BeginResult> {
-    return this.sandbox.transport.json({
+    return this.sandbox.transport.json<Checked<BeginResult, Answer<'/v1/sandboxes/{id}/effects', 'post', 201>>>({
       method: 'POST',
       path: this.sandbox.path('/effects'),
-      body: { json: spec },
+      body: { json: spec satisfies Body<'/v1/sandboxes/{id}/effects', 'post'> },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
   }
 
   async commit(effectId: string, output?: JsonValue, opts: CallOptions = {}): Promise<EffectRecord> {
-    return this.sandbox.transport.json({
+    return this.sandbox.transport.json<
+      Checked<EffectRecord, Answer<'/v1/sandboxes/{id}/effects/{effectId}/commit', 'post'>>
+    >({
       method: 'POST',
       path: this.effectPath(effectId, '/commit'),
-      body: { json: output === undefined ? {} : { output } },
+      body: {
+        json: (output === undefined ? {} : { output }) satisfies Body<
+          '/v1/sandboxes/{id}/effects/{effectId}/commit',
+          'post'
+        >,
+      },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
@@ -675,10 +757,17 @@ export class RemoteEffects {
             ...(typeof code === 'string' ? { code: code.slice(0, 200) } : {}),
           }
         : String(err).slice(0, 4000);
-    return this.sandbox.transport.json({
+    return this.sandbox.transport.json<
+      Checked<EffectRecord, Answer<'/v1/sandboxes/{id}/effects/{effectId}/fail', 'post'>>
+    >({
       method: 'POST',
       path: this.effectPath(effectId, '/fail'),
-      body: { json: { error: e, definite: opts.definite } },
+      body: {
+        json: { error: e, definite: opts.definite } satisfies Body<
+          '/v1/sandboxes/{id}/effects/{effectId}/fail',
+          'post'
+        >,
+      },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
@@ -709,21 +798,31 @@ export class RemoteEffects {
   }
 
   async resolveUnknown(effectId: string, resolution: Resolution, opts: CallOptions = {}): Promise<EffectRecord> {
-    return this.sandbox.transport.json({
+    return this.sandbox.transport.json<
+      Checked<EffectRecord, Answer<'/v1/sandboxes/{id}/effects/{effectId}/resolve', 'post'>>
+    >({
       method: 'POST',
       path: this.effectPath(effectId, '/resolve'),
-      body: { json: resolution },
+      body: { json: resolution satisfies Body<'/v1/sandboxes/{id}/effects/{effectId}/resolve', 'post'> },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
   }
 
   async list(opts: CallOptions = {}): Promise<EffectRecord[]> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/effects'), signal: opts.signal });
+    return this.sandbox.transport.json<Checked<EffectRecord, Answer<'/v1/sandboxes/{id}/effects', 'get'>[number]>[]>({
+      method: 'GET',
+      path: this.sandbox.path('/effects'),
+      signal: opts.signal,
+    });
   }
 
   async get(effectId: string, opts: CallOptions = {}): Promise<EffectRecord> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.effectPath(effectId), signal: opts.signal });
+    return this.sandbox.transport.json<Checked<EffectRecord, Answer<'/v1/sandboxes/{id}/effects/{effectId}', 'get'>>>({
+      method: 'GET',
+      path: this.effectPath(effectId),
+      signal: opts.signal,
+    });
   }
 }
 
@@ -735,17 +834,21 @@ export class RemoteVerdicts {
     input: { path: string; verdict: string; toolCallId?: string | undefined },
     opts: CallOptions = {},
   ): Promise<Verdict> {
-    return this.sandbox.transport.json({
+    return this.sandbox.transport.json<Checked<Verdict, Answer<'/v1/sandboxes/{id}/verdicts', 'post', 201>>>({
       method: 'POST',
       path: this.sandbox.path('/verdicts'),
-      body: { json: input },
+      body: { json: input satisfies Body<'/v1/sandboxes/{id}/verdicts', 'post'> },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
   }
 
   async list(opts: CallOptions = {}): Promise<Verdict[]> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/verdicts'), signal: opts.signal });
+    return this.sandbox.transport.json<Checked<Verdict, Answer<'/v1/sandboxes/{id}/verdicts', 'get'>[number]>[]>({
+      method: 'GET',
+      path: this.sandbox.path('/verdicts'),
+      signal: opts.signal,
+    });
   }
 
   /** Verdicts whose file no longer has the content they were made on. */
@@ -765,22 +868,28 @@ export class RemotePorts {
 
   /** Exposes a port the sandbox listens on (PORT_NOT_LISTENING otherwise); send the token as X-Lockstep-Token. */
   async expose(port: number, opts: CallOptions = {}): Promise<ExposedPort> {
-    return this.sandbox.transport.json({
+    return this.sandbox.transport.json<Checked<ExposedPort, Answer<'/v1/sandboxes/{id}/ports', 'post', 201>>>({
       method: 'POST',
       path: this.sandbox.path('/ports'),
-      body: { json: { port } },
+      body: { json: { port } satisfies Body<'/v1/sandboxes/{id}/ports', 'post'> },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
   }
 
   async list(opts: CallOptions = {}): Promise<ExposureInfo[]> {
-    return this.sandbox.transport.json({ method: 'GET', path: this.sandbox.path('/ports'), signal: opts.signal });
+    return this.sandbox.transport.json<Checked<ExposureInfo, Answer<'/v1/sandboxes/{id}/ports', 'get'>[number]>[]>({
+      method: 'GET',
+      path: this.sandbox.path('/ports'),
+      signal: opts.signal,
+    });
   }
 
   /** Closes an exposed port; false when it was not exposed. */
   async close(port: number, opts: CallOptions = {}): Promise<boolean> {
-    const r: { closed: boolean } = await this.sandbox.transport.json({
+    const r = await this.sandbox.transport.json<
+      Checked<{ closed: boolean }, Answer<'/v1/sandboxes/{id}/ports/{port}', 'delete'>>
+    >({
       method: 'DELETE',
       path: this.sandbox.path(`/ports/${enc(String(port))}`),
       signal: opts.signal,

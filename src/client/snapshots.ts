@@ -7,6 +7,7 @@ import type { SnapshotInfo } from '../snapshots/snapshot-rows.js';
 import type { PullReport } from '../snapshots/pull.js';
 import type { PushReport, StorePullReport } from '../snapshots/transfer.js';
 import type { BundleStat } from '../snapshots/store.js';
+import type { Answer, Body, Checked } from './wire.js';
 import { Transport, type CallOptions, type ConnectionOptions } from './transport.js';
 
 const enc = encodeURIComponent;
@@ -31,21 +32,29 @@ export class Snapshots {
     opts: { name?: string | undefined; metadata?: Record<string, string> | undefined } & CallOptions = {},
   ): Promise<SnapshotInfo> {
     const { signal, idempotencyKey, ...body } = opts;
-    return this.transport.json({
+    return this.transport.json<Checked<SnapshotInfo, Answer<'/v1/snapshots', 'post', 201>>>({
       method: 'POST',
       path: '/snapshots',
-      body: { json: { checkpointId, ...body } },
+      body: { json: { checkpointId, ...body } satisfies Body<'/v1/snapshots', 'post'> },
       signal,
       idempotencyKey,
     });
   }
 
   async list(opts: CallOptions = {}): Promise<SnapshotInfo[]> {
-    return this.transport.json({ method: 'GET', path: '/snapshots', signal: opts.signal });
+    return this.transport.json<Checked<SnapshotInfo, Answer<'/v1/snapshots', 'get'>[number]>[]>({
+      method: 'GET',
+      path: '/snapshots',
+      signal: opts.signal,
+    });
   }
 
   async get(ref: string, opts: CallOptions = {}): Promise<SnapshotInfo> {
-    return this.transport.json({ method: 'GET', path: `/snapshots/${enc(ref)}`, signal: opts.signal });
+    return this.transport.json<Checked<SnapshotInfo, Answer<'/v1/snapshots/{snap}', 'get'>>>({
+      method: 'GET',
+      path: `/snapshots/${enc(ref)}`,
+      signal: opts.signal,
+    });
   }
 
   async delete(ref: string, opts: CallOptions = {}): Promise<void> {
@@ -54,7 +63,7 @@ export class Snapshots {
 
   /** The context stored with the snapshot (JSON; "bytes" contexts as base64 text). */
   async context(ref: string, opts: CallOptions = {}): Promise<unknown> {
-    const r = await this.transport.json<{ context: unknown }>({
+    const r = await this.transport.json<Checked<{ context: unknown }, Answer<'/v1/snapshots/{snap}/context', 'get'>>>({
       method: 'GET',
       path: `/snapshots/${enc(ref)}/context`,
       signal: opts.signal,
@@ -64,10 +73,15 @@ export class Snapshots {
 
   /** Starts sandboxes from it; one result each, in order (connect with Sandbox.connect(id)). */
   async start(ref: string, opts: { count?: number | undefined } & CallOptions = {}): Promise<RemoteForkResult[]> {
-    const r = await this.transport.json<WireForkResults>({
+    const r = await this.transport.json<Checked<WireForkResults, Answer<'/v1/snapshots/{snap}/sandboxes', 'post'>>>({
       method: 'POST',
       path: `/snapshots/${enc(ref)}/sandboxes`,
-      body: { json: opts.count !== undefined ? { count: opts.count } : {} },
+      body: {
+        json: (opts.count !== undefined ? { count: opts.count } : {}) satisfies Body<
+          '/v1/snapshots/{snap}/sandboxes',
+          'post'
+        >,
+      },
       signal: opts.signal,
       idempotencyKey: opts.idempotencyKey,
     });
@@ -94,7 +108,7 @@ export class Snapshots {
     stream: AsyncIterable<Uint8Array | string>,
     opts: { name?: string | undefined } & CallOptions = {},
   ): Promise<SnapshotInfo> {
-    return this.transport.json({
+    return this.transport.json<Checked<SnapshotInfo, Answer<'/v1/snapshots/import', 'post', 201>>>({
       method: 'POST',
       path: '/snapshots/import',
       query: { name: opts.name },
@@ -116,19 +130,19 @@ export class Snapshots {
   ): Promise<RemotePullResult | RemoteStorePullResult> {
     if (typeof a === 'string') {
       const { signal, idempotencyKey, ...body } = b;
-      return this.transport.json({
+      return this.transport.json<Checked<RemoteStorePullResult, Answer<'/v1/store/bundles/{key}/pull', 'post', 201>>>({
         method: 'POST',
         path: `/store/bundles/${enc(a)}/pull`,
-        body: { json: body },
+        body: { json: body satisfies Body<'/v1/store/bundles/{key}/pull', 'post'> },
         signal,
         idempotencyKey,
       });
     }
     const { signal, idempotencyKey, ...body } = a;
-    return this.transport.json({
+    return this.transport.json<Checked<RemotePullResult, Answer<'/v1/snapshots/pull', 'post', 201>>>({
       method: 'POST',
       path: '/snapshots/pull',
-      body: { json: body },
+      body: { json: body satisfies Body<'/v1/snapshots/pull', 'post'> },
       signal,
       idempotencyKey,
     });
@@ -137,10 +151,10 @@ export class Snapshots {
   /** Makes the server export the snapshot into the tenant's part of its snapshot store, under `key`. */
   async push(ref: string, opts: { key?: string | undefined } & CallOptions = {}): Promise<PushReport> {
     const { signal, idempotencyKey, ...body } = opts;
-    return this.transport.json({
+    return this.transport.json<Checked<PushReport, Answer<'/v1/snapshots/{snap}/push', 'post', 201>>>({
       method: 'POST',
       path: `/snapshots/${enc(ref)}/push`,
-      body: { json: body },
+      body: { json: body satisfies Body<'/v1/snapshots/{snap}/push', 'post'> },
       signal,
       idempotencyKey,
     });
@@ -148,7 +162,11 @@ export class Snapshots {
 
   /** The bundles in the tenant's part of the server's snapshot store. */
   async listStored(opts: CallOptions = {}): Promise<BundleStat[]> {
-    return this.transport.json({ method: 'GET', path: '/store/bundles', signal: opts.signal });
+    return this.transport.json<Checked<BundleStat, Answer<'/v1/store/bundles', 'get'>[number]>[]>({
+      method: 'GET',
+      path: '/store/bundles',
+      signal: opts.signal,
+    });
   }
 
   /** Removes a bundle from the tenant's part of the store. */
