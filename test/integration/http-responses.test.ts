@@ -10,22 +10,20 @@
  * the handler leaves out, or a null where the document allows none.
  */
 import test from 'ava';
+import fs from 'node:fs';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
 import { Ajv, type ValidateFunction } from 'ajv';
-import { eventually, integration, openTestLockstep } from '../helpers/harness.js';
+import type { Lockstep } from '../../src/index.js';
+import { resolveStoreConfig } from '../../src/config.js';
+import { eventually, integration, openTestLockstep, TEST_ROOT } from '../helpers/harness.js';
 import { startServer, tenantToken, type ApiClient, type ApiResponse } from '../fixtures/http-client.js';
 
 /**
- * Success responses this file does not call, with the reason. Each needs
- * what a single server on a throwaway state directory does not have; their
- * schemas are still checked for fields below.
+ * Success responses this file does not call, with the reason (none: the
+ * server has a folder snapshot store, and a second server pulls from it).
  */
-const NOT_CALLED: Record<string, string> = {
-  'POST /v1/snapshots/pull 201': 'needs a second server in LOCKSTEP_PULL_SOURCES (two-hosts.test.ts calls it)',
-  'POST /v1/snapshots/{snap}/push 201': 'needs a snapshot store (store-transfer.test.ts, dir-store.test.ts)',
-  'GET /v1/store/bundles 200': 'needs a snapshot store (store-transfer.test.ts, dir-store.test.ts)',
-  'POST /v1/store/bundles/{key}/pull 201': 'needs a snapshot store (store-transfer.test.ts, dir-store.test.ts)',
-  'DELETE /v1/store/bundles/{key} 200': 'needs a snapshot store (store-transfer.test.ts, dir-store.test.ts)',
-};
+const NOT_CALLED: Record<string, string> = {};
 
 /** Success responses that are not JSON objects, so have no fields to list, with the reason. */
 const NO_FIELDS: Record<string, string> = {
@@ -83,10 +81,16 @@ integration(test, () => {
   const owner = { teardown: (fn: () => Promise<void>) => void cleanups.push(fn) };
   let doc: any;
   let api: ApiClient;
+  let ls: Lockstep;
   const validators = new Map<string, ValidateFunction>();
 
   test.before('start a server, fetch /openapi.json, compile its success schemas', async () => {
-    const ls = await openTestLockstep(owner, { images: ['base'] });
+    const storeDir = path.join(TEST_ROOT, `responses-store-${process.pid}-${randomBytes(4).toString('hex')}`);
+    owner.teardown(async () => fs.rmSync(storeDir, { recursive: true, force: true }));
+    ls = await openTestLockstep(owner, {
+      images: ['base'],
+      open: { config: { snapshotStore: resolveStoreConfig({ url: storeDir, chunkMib: 1 }) } },
+    });
     const { client } = await startServer(owner, ls);
     api = client.as(tenantToken(ls, 'responses'));
     const res = await client.get('/openapi.json');
@@ -255,6 +259,10 @@ integration(test, () => {
     });
     t.true(rolled.body.staleObservations.length > 0, 'the report lists the stale observations');
     t.true(rolled.body.warnings.length > 0, 'and warns of the irreversible effect');
+    const bare = await call('POST', '/v1/sandboxes/{id}/rollback', sb, 200, {
+      body: { checkpointId: cp.ckpt, withRecoverySummary: false },
+    });
+    t.false('recoverySummary' in bare.body, 'withRecoverySummary: false leaves the summary out, as the schema allows');
     await call('GET', '/v1/sandboxes/{id}/observations', { id, query: 'includeStale=true' }, 200);
     await call('GET', '/v1/sandboxes/{id}/verdicts', sb, 200);
     await call('GET', '/v1/sandboxes/{id}/effects', sb, 200);
@@ -279,6 +287,27 @@ integration(test, () => {
       headers: { 'content-type': 'application/octet-stream' },
     });
     await call('DELETE', '/v1/snapshots/{snap}', { snap: imported.body.id }, 200);
+    // Through the snapshot store: pushed, listed, pulled back as a copy, deleted.
+    await call('POST', '/v1/snapshots/{snap}/push', sn, 201, { body: { key: 'resp-key' } });
+    await call('GET', '/v1/store/bundles', {}, 200);
+    const fromStore = await call('POST', '/v1/store/bundles/{key}/pull', { key: 'resp-key' }, 201, {
+      body: { name: 'resp-stored' },
+    });
+    await call('DELETE', '/v1/snapshots/{snap}', { snap: fromStore.body.snapshot.id }, 200);
+    await call('DELETE', '/v1/store/bundles/{key}', { key: 'resp-key' }, 200);
+    // Pulled by a second server that lists this one as a source and trusts its signing key.
+    const other = await openTestLockstep(owner, {
+      images: ['base'],
+      open: { config: { pullSources: [api.base], trustedBundleKeys: [ls.snapshots.signingKey()] } },
+    });
+    const otherServer = await startServer(owner, other);
+    const pulled = await otherServer.client
+      .as(tenantToken(other, 'responses'))
+      .post('/v1/snapshots/pull', { from: api.base, snapshot: sn.snap, token: api.token, name: 'resp-pulled' });
+    t.is(pulled.status, 201, pulled.text);
+    t.true(validators.get('POST /v1/snapshots/pull 201')!(pulled.body), JSON.stringify(pulled.body));
+    called.add('POST /v1/snapshots/pull 201');
+
     const started = await call('POST', '/v1/snapshots/{snap}/sandboxes', sn, 200, { body: { count: 1 } });
     t.is(started.body.ids.length, 1);
     for (const child of [...(forked.body.ids as string[]), ...(started.body.ids as string[])])
