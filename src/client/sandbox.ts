@@ -53,9 +53,13 @@ export interface RemoteRunOptions extends CallOptions {
 }
 
 /** A rollback report as JSON: contexts of the "bytes" format carry base64 text. */
-export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWithRecovery'> & {
-  context: unknown;
-  contextWithRecovery?: unknown;
+export type RemoteRollbackReport = Omit<RollbackReport, 'context' | 'contextWithRecovery' | 'recoverySummary'> & {
+  /** The context stored with the checkpoint ({format, ...}; "bytes" data as base64), or null if none. */
+  context: Record<string, unknown> | null;
+  /** The context with the recovery note, unless withRecoverySummary was false. */
+  contextWithRecovery?: Record<string, unknown> | null;
+  /** What the abandoned attempt did, unless withRecoverySummary was false. */
+  recoverySummary?: RollbackReport['recoverySummary'];
 };
 
 /** The signals commands.kill can send: the ones the server accepts. */
@@ -170,7 +174,10 @@ export class Sandbox {
   /** The context stored with a checkpoint (null if none). */
   async context(checkpointId: string, opts: CallOptions = {}): Promise<unknown> {
     const r = await this.transport.json<
-      Checked<{ context: unknown }, Answer<'/v1/sandboxes/{id}/checkpoints/{ckpt}/context', 'get'>>
+      Checked<
+        { context: Record<string, unknown> | null },
+        Answer<'/v1/sandboxes/{id}/checkpoints/{ckpt}/context', 'get'>
+      >
     >({
       method: 'GET',
       path: this.path(`/checkpoints/${enc(checkpointId)}/context`),
@@ -456,7 +463,9 @@ export class RemoteCommands {
     const t = this.sandbox.transport;
     const path = this.sandbox.path('/commands');
     if (background) {
-      const r = await t.json<Checked<{ pid: number }, Answer<'/v1/sandboxes/{id}/commands', 'post'>>>({
+      const r = await t.json<
+        Checked<{ pid: number }, Extract<Answer<'/v1/sandboxes/{id}/commands', 'post'>, { pid: number }>>
+      >({
         method: 'POST',
         path,
         body: { json: body },
@@ -471,7 +480,9 @@ export class RemoteCommands {
     // the retry runs it afresh). fetch waits 300 s for an answer: longer commands
     // stream (the headers come at once) or run in the background (wait() asks in slices).
     if (!onStdout && !onStderr)
-      return t.json<Checked<ObservedRunResult, Answer<'/v1/sandboxes/{id}/commands', 'post'>>>({
+      return t.json<
+        Checked<ObservedRunResult, Exclude<Answer<'/v1/sandboxes/{id}/commands', 'post'>, { pid: number }>>
+      >({
         method: 'POST',
         path,
         body: { json: body },

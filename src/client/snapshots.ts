@@ -63,7 +63,9 @@ export class Snapshots {
 
   /** The context stored with the snapshot (JSON; "bytes" contexts as base64 text). */
   async context(ref: string, opts: CallOptions = {}): Promise<unknown> {
-    const r = await this.transport.json<Checked<{ context: unknown }, Answer<'/v1/snapshots/{snap}/context', 'get'>>>({
+    const r = await this.transport.json<
+      Checked<{ context: Record<string, unknown> | null }, Answer<'/v1/snapshots/{snap}/context', 'get'>>
+    >({
       method: 'GET',
       path: `/snapshots/${enc(ref)}/context`,
       signal: opts.signal,

@@ -807,44 +807,47 @@ export interface operations {
           [name: string]: unknown;
         };
         content: {
-          'application/json': ({
-            id?: string;
-            image?: string;
+          'application/json': {
+            id: string;
+            image: string;
             /** @enum {string} */
-            state?: 'creating' | 'running' | 'stopped' | 'removing';
-            memoryMb?: number | null;
-            pids?: number | null;
-            cpuWeight?: number | null;
-            cpus?: number | null;
-            ioWeight?: number | null;
-            diskMb?: number | null;
-            headCheckpointId?: string | null;
-            forkedFrom?: string | null;
+            state: 'creating' | 'running' | 'stopped' | 'removing';
+            memoryMb: number | null;
+            pids: number | null;
+            cpuWeight: number | null;
+            cpus: number | null;
+            ioWeight: number | null;
+            diskMb: number | null;
+            /** @description The lineage it shares with its forks and their checkpoints */
+            lineageId: string;
+            /** @description Its current timeline (a rollback starts a new one) */
+            branchId: string;
+            headCheckpointId: string | null;
+            forkedFrom: string | null;
             /** @description The owning tenant's name */
-            tenant?: string | null;
+            tenant: string | null;
             /** @description The owning tenant's immutable id (tn_…) */
-            tenantId?: string | null;
-            metadata?: {
+            tenantId: string | null;
+            /** @description Free-form string labels */
+            metadata: {
               [key: string]: string;
             };
             /** Format: date-time */
-            createdAt?: string;
+            createdAt: string;
             /** Format: date-time */
-            expiresAt?: string | null;
+            expiresAt: string | null;
             /** @description Network mode, addresses and allow list */
-            network?: {
+            network: {
               /** @enum {string} */
-              mode?: 'none' | 'egress';
-              address?: string | null;
-              gateway?: string | null;
-              allowOut?: string[];
-              bandwidthMbit?: number | null;
-            } & {
-              [key: string]: unknown;
+              mode: 'none' | 'egress';
+              /** @description The sandbox's own address, or null for none */
+              address: string | null;
+              /** @description Its gateway and resolver, or null for none */
+              gateway: string | null;
+              allowOut: string[];
+              bandwidthMbit: number | null;
             };
-          } & {
-            [key: string]: unknown;
-          })[];
+          }[];
         };
       };
       /** @description Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input) */
@@ -965,42 +968,45 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            image?: string;
+            id: string;
+            image: string;
             /** @enum {string} */
-            state?: 'creating' | 'running' | 'stopped' | 'removing';
-            memoryMb?: number | null;
-            pids?: number | null;
-            cpuWeight?: number | null;
-            cpus?: number | null;
-            ioWeight?: number | null;
-            diskMb?: number | null;
-            headCheckpointId?: string | null;
-            forkedFrom?: string | null;
+            state: 'creating' | 'running' | 'stopped' | 'removing';
+            memoryMb: number | null;
+            pids: number | null;
+            cpuWeight: number | null;
+            cpus: number | null;
+            ioWeight: number | null;
+            diskMb: number | null;
+            /** @description The lineage it shares with its forks and their checkpoints */
+            lineageId: string;
+            /** @description Its current timeline (a rollback starts a new one) */
+            branchId: string;
+            headCheckpointId: string | null;
+            forkedFrom: string | null;
             /** @description The owning tenant's name */
-            tenant?: string | null;
+            tenant: string | null;
             /** @description The owning tenant's immutable id (tn_…) */
-            tenantId?: string | null;
-            metadata?: {
+            tenantId: string | null;
+            /** @description Free-form string labels */
+            metadata: {
               [key: string]: string;
             };
             /** Format: date-time */
-            createdAt?: string;
+            createdAt: string;
             /** Format: date-time */
-            expiresAt?: string | null;
+            expiresAt: string | null;
             /** @description Network mode, addresses and allow list */
-            network?: {
+            network: {
               /** @enum {string} */
-              mode?: 'none' | 'egress';
-              address?: string | null;
-              gateway?: string | null;
-              allowOut?: string[];
-              bandwidthMbit?: number | null;
-            } & {
-              [key: string]: unknown;
+              mode: 'none' | 'egress';
+              /** @description The sandbox's own address, or null for none */
+              address: string | null;
+              /** @description Its gateway and resolver, or null for none */
+              gateway: string | null;
+              allowOut: string[];
+              bandwidthMbit: number | null;
             };
-          } & {
-            [key: string]: unknown;
           };
         };
       };
@@ -1145,42 +1151,45 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            image?: string;
+            id: string;
+            image: string;
             /** @enum {string} */
-            state?: 'creating' | 'running' | 'stopped' | 'removing';
-            memoryMb?: number | null;
-            pids?: number | null;
-            cpuWeight?: number | null;
-            cpus?: number | null;
-            ioWeight?: number | null;
-            diskMb?: number | null;
-            headCheckpointId?: string | null;
-            forkedFrom?: string | null;
+            state: 'creating' | 'running' | 'stopped' | 'removing';
+            memoryMb: number | null;
+            pids: number | null;
+            cpuWeight: number | null;
+            cpus: number | null;
+            ioWeight: number | null;
+            diskMb: number | null;
+            /** @description The lineage it shares with its forks and their checkpoints */
+            lineageId: string;
+            /** @description Its current timeline (a rollback starts a new one) */
+            branchId: string;
+            headCheckpointId: string | null;
+            forkedFrom: string | null;
             /** @description The owning tenant's name */
-            tenant?: string | null;
+            tenant: string | null;
             /** @description The owning tenant's immutable id (tn_…) */
-            tenantId?: string | null;
-            metadata?: {
+            tenantId: string | null;
+            /** @description Free-form string labels */
+            metadata: {
               [key: string]: string;
             };
             /** Format: date-time */
-            createdAt?: string;
+            createdAt: string;
             /** Format: date-time */
-            expiresAt?: string | null;
+            expiresAt: string | null;
             /** @description Network mode, addresses and allow list */
-            network?: {
+            network: {
               /** @enum {string} */
-              mode?: 'none' | 'egress';
-              address?: string | null;
-              gateway?: string | null;
-              allowOut?: string[];
-              bandwidthMbit?: number | null;
-            } & {
-              [key: string]: unknown;
+              mode: 'none' | 'egress';
+              /** @description The sandbox's own address, or null for none */
+              address: string | null;
+              /** @description Its gateway and resolver, or null for none */
+              gateway: string | null;
+              allowOut: string[];
+              bandwidthMbit: number | null;
             };
-          } & {
-            [key: string]: unknown;
           };
         };
       };
@@ -1265,7 +1274,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            /** @enum {boolean} */
+            removed: true;
           };
         };
       };
@@ -1355,14 +1366,38 @@ export interface operations {
     };
     requestBody?: never;
     responses: {
-      /** @description {id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, maxDiskMb, usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb, snapshotMb, diskMb, importingMb}} */
+      /** @description The tenant, its quotas (null: no limit) and usage */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            name: string;
+            /** Format: date-time */
+            createdAt: string;
+            maxSandboxes: number | null;
+            maxMemoryMb: number | null;
+            cpuWeight: number | null;
+            maxCpuWeight: number | null;
+            maxCheckpointMb: number | null;
+            maxDiskMb: number | null;
+            /** @enum {string|null} */
+            network: 'none' | 'egress' | null;
+            /** @enum {string|null} */
+            maxNetwork: 'none' | 'egress' | null;
+            /** @description What it holds now (MiB, rounded up) */
+            usage: {
+              sandboxes: number;
+              memoryMb: number;
+              standbyMemoryMb: number;
+              cpuWeight: number;
+              checkpointMb: number;
+              snapshotMb: number;
+              importingMb: number;
+              diskMb: number;
+            };
           };
         };
       };
@@ -1447,7 +1482,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            running: boolean;
+            exitCode: number | null;
           }[];
         };
       };
@@ -1560,24 +1597,26 @@ export interface operations {
       };
     };
     responses: {
-      /** @description The finished command (or {pid} for background) */
+      /** @description The finished command, or {pid} for background */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
-          'application/json': {
-            exitCode?: number;
-            stdout?: string;
-            stderr?: string;
-            signal?: string;
-            truncated?: boolean;
-            durationMs?: number;
-            observationId?: string;
-            pid?: number;
-          } & {
-            [key: string]: unknown;
-          };
+          'application/json':
+            | {
+                exitCode: number;
+                stdout: string;
+                stderr: string;
+                /** @description Signal that ended it, if any */
+                signal?: string;
+                truncated: boolean;
+                durationMs: number;
+                observationId?: string;
+              }
+            | {
+                pid: number;
+              };
         };
       };
       /** @description Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input) */
@@ -1707,14 +1746,15 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {pid, exitCode} */
+      /** @description {pid, exitCode} (null if killed before reporting one) */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            exitCode: number | null;
           };
         };
       };
@@ -1823,7 +1863,8 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            killed: boolean;
           };
         };
       };
@@ -1908,14 +1949,24 @@ export interface operations {
     };
     requestBody?: never;
     responses: {
-      /** @description {pid, stdout, stderr, offsets: {stdout, stderr}, rewound, running} */
+      /** @description Output since the offsets asked for */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            stdout: string;
+            stderr: string;
+            /** @description Where to continue from */
+            offsets: {
+              stdout: number;
+              stderr: number;
+            };
+            /** @description The files were shorter than the offsets (a rollback rewound them): this starts at 0 */
+            rewound: boolean;
+            running: boolean;
           };
         };
       };
@@ -2029,15 +2080,43 @@ export interface operations {
           [name: string]: unknown;
         };
         content: {
-          'application/json': ({
-            id?: string;
-            parentId?: string | null;
-            label?: string | null;
-            contextId?: string | null;
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
-          })[];
+          'application/json': {
+            id: string;
+            parentId: string | null;
+            sandboxId: string;
+            layerId: string;
+            branchId: string;
+            label: string | null;
+            /** Format: date-time */
+            createdAt: string;
+            contextId: string | null;
+            ledgerCursor: number;
+            /** @description Bytes it holds (layerBytes absent when the store has no quotas on) */
+            sizes: {
+              processImageBytes: number;
+              layerBytes?: number;
+              contextBytes?: number;
+            };
+            /** @description How long its steps took (ms) */
+            timings: {
+              freezeMs?: number;
+              snapshotMs?: number;
+              dumpMs?: number;
+              frozenMs?: number;
+              deltaMs?: number;
+              persistMs?: number;
+              commitMs?: number;
+              syncMs?: number;
+              hashMs?: number;
+              toDurableMs?: number;
+              totalMs?: number;
+            };
+            /**
+             * Format: date-time
+             * @description When its files were made durable; null while that runs
+             */
+            durableAt: string | null;
+          }[];
         };
       };
       /** @description Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input) */
@@ -2131,13 +2210,41 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            parentId?: string | null;
-            label?: string | null;
-            contextId?: string | null;
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
+            id: string;
+            parentId: string | null;
+            sandboxId: string;
+            layerId: string;
+            branchId: string;
+            label: string | null;
+            /** Format: date-time */
+            createdAt: string;
+            contextId: string | null;
+            ledgerCursor: number;
+            /** @description Bytes it holds (layerBytes absent when the store has no quotas on) */
+            sizes: {
+              processImageBytes: number;
+              layerBytes?: number;
+              contextBytes?: number;
+            };
+            /** @description How long its steps took (ms) */
+            timings: {
+              freezeMs?: number;
+              snapshotMs?: number;
+              dumpMs?: number;
+              frozenMs?: number;
+              deltaMs?: number;
+              persistMs?: number;
+              commitMs?: number;
+              syncMs?: number;
+              hashMs?: number;
+              toDurableMs?: number;
+              totalMs?: number;
+            };
+            /**
+             * Format: date-time
+             * @description When its files were made durable; null while that runs
+             */
+            durableAt: string | null;
           };
         };
       };
@@ -2269,7 +2376,11 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            checkpointId: string;
+            /** @description A stored agent context ({format, ...}; "bytes" data as base64), or null if none */
+            context: {
+              [key: string]: unknown;
+            } | null;
           };
         };
       };
@@ -2371,7 +2482,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            /** @enum {boolean} */
+            deleted: true;
           };
         };
       };
@@ -2488,27 +2601,189 @@ export interface operations {
         };
         content: {
           'application/json': {
-            checkpointId?: string;
-            branchId?: string;
-            context?: unknown;
-            contextWithRecovery?: unknown;
-            staleObservations?: {
-              [key: string]: unknown;
+            sandboxId: string;
+            checkpointId: string;
+            /** @description The new timeline */
+            branchId: string;
+            previousBranchId: string;
+            /** @description The restored init's host pid */
+            pid: number;
+            /** @enum {string} */
+            path: 'standby' | 'restore';
+            connectionsReset: {
+              local: string;
+              remote: string;
             }[];
-            effectsAfter?: {
-              [key: string]: unknown;
-            }[];
-            staleVerdicts?: {
-              [key: string]: unknown;
-            }[];
-            warnings?: {
-              [key: string]: unknown;
-            }[];
-            recoverySummary?: {
-              [key: string]: unknown;
+            /** @description ms */
+            timings: {
+              killMs?: number;
+              layerMs?: number;
+              mountMs?: number;
+              restoreMs?: number;
+              commitMs?: number;
+              totalMs?: number;
             };
-          } & {
-            [key: string]: unknown;
+            /** @description A stored agent context ({format, ...}; "bytes" data as base64), or null if none */
+            context: {
+              [key: string]: unknown;
+            } | null;
+            /** @description The context with the recovery note (withRecoverySummary) */
+            contextWithRecovery?: {
+              [key: string]: unknown;
+            } | null;
+            staleObservations: {
+              id: string;
+              seq: number;
+              sandboxId: string;
+              branchId: string;
+              lineageId: string;
+              epochCheckpointId: string | null;
+              /** @enum {string} */
+              kind: 'command' | 'file-read' | 'file-write' | 'file-list' | 'verdict';
+              toolCallId: string | null;
+              subject: string;
+              contentHash: string | null;
+              exitCode: number | null;
+              summary: string | null;
+              sealedBy: string | null;
+              staleRollbackId: string | null;
+              /** @description When a rollback made it stale (ms since the epoch) */
+              staleAt: number | null;
+              inheritedFrom: string | null;
+              /** @description ms since the epoch */
+              createdAt: number;
+            }[];
+            effectsAfter: {
+              id: string;
+              seq: number;
+              lineageId: string;
+              sandboxId: string;
+              branchId: string;
+              epochCheckpointId: string | null;
+              sealedBy: string | null;
+              abandonedBy: string | null;
+              kind: string;
+              /** @description The input it was begun with */
+              input: unknown;
+              /** @description Its output (absent: not committed, or committed without one) */
+              output?: unknown;
+              /** @enum {string} */
+              reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+              /** @enum {string} */
+              scope: 'lineage' | 'branch';
+              idempotencyKey: string;
+              toolCallId: string | null;
+              /** @description How to take a compensable effect back */
+              compensation: {
+                kind: string;
+                /** @description Its input */
+                input: unknown;
+              } | null;
+              /** @enum {string} */
+              status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+              /** @description For failed: true if it certainly did not happen */
+              definite: boolean | null;
+              /** @description An error as recorded */
+              error: {
+                name: string;
+                message: string;
+                code?: string;
+              } | null;
+              attempt: number;
+              compensatesId: string | null;
+              compensatedBy: string | null;
+              commitOrder: number | null;
+              /** @description ms since the epoch */
+              createdAt: number;
+              /** @description ms since the epoch */
+              settledAt: number | null;
+            }[];
+            staleVerdicts: {
+              id: string;
+              seq: number;
+              sandboxId: string;
+              branchId: string;
+              path: string;
+              /** @description sha256 of the file, or identity:… over 64 MiB */
+              contentHash: string;
+              verdict: string;
+              toolCallId: string | null;
+              observationId: string | null;
+              inheritedFrom: string | null;
+              sealedBy: string | null;
+              abandonedBy: string | null;
+              /** @description ms since the epoch */
+              createdAt: number;
+              /** @description The file's hash now (null: it is gone) */
+              currentHash: string | null;
+            }[];
+            warnings: {
+              effectId: string;
+              kind: string;
+              /** @enum {string} */
+              status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+              /** @enum {string} */
+              reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+              /** @enum {string} */
+              reason: 'irreversible' | 'outcome-unknown' | 'not-compensated';
+              message: string;
+            }[];
+            /** @description What the abandoned attempt did, as data and as a note for the model */
+            recoverySummary?: {
+              /** @description The machine-readable summary */
+              structured: {
+                /** @description The checkpoint rolled back to */
+                targetCheckpoint: {
+                  id: string;
+                  label: string | null;
+                };
+                failure: string | null;
+                commandsRun: {
+                  command: string;
+                  exitCode: number | null;
+                  summary: string | null;
+                  toolCallId: string | null;
+                }[];
+                filesTouched: {
+                  path: string;
+                  how: ('read' | 'write' | 'list')[];
+                }[];
+                effectsCommitted: {
+                  effectId: string;
+                  kind: string;
+                  /** @description Its input */
+                  input: unknown;
+                  /** @description Its output, if any */
+                  output?: unknown;
+                  /** @enum {string} */
+                  status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+                  /** @enum {string} */
+                  reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+                  compensates: string | null;
+                }[];
+                irreversibleEffects: {
+                  effectId: string;
+                  kind: string;
+                  /** @description Its input */
+                  input: unknown;
+                  /** @description Its output, if any */
+                  output?: unknown;
+                  /** @enum {string} */
+                  status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+                  /** @enum {string} */
+                  reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+                  compensates: string | null;
+                }[];
+                staleVerdicts: {
+                  path: string;
+                  verdict: string;
+                  contentHash: string;
+                  currentHash: string | null;
+                }[];
+                lessons: string[];
+              };
+              text: string;
+            };
           };
         };
       };
@@ -2631,12 +2906,13 @@ export interface operations {
         };
         content: {
           'application/json': {
-            results?: (
+            results: (
               | {
                   id: string;
                   ms: number;
                 }
               | {
+                  /** @description The error */
                   error: {
                     code: string;
                     message: string;
@@ -2646,13 +2922,12 @@ export interface operations {
                 }
             )[];
             /** @description The ids of those started */
-            ids?: string[];
+            ids: string[];
             /** @description The errors (code, message) of those that failed */
-            errors?: {
-              [key: string]: unknown;
+            errors: {
+              code: string;
+              message: string;
             }[];
-          } & {
-            [key: string]: unknown;
           };
         };
       };
@@ -2781,14 +3056,51 @@ export interface operations {
           [name: string]: unknown;
         };
         content: {
-          'application/json': ({
-            id?: string;
-            kind?: string;
-            status?: string;
-            idempotencyKey?: string;
-          } & {
-            [key: string]: unknown;
-          })[];
+          'application/json': {
+            id: string;
+            seq: number;
+            lineageId: string;
+            sandboxId: string;
+            branchId: string;
+            epochCheckpointId: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            kind: string;
+            /** @description The input it was begun with */
+            input: unknown;
+            /** @description Its output (absent: not committed, or committed without one) */
+            output?: unknown;
+            /** @enum {string} */
+            reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+            /** @enum {string} */
+            scope: 'lineage' | 'branch';
+            idempotencyKey: string;
+            toolCallId: string | null;
+            /** @description How to take a compensable effect back */
+            compensation: {
+              kind: string;
+              /** @description Its input */
+              input: unknown;
+            } | null;
+            /** @enum {string} */
+            status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+            /** @description For failed: true if it certainly did not happen */
+            definite: boolean | null;
+            /** @description An error as recorded */
+            error: {
+              name: string;
+              message: string;
+              code?: string;
+            } | null;
+            attempt: number;
+            compensatesId: string | null;
+            compensatedBy: string | null;
+            commitOrder: number | null;
+            /** @description ms since the epoch */
+            createdAt: number;
+            /** @description ms since the epoch */
+            settledAt: number | null;
+          }[];
         };
       };
       /** @description Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input) */
@@ -2887,33 +3199,37 @@ export interface operations {
       };
     };
     responses: {
-      /** @description Run the effect now (replayed: false), or what it returned last time (replayed: true) */
+      /** @description Run the effect now (replayed: false, with its attempt), or what it returned last time (replayed: true, with output) */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            replayed?: boolean;
-            effectId?: string;
+            replayed: boolean;
+            effectId: string;
+            idempotencyKey: string;
+            /** @description When replayed is false */
+            attempt?: number;
+            /** @description When replayed is true: what it returned last time */
             output?: unknown;
-          } & {
-            [key: string]: unknown;
           };
         };
       };
-      /** @description Run the effect now (replayed: false), or what it returned last time (replayed: true) */
+      /** @description Run the effect now (replayed: false, with its attempt), or what it returned last time (replayed: true, with output) */
       201: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            replayed?: boolean;
-            effectId?: string;
+            replayed: boolean;
+            effectId: string;
+            idempotencyKey: string;
+            /** @description When replayed is false */
+            attempt?: number;
+            /** @description When replayed is true: what it returned last time */
             output?: unknown;
-          } & {
-            [key: string]: unknown;
           };
         };
       };
@@ -3030,12 +3346,49 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            kind?: string;
-            status?: string;
-            idempotencyKey?: string;
-          } & {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            lineageId: string;
+            sandboxId: string;
+            branchId: string;
+            epochCheckpointId: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            kind: string;
+            /** @description The input it was begun with */
+            input: unknown;
+            /** @description Its output (absent: not committed, or committed without one) */
+            output?: unknown;
+            /** @enum {string} */
+            reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+            /** @enum {string} */
+            scope: 'lineage' | 'branch';
+            idempotencyKey: string;
+            toolCallId: string | null;
+            /** @description How to take a compensable effect back */
+            compensation: {
+              kind: string;
+              /** @description Its input */
+              input: unknown;
+            } | null;
+            /** @enum {string} */
+            status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+            /** @description For failed: true if it certainly did not happen */
+            definite: boolean | null;
+            /** @description An error as recorded */
+            error: {
+              name: string;
+              message: string;
+              code?: string;
+            } | null;
+            attempt: number;
+            compensatesId: string | null;
+            compensatedBy: string | null;
+            commitOrder: number | null;
+            /** @description ms since the epoch */
+            createdAt: number;
+            /** @description ms since the epoch */
+            settledAt: number | null;
           };
         };
       };
@@ -3129,12 +3482,49 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            kind?: string;
-            status?: string;
-            idempotencyKey?: string;
-          } & {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            lineageId: string;
+            sandboxId: string;
+            branchId: string;
+            epochCheckpointId: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            kind: string;
+            /** @description The input it was begun with */
+            input: unknown;
+            /** @description Its output (absent: not committed, or committed without one) */
+            output?: unknown;
+            /** @enum {string} */
+            reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+            /** @enum {string} */
+            scope: 'lineage' | 'branch';
+            idempotencyKey: string;
+            toolCallId: string | null;
+            /** @description How to take a compensable effect back */
+            compensation: {
+              kind: string;
+              /** @description Its input */
+              input: unknown;
+            } | null;
+            /** @enum {string} */
+            status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+            /** @description For failed: true if it certainly did not happen */
+            definite: boolean | null;
+            /** @description An error as recorded */
+            error: {
+              name: string;
+              message: string;
+              code?: string;
+            } | null;
+            attempt: number;
+            compensatesId: string | null;
+            compensatedBy: string | null;
+            commitOrder: number | null;
+            /** @description ms since the epoch */
+            createdAt: number;
+            /** @description ms since the epoch */
+            settledAt: number | null;
           };
         };
       };
@@ -3265,12 +3655,49 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            kind?: string;
-            status?: string;
-            idempotencyKey?: string;
-          } & {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            lineageId: string;
+            sandboxId: string;
+            branchId: string;
+            epochCheckpointId: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            kind: string;
+            /** @description The input it was begun with */
+            input: unknown;
+            /** @description Its output (absent: not committed, or committed without one) */
+            output?: unknown;
+            /** @enum {string} */
+            reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+            /** @enum {string} */
+            scope: 'lineage' | 'branch';
+            idempotencyKey: string;
+            toolCallId: string | null;
+            /** @description How to take a compensable effect back */
+            compensation: {
+              kind: string;
+              /** @description Its input */
+              input: unknown;
+            } | null;
+            /** @enum {string} */
+            status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+            /** @description For failed: true if it certainly did not happen */
+            definite: boolean | null;
+            /** @description An error as recorded */
+            error: {
+              name: string;
+              message: string;
+              code?: string;
+            } | null;
+            attempt: number;
+            compensatesId: string | null;
+            compensatedBy: string | null;
+            commitOrder: number | null;
+            /** @description ms since the epoch */
+            createdAt: number;
+            /** @description ms since the epoch */
+            settledAt: number | null;
           };
         };
       };
@@ -3396,12 +3823,49 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            kind?: string;
-            status?: string;
-            idempotencyKey?: string;
-          } & {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            lineageId: string;
+            sandboxId: string;
+            branchId: string;
+            epochCheckpointId: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            kind: string;
+            /** @description The input it was begun with */
+            input: unknown;
+            /** @description Its output (absent: not committed, or committed without one) */
+            output?: unknown;
+            /** @enum {string} */
+            reversibility: 'sandbox-local' | 'compensable' | 'irreversible';
+            /** @enum {string} */
+            scope: 'lineage' | 'branch';
+            idempotencyKey: string;
+            toolCallId: string | null;
+            /** @description How to take a compensable effect back */
+            compensation: {
+              kind: string;
+              /** @description Its input */
+              input: unknown;
+            } | null;
+            /** @enum {string} */
+            status: 'pending' | 'committed' | 'failed' | 'unknown' | 'compensated';
+            /** @description For failed: true if it certainly did not happen */
+            definite: boolean | null;
+            /** @description An error as recorded */
+            error: {
+              name: string;
+              message: string;
+              code?: string;
+            } | null;
+            attempt: number;
+            compensatesId: string | null;
+            compensatedBy: string | null;
+            commitOrder: number | null;
+            /** @description ms since the epoch */
+            createdAt: number;
+            /** @description ms since the epoch */
+            settledAt: number | null;
           };
         };
       };
@@ -3519,7 +3983,26 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            sandboxId: string;
+            branchId: string;
+            lineageId: string;
+            epochCheckpointId: string | null;
+            /** @enum {string} */
+            kind: 'command' | 'file-read' | 'file-write' | 'file-list' | 'verdict';
+            toolCallId: string | null;
+            subject: string;
+            contentHash: string | null;
+            exitCode: number | null;
+            summary: string | null;
+            sealedBy: string | null;
+            staleRollbackId: string | null;
+            /** @description When a rollback made it stale (ms since the epoch) */
+            staleAt: number | null;
+            inheritedFrom: string | null;
+            /** @description ms since the epoch */
+            createdAt: number;
           }[];
         };
       };
@@ -3607,7 +4090,23 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            sandboxId: string;
+            branchId: string;
+            path: string;
+            /** @description sha256 of the file, or identity:… over 64 MiB */
+            contentHash: string;
+            verdict: string;
+            toolCallId: string | null;
+            observationId: string | null;
+            inheritedFrom: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            /** @description ms since the epoch */
+            createdAt: number;
+            /** @description The file's hash now (null: it is gone) */
+            currentHash?: string | null;
           }[];
         };
       };
@@ -3701,7 +4200,21 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            seq: number;
+            sandboxId: string;
+            branchId: string;
+            path: string;
+            /** @description sha256 of the file, or identity:… over 64 MiB */
+            contentHash: string;
+            verdict: string;
+            toolCallId: string | null;
+            observationId: string | null;
+            inheritedFrom: string | null;
+            sealedBy: string | null;
+            abandonedBy: string | null;
+            /** @description ms since the epoch */
+            createdAt: number;
           };
         };
       };
@@ -3798,7 +4311,12 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            name: string;
+            ready: boolean;
+            source: string;
+            sizeBytes: number | null;
+            /** Format: date-time */
+            createdAt: string | null;
           }[];
         };
       };
@@ -3878,14 +4396,15 @@ export interface operations {
     };
     requestBody?: never;
     responses: {
-      /** @description {pid, bytes} */
+      /** @description {pid, bytes}: bytes written */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            bytes: number;
           };
         };
       };
@@ -4002,7 +4521,7 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
           };
         };
       };
@@ -4102,7 +4621,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            running: boolean;
+            exitCode: number | null;
           }[];
         };
       };
@@ -4219,7 +4740,7 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
           };
         };
       };
@@ -4317,14 +4838,20 @@ export interface operations {
     };
     requestBody?: never;
     responses: {
-      /** @description {pid, data, offset, rewound, running} */
+      /** @description Transcript since the offset asked for */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            /** @description base64 */
+            data: string;
+            /** @description Where to continue from */
+            offset: number;
+            rewound: boolean;
+            running: boolean;
           };
         };
       };
@@ -4526,14 +5053,15 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {pid, bytes} */
+      /** @description {pid, bytes}: bytes written */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            bytes: number;
           };
         };
       };
@@ -4659,7 +5187,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            cols: number;
+            rows: number;
           };
         };
       };
@@ -4760,14 +5290,17 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {pid, exitCode, reason} */
+      /** @description How the PTY ended */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            exitCode: number | null;
+            /** @enum {string} */
+            reason: 'exited' | 'killed' | 'rolled-back';
           };
         };
       };
@@ -4869,7 +5402,8 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            pid: number;
+            killed: boolean;
           };
         };
       };
@@ -4950,25 +5484,24 @@ export interface operations {
           [name: string]: unknown;
         };
         content: {
-          'application/json': ({
-            id?: string;
-            name?: string | null;
-            tenant?: string | null;
-            metadata?: {
+          'application/json': {
+            id: string;
+            name: string | null;
+            tenant: string | null;
+            /** @description Free-form labels */
+            metadata: {
               [key: string]: string;
             };
-            sizeBytes?: number;
-            image?: string;
-            lineageId?: string;
-            sourceSandboxId?: string | null;
-            sourceCheckpointId?: string | null;
-            digest?: string | null;
-            memoryMb?: number | null;
+            sizeBytes: number;
+            image: string;
+            lineageId: string;
+            sourceSandboxId: string | null;
+            sourceCheckpointId: string | null;
+            digest: string | null;
+            memoryMb: number | null;
             /** Format: date-time */
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
-          })[];
+            createdAt: string;
+          }[];
         };
       };
       /** @description Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input) */
@@ -5062,23 +5595,22 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            name?: string | null;
-            tenant?: string | null;
-            metadata?: {
+            id: string;
+            name: string | null;
+            tenant: string | null;
+            /** @description Free-form labels */
+            metadata: {
               [key: string]: string;
             };
-            sizeBytes?: number;
-            image?: string;
-            lineageId?: string;
-            sourceSandboxId?: string | null;
-            sourceCheckpointId?: string | null;
-            digest?: string | null;
-            memoryMb?: number | null;
+            sizeBytes: number;
+            image: string;
+            lineageId: string;
+            sourceSandboxId: string | null;
+            sourceCheckpointId: string | null;
+            digest: string | null;
+            memoryMb: number | null;
             /** Format: date-time */
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
+            createdAt: string;
           };
         };
       };
@@ -5178,23 +5710,22 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            name?: string | null;
-            tenant?: string | null;
-            metadata?: {
+            id: string;
+            name: string | null;
+            tenant: string | null;
+            /** @description Free-form labels */
+            metadata: {
               [key: string]: string;
             };
-            sizeBytes?: number;
-            image?: string;
-            lineageId?: string;
-            sourceSandboxId?: string | null;
-            sourceCheckpointId?: string | null;
-            digest?: string | null;
-            memoryMb?: number | null;
+            sizeBytes: number;
+            image: string;
+            lineageId: string;
+            sourceSandboxId: string | null;
+            sourceCheckpointId: string | null;
+            digest: string | null;
+            memoryMb: number | null;
             /** Format: date-time */
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
+            createdAt: string;
           };
         };
       };
@@ -5279,7 +5810,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            id: string;
+            /** @enum {boolean} */
+            deleted: true;
           };
         };
       };
@@ -5379,7 +5912,11 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            snapshotId: string;
+            /** @description A stored agent context ({format, ...}; "bytes" data as base64), or null if none */
+            context: {
+              [key: string]: unknown;
+            } | null;
           };
         };
       };
@@ -5470,12 +6007,13 @@ export interface operations {
         };
         content: {
           'application/json': {
-            results?: (
+            results: (
               | {
                   id: string;
                   ms: number;
                 }
               | {
+                  /** @description The error */
                   error: {
                     code: string;
                     message: string;
@@ -5485,13 +6023,12 @@ export interface operations {
                 }
             )[];
             /** @description The ids of those started */
-            ids?: string[];
+            ids: string[];
             /** @description The errors (code, message) of those that failed */
-            errors?: {
-              [key: string]: unknown;
+            errors: {
+              code: string;
+              message: string;
             }[];
-          } & {
-            [key: string]: unknown;
           };
         };
       };
@@ -5731,14 +6268,39 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {snapshot, bundleBytes, receivedBytes, resumed, restarted, downloadMs, importMs} */
+      /** @description What a pull from another server did */
       201: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            /** @description A snapshot */
+            snapshot: {
+              id: string;
+              name: string | null;
+              tenant: string | null;
+              /** @description Free-form labels */
+              metadata: {
+                [key: string]: string;
+              };
+              sizeBytes: number;
+              image: string;
+              lineageId: string;
+              sourceSandboxId: string | null;
+              sourceCheckpointId: string | null;
+              digest: string | null;
+              memoryMb: number | null;
+              /** Format: date-time */
+              createdAt: string;
+            };
+            bundleBytes: number;
+            receivedBytes: number;
+            /** @description Attempts that resumed a partial download */
+            resumed: number;
+            restarted: boolean;
+            downloadMs: number;
+            importMs: number;
           };
         };
       };
@@ -5868,14 +6430,22 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {key, snapshotId, digest, bytes, chunks, uploadedChunks, skippedChunks, ms} */
+      /** @description What a push stored */
       201: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            key: string;
+            snapshotId: string;
+            /** @description `sha256:<hex>` of the bundle */
+            digest: string;
+            bytes: number;
+            chunks: number;
+            uploadedChunks: number;
+            skippedChunks: number;
+            ms: number;
           };
         };
       };
@@ -6001,16 +6571,15 @@ export interface operations {
           [name: string]: unknown;
         };
         content: {
-          'application/json': ({
-            name?: string;
-            digest?: string;
-            bytes?: number;
-            chunks?: number;
-            chunkBytes?: number;
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
-          })[];
+          'application/json': {
+            name: string;
+            digest: string;
+            bytes: number;
+            chunks: number;
+            chunkBytes: number;
+            /** Format: date-time */
+            createdAt: string;
+          }[];
         };
       };
       /** @description Invalid input (code INVALID_ARGUMENT, INVALID_JSON or PATH_ESCAPES_SANDBOX; `field` names the input) */
@@ -6124,14 +6693,35 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {key, snapshot, bytes, ms} */
+      /** @description What a pull from the store made */
       201: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            key: string;
+            /** @description A snapshot */
+            snapshot: {
+              id: string;
+              name: string | null;
+              tenant: string | null;
+              /** @description Free-form labels */
+              metadata: {
+                [key: string]: string;
+              };
+              sizeBytes: number;
+              image: string;
+              lineageId: string;
+              sourceSandboxId: string | null;
+              sourceCheckpointId: string | null;
+              digest: string | null;
+              memoryMb: number | null;
+              /** Format: date-time */
+              createdAt: string;
+            };
+            bytes: number;
+            ms: number;
           };
         };
       };
@@ -6291,7 +6881,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            key: string;
+            /** @enum {boolean} */
+            deleted: true;
           };
         };
       };
@@ -6406,7 +6998,15 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            /** @description exp_… */
+            id: string;
+            sandboxId: string;
+            port: number;
+            /** @description The proxy path: /ports/<id>/ */
+            path: string;
+            url: string;
+            /** Format: date-time */
+            createdAt: string;
           }[];
         };
       };
@@ -6491,14 +7091,24 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {id, sandboxId, port, path, url, token, createdAt} */
+      /** @description An exposed port and, this once, its token */
       201: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            /** @description exp_… */
+            id: string;
+            sandboxId: string;
+            port: number;
+            /** @description The proxy path: /ports/<id>/ */
+            path: string;
+            url: string;
+            /** Format: date-time */
+            createdAt: string;
+            /** @description Send as X-Lockstep-Token */
+            token: string;
           };
         };
       };
@@ -6614,7 +7224,8 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            port: number;
+            closed: boolean;
           };
         };
       };
@@ -6699,23 +7310,22 @@ export interface operations {
         };
         content: {
           'application/json': {
-            id?: string;
-            name?: string | null;
-            tenant?: string | null;
-            metadata?: {
+            id: string;
+            name: string | null;
+            tenant: string | null;
+            /** @description Free-form labels */
+            metadata: {
               [key: string]: string;
             };
-            sizeBytes?: number;
-            image?: string;
-            lineageId?: string;
-            sourceSandboxId?: string | null;
-            sourceCheckpointId?: string | null;
-            digest?: string | null;
-            memoryMb?: number | null;
+            sizeBytes: number;
+            image: string;
+            lineageId: string;
+            sourceSandboxId: string | null;
+            sourceCheckpointId: string | null;
+            digest: string | null;
+            memoryMb: number | null;
             /** Format: date-time */
-            createdAt?: string;
-          } & {
-            [key: string]: unknown;
+            createdAt: string;
           };
         };
       };
@@ -6845,14 +7455,21 @@ export interface operations {
     };
     requestBody?: never;
     responses: {
-      /** @description {path, content, encoding, sha256, bytes, observationId} */
+      /** @description The file */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            path: string;
+            content: string;
+            /** @enum {string} */
+            encoding: 'utf8' | 'base64';
+            sha256: string;
+            bytes: number;
+            /** @description The observation it was recorded as */
+            observationId?: string;
           };
         };
       };
@@ -6951,14 +7568,18 @@ export interface operations {
       };
     };
     responses: {
-      /** @description {path, sha256, bytes, observationId} */
+      /** @description What was written */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            path: string;
+            sha256: string;
+            bytes: number;
+            /** @description The observation it was recorded as */
+            observationId?: string;
           };
         };
       };
@@ -7078,7 +7699,9 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            path: string;
+            /** @enum {boolean} */
+            removed: true;
           };
         };
       };
@@ -7165,14 +7788,27 @@ export interface operations {
     };
     requestBody?: never;
     responses: {
-      /** @description {path, entries: [{name, path, type, size, mode, mtimeMs}], nextCursor, observationId} */
+      /** @description One page of a directory, sorted by name */
       200: {
         headers: {
           [name: string]: unknown;
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            path: string;
+            entries: {
+              name: string;
+              path: string;
+              /** @enum {string} */
+              type: 'file' | 'directory' | 'symlink' | 'other';
+              size: number;
+              mode: number;
+              mtimeMs: number;
+            }[];
+            /** @description Pass as cursor for the next page; null on the last */
+            nextCursor: string | null;
+            /** @description The observation it was recorded as */
+            observationId?: string;
           };
         };
       };
@@ -7274,7 +7910,8 @@ export interface operations {
         };
         content: {
           'application/json': {
-            [key: string]: unknown;
+            path: string;
+            exists: boolean;
           };
         };
       };

@@ -3,9 +3,9 @@
  * /openapi.json by `npm run client:types`) that the client sends and reads,
  * and the compiler's check that the client's own types agree with them.
  *
- * The client's exported types stay hand-written where that reads better (the
- * document leaves every field of an answer optional, and some are the
- * library's own types); each place that sends a body or reads an answer
+ * The client's exported types stay hand-written where that reads better (some
+ * are the library's own types, and a method may read only part of an
+ * answer); each place that sends a body or reads an answer
  * names its operation, so that a field the server renames, drops or retypes
  * fails the build instead of the client at run time.
  */
@@ -57,11 +57,10 @@ type Named<T> = T extends readonly (infer E)[]
 /**
  * What is wrong with the client's type H as the document's W, field by field;
  * {} when nothing is. Wrong: a field both name whose type in H W does not
- * accept; a field W requires that H may leave out; a field of H that W does
- * not name, unless W takes more than it names (`additionalProperties: true`,
- * as the server's answers do: their schemas name the fields a reader needs,
- * not all of them). Fields W has and H does not are fine: the client need
- * not read all of an answer.
+ * accept; a field H names as optional that W requires; a field of H that W does
+ * not name, unless W takes more than it names (`additionalProperties: true`:
+ * an open object such as a context). Fields W has and H does not name are
+ * fine, required or not: the client need not read all of an answer.
  */
 export type Disagreement<H, W> = {
   [
@@ -73,7 +72,7 @@ export type Disagreement<H, W> = {
         ? never
         : K
   ]: K extends NamedKeys<W> ? { client: H[K]; document: W[K] } : 'not in the document';
-} & { [K in Exclude<RequiredKeys<W>, RequiredKeys<H>>]: 'required by the document' };
+} & { [K in Extract<Exclude<RequiredKeys<W>, RequiredKeys<H>>, NamedKeys<H>>]: 'required by the document' };
 
 /**
  * H, when it agrees with W (see Disagreement); otherwise a type nothing is

@@ -426,143 +426,547 @@ export const observationsQuery = obj({ includeStale: flag('Include observations 
 export const verdictsQuery = obj({ stale: flag('Only verdicts whose file changed since') });
 
 // ---------------------------------------------------------------- outputs (documentation)
+//
+// What the handlers answer, field by field (test/integration/http-responses.test.ts
+// validates real answers against these, as /openapi.json carries them).
+// Objects are closed (additionalProperties: false) unless they are open by
+// nature (labels, a context, a JSON value the caller chose); `required` names
+// the fields always present; `nullable` (OpenAPI 3.0.3) those that can be null.
 
-const loose = (description: string, properties: Record<string, Schema> = {}): Schema => ({
+/** A closed object: these properties, those in `required` always present. */
+const shape = (
+  description: string,
+  properties: Record<string, Schema>,
+  required: string[] | 'all' = 'all',
+): Schema => ({
   type: 'object',
   description,
   properties,
+  required: required === 'all' ? Object.keys(properties) : required,
+  additionalProperties: false,
+});
+const t = (type: string, description?: string): Schema => ({ type, ...(description ? { description } : {}) });
+/** Null too (OpenAPI 3.0.3: `nullable`, and an enum lists null as well). */
+const nullable = (schema: Schema): Schema => ({
+  ...schema,
+  nullable: true,
+  ...(Array.isArray(schema.enum) ? { enum: [...(schema.enum as unknown[]), null] } : {}),
+});
+const S_ = t('string');
+const I_ = t('integer');
+const N_ = t('number');
+const B_ = t('boolean');
+const strings: Schema = { type: 'array', items: S_ };
+const dateTime = (description?: string): Schema => ({
+  type: 'string',
+  format: 'date-time',
+  ...(description ? { description } : {}),
+});
+const epochMs = (description: string): Schema => ({ type: 'number', description });
+const stringMap = (description: string): Schema => ({
+  type: 'object',
+  additionalProperties: { type: 'string' },
+  description,
+});
+/** A JSON value the caller chose (an effect's input or output): anything, null included. */
+const json = (description: string): Schema => ({ description });
+const contextOut: Schema = {
+  description: 'A stored agent context ({format, ...}; "bytes" data as base64), or null if none',
+  type: 'object',
   additionalProperties: true,
+  nullable: true,
+};
+const pidOf = I_;
+const effectStatus: Schema = { type: 'string', enum: ['pending', 'committed', 'failed', 'unknown', 'compensated'] };
+
+export const networkInfo = shape('Network mode, addresses and allow list', {
+  mode: { type: 'string', enum: ['none', 'egress'] },
+  address: nullable(t('string', "The sandbox's own address, or null for none")),
+  gateway: nullable(t('string', 'Its gateway and resolver, or null for none')),
+  allowOut: strings,
+  bandwidthMbit: nullable(I_),
 });
 
-export const sandboxInfo = loose('A sandbox', {
-  id: { type: 'string' },
-  image: { type: 'string' },
+export const sandboxInfo = shape('A sandbox', {
+  id: S_,
+  image: S_,
   state: { type: 'string', enum: ['creating', 'running', 'stopped', 'removing'] },
-  memoryMb: { type: ['number', 'null'] },
-  pids: { type: ['integer', 'null'] },
-  cpuWeight: { type: ['integer', 'null'] },
-  cpus: { type: ['number', 'null'] },
-  ioWeight: { type: ['integer', 'null'] },
-  diskMb: { type: ['number', 'null'] },
-  headCheckpointId: { type: ['string', 'null'] },
-  forkedFrom: { type: ['string', 'null'] },
-  tenant: { type: ['string', 'null'], description: "The owning tenant's name" },
-  tenantId: { type: ['string', 'null'], description: "The owning tenant's immutable id (tn_…)" },
-  metadata: { type: 'object', additionalProperties: { type: 'string' } },
-  createdAt: { type: 'string', format: 'date-time' },
-  expiresAt: { type: ['string', 'null'], format: 'date-time' },
-  network: loose('Network mode, addresses and allow list', {
-    mode: { type: 'string', enum: ['none', 'egress'] },
-    address: { type: ['string', 'null'] },
-    gateway: { type: ['string', 'null'] },
-    allowOut: { type: 'array', items: { type: 'string' } },
-    bandwidthMbit: { type: ['integer', 'null'] },
+  memoryMb: nullable(N_),
+  pids: nullable(I_),
+  cpuWeight: nullable(I_),
+  cpus: nullable(N_),
+  ioWeight: nullable(I_),
+  diskMb: nullable(N_),
+  lineageId: t('string', 'The lineage it shares with its forks and their checkpoints'),
+  branchId: t('string', 'Its current timeline (a rollback starts a new one)'),
+  headCheckpointId: nullable(S_),
+  forkedFrom: nullable(S_),
+  tenant: nullable(t('string', "The owning tenant's name")),
+  tenantId: nullable(t('string', "The owning tenant's immutable id (tn_…)")),
+  metadata: stringMap('Free-form string labels'),
+  createdAt: dateTime(),
+  expiresAt: nullable(dateTime()),
+  network: networkInfo,
+});
+
+export const runResult: Schema = {
+  description: 'The finished command, or {pid} for background',
+  oneOf: [
+    shape(
+      'The finished command',
+      {
+        exitCode: I_,
+        stdout: S_,
+        stderr: S_,
+        signal: t('string', 'Signal that ended it, if any'),
+        truncated: B_,
+        durationMs: N_,
+        observationId: S_,
+      },
+      ['exitCode', 'stdout', 'stderr', 'truncated', 'durationMs'],
+    ),
+    shape('A background command started', { pid: pidOf }),
+  ],
+};
+export const pidOnly = shape('{pid}', { pid: pidOf });
+export const pidBytes = shape('{pid, bytes}: bytes written', { pid: pidOf, bytes: I_ });
+export const pidKilled = shape('{pid, killed}', { pid: pidOf, killed: B_ });
+export const processState = shape('{pid, running, exitCode}', {
+  pid: pidOf,
+  running: B_,
+  exitCode: nullable(I_),
+});
+export const commandExit = shape('{pid, exitCode} (null if killed before reporting one)', {
+  pid: pidOf,
+  exitCode: nullable(I_),
+});
+export const commandOutput = shape('Output since the offsets asked for', {
+  pid: pidOf,
+  stdout: S_,
+  stderr: S_,
+  offsets: shape('Where to continue from', { stdout: I_, stderr: I_ }),
+  rewound: t('boolean', 'The files were shorter than the offsets (a rollback rewound them): this starts at 0'),
+  running: B_,
+});
+export const ptyOutput = shape('Transcript since the offset asked for', {
+  pid: pidOf,
+  data: t('string', 'base64'),
+  offset: t('integer', 'Where to continue from'),
+  rewound: B_,
+  running: B_,
+});
+export const ptySize = shape('{pid, cols, rows}', { pid: pidOf, cols: I_, rows: I_ });
+export const ptyExit = shape('How the PTY ended', {
+  pid: pidOf,
+  exitCode: nullable(I_),
+  reason: { type: 'string', enum: ['exited', 'killed', 'rolled-back'] },
+});
+
+const numbers = (names: string[], description: string): Schema => ({
+  type: 'object',
+  description,
+  properties: Object.fromEntries(names.map((n) => [n, N_])),
+  additionalProperties: false,
+});
+export const checkpointInfo = shape('A checkpoint', {
+  id: S_,
+  parentId: nullable(S_),
+  sandboxId: S_,
+  layerId: S_,
+  branchId: S_,
+  label: nullable(S_),
+  createdAt: dateTime(),
+  contextId: nullable(S_),
+  ledgerCursor: I_,
+  sizes: shape(
+    'Bytes it holds (layerBytes absent when the store has no quotas on)',
+    { processImageBytes: I_, layerBytes: I_, contextBytes: I_ },
+    ['processImageBytes'],
+  ),
+  timings: numbers(
+    [
+      'freezeMs',
+      'snapshotMs',
+      'dumpMs',
+      'frozenMs',
+      'deltaMs',
+      'persistMs',
+      'commitMs',
+      'syncMs',
+      'hashMs',
+      'toDurableMs',
+      'totalMs',
+    ],
+    'How long its steps took (ms)',
+  ),
+  durableAt: nullable(dateTime('When its files were made durable; null while that runs')),
+});
+export const checkpointContext = shape('{checkpointId, context}', { checkpointId: S_, context: contextOut });
+export const snapshotContext = shape('{snapshotId, context}', { snapshotId: S_, context: contextOut });
+
+export const observation = shape('An observation', {
+  id: S_,
+  seq: I_,
+  sandboxId: S_,
+  branchId: S_,
+  lineageId: S_,
+  epochCheckpointId: nullable(S_),
+  kind: { type: 'string', enum: ['command', 'file-read', 'file-write', 'file-list', 'verdict'] },
+  toolCallId: nullable(S_),
+  subject: S_,
+  contentHash: nullable(S_),
+  exitCode: nullable(I_),
+  summary: nullable(S_),
+  sealedBy: nullable(S_),
+  staleRollbackId: nullable(S_),
+  staleAt: nullable(epochMs('When a rollback made it stale (ms since the epoch)')),
+  inheritedFrom: nullable(S_),
+  createdAt: epochMs('ms since the epoch'),
+});
+const verdictFields: Record<string, Schema> = {
+  id: S_,
+  seq: I_,
+  sandboxId: S_,
+  branchId: S_,
+  path: S_,
+  contentHash: t('string', 'sha256 of the file, or identity:… over 64 MiB'),
+  verdict: S_,
+  toolCallId: nullable(S_),
+  observationId: nullable(S_),
+  inheritedFrom: nullable(S_),
+  sealedBy: nullable(S_),
+  abandonedBy: nullable(S_),
+  createdAt: epochMs('ms since the epoch'),
+};
+export const verdict = shape('A verdict', verdictFields);
+const currentHash = nullable(t('string', "The file's hash now (null: it is gone)"));
+export const listedVerdict = shape(
+  'A verdict (with stale=true, also the hash the file has now)',
+  { ...verdictFields, currentHash },
+  Object.keys(verdictFields),
+);
+const staleVerdict = shape('A verdict whose file changed', { ...verdictFields, currentHash });
+
+const recordedError = shape('An error as recorded', { name: S_, message: S_, code: S_ }, ['name', 'message']);
+const compensation = shape('How to take a compensable effect back', { kind: S_, input: json('Its input') });
+export const effectRecord = shape(
+  'A ledger row',
+  {
+    id: S_,
+    seq: I_,
+    lineageId: S_,
+    sandboxId: S_,
+    branchId: S_,
+    epochCheckpointId: nullable(S_),
+    sealedBy: nullable(S_),
+    abandonedBy: nullable(S_),
+    kind: S_,
+    input: json('The input it was begun with'),
+    output: json('Its output (absent: not committed, or committed without one)'),
+    reversibility,
+    scope: { type: 'string', enum: ['lineage', 'branch'] },
+    idempotencyKey: S_,
+    toolCallId: nullable(S_),
+    compensation: nullable(compensation),
+    status: effectStatus,
+    definite: nullable(t('boolean', 'For failed: true if it certainly did not happen')),
+    error: nullable(recordedError),
+    attempt: I_,
+    compensatesId: nullable(S_),
+    compensatedBy: nullable(S_),
+    commitOrder: nullable(I_),
+    createdAt: epochMs('ms since the epoch'),
+    settledAt: nullable(epochMs('ms since the epoch')),
+  },
+  [
+    'id',
+    'seq',
+    'lineageId',
+    'sandboxId',
+    'branchId',
+    'epochCheckpointId',
+    'sealedBy',
+    'abandonedBy',
+    'kind',
+    'input',
+    'reversibility',
+    'scope',
+    'idempotencyKey',
+    'toolCallId',
+    'compensation',
+    'status',
+    'definite',
+    'error',
+    'attempt',
+    'compensatesId',
+    'compensatedBy',
+    'commitOrder',
+    'createdAt',
+    'settledAt',
+  ],
+);
+export const beginResult = shape(
+  'Run the effect now (replayed: false, with its attempt), or what it returned last time (replayed: true, with output)',
+  {
+    replayed: B_,
+    effectId: S_,
+    idempotencyKey: S_,
+    attempt: t('integer', 'When replayed is false'),
+    output: json('When replayed is true: what it returned last time'),
+  },
+  ['replayed', 'effectId', 'idempotencyKey'],
+);
+
+const effectSummary = shape(
+  'An effect on the abandoned timeline',
+  {
+    effectId: S_,
+    kind: S_,
+    input: json('Its input'),
+    output: json('Its output, if any'),
+    status: effectStatus,
+    reversibility,
+    compensates: nullable(S_),
+  },
+  ['effectId', 'kind', 'input', 'status', 'reversibility', 'compensates'],
+);
+export const recoverySummary = shape('What the abandoned attempt did, as data and as a note for the model', {
+  structured: shape('The machine-readable summary', {
+    targetCheckpoint: shape('The checkpoint rolled back to', { id: S_, label: nullable(S_) }),
+    failure: nullable(S_),
+    commandsRun: {
+      type: 'array',
+      items: shape('A command run', {
+        command: S_,
+        exitCode: nullable(I_),
+        summary: nullable(S_),
+        toolCallId: nullable(S_),
+      }),
+    },
+    filesTouched: {
+      type: 'array',
+      items: shape('A path touched', {
+        path: S_,
+        how: { type: 'array', items: { type: 'string', enum: ['read', 'write', 'list'] } },
+      }),
+    },
+    effectsCommitted: { type: 'array', items: effectSummary },
+    irreversibleEffects: { type: 'array', items: effectSummary },
+    staleVerdicts: {
+      type: 'array',
+      items: shape('A verdict the rollback made stale', {
+        path: S_,
+        verdict: S_,
+        contentHash: S_,
+        currentHash: nullable(S_),
+      }),
+    },
+    lessons: strings,
   }),
+  text: S_,
 });
-export const runResult = loose('The finished command (or {pid} for background)', {
-  exitCode: { type: 'integer' },
-  stdout: { type: 'string' },
-  stderr: { type: 'string' },
-  signal: { type: 'string' },
-  truncated: { type: 'boolean' },
-  durationMs: { type: 'number' },
-  observationId: { type: 'string' },
-  pid: { type: 'integer' },
-});
-export const checkpointInfo = loose('A checkpoint', {
-  id: { type: 'string' },
-  parentId: { type: ['string', 'null'] },
-  label: { type: ['string', 'null'] },
-  contextId: { type: ['string', 'null'] },
-  createdAt: { type: 'string' },
-});
-export const rollbackReport = loose(
+export const rollbackReport = shape(
   'The rollback report: restored process, context at the checkpoint, ' +
     'stale observations, effects after, recovery summary',
   {
-    checkpointId: { type: 'string' },
-    branchId: { type: 'string' },
-    context: {},
-    contextWithRecovery: {},
-    staleObservations: { type: 'array', items: { type: 'object', additionalProperties: true } },
-    effectsAfter: { type: 'array', items: { type: 'object', additionalProperties: true } },
-    staleVerdicts: { type: 'array', items: { type: 'object', additionalProperties: true } },
-    warnings: { type: 'array', items: { type: 'object', additionalProperties: true } },
-    recoverySummary: { type: 'object', additionalProperties: true },
+    sandboxId: S_,
+    checkpointId: S_,
+    branchId: t('string', 'The new timeline'),
+    previousBranchId: S_,
+    pid: t('integer', "The restored init's host pid"),
+    path: { type: 'string', enum: ['standby', 'restore'] },
+    connectionsReset: {
+      type: 'array',
+      items: shape('A TCP connection to the outside the rollback reset', { local: S_, remote: S_ }),
+    },
+    timings: numbers(['killMs', 'layerMs', 'mountMs', 'restoreMs', 'commitMs', 'totalMs'], 'ms'),
+    context: contextOut,
+    contextWithRecovery: { ...contextOut, description: 'The context with the recovery note (withRecoverySummary)' },
+    staleObservations: { type: 'array', items: observation },
+    effectsAfter: { type: 'array', items: effectRecord },
+    staleVerdicts: { type: 'array', items: staleVerdict },
+    warnings: {
+      type: 'array',
+      items: shape('An effect on the abandoned timeline the rollback does not undo', {
+        effectId: S_,
+        kind: S_,
+        status: effectStatus,
+        reversibility,
+        reason: { type: 'string', enum: ['irreversible', 'outcome-unknown', 'not-compensated'] },
+        message: S_,
+      }),
+    },
+    recoverySummary,
   },
+  [
+    'sandboxId',
+    'checkpointId',
+    'branchId',
+    'previousBranchId',
+    'pid',
+    'path',
+    'connectionsReset',
+    'timings',
+    'context',
+    'staleObservations',
+    'effectsAfter',
+    'staleVerdicts',
+    'warnings',
+  ],
 );
-export const forkResult = loose(
+export const forkResult = shape(
   'One result per sandbox asked for, in order (`results`); `ids` and `errors` list the same without the order',
   {
     results: {
       type: 'array',
       items: {
         oneOf: [
-          {
-            type: 'object',
-            description: 'Started: its id and how long it took (ms)',
-            properties: { id: { type: 'string' }, ms: { type: 'integer' } },
-            required: ['id', 'ms'],
-          },
-          {
-            type: 'object',
-            description: 'Failed: its error body (code, message, field?) with the status that error has alone',
-            properties: {
-              error: {
-                type: 'object',
-                properties: {
-                  code: { type: 'string' },
-                  message: { type: 'string' },
-                  field: { type: 'string' },
-                  status: { type: 'integer' },
-                },
-                required: ['code', 'message', 'status'],
-              },
-            },
-            required: ['error'],
-          },
+          shape('Started: its id and how long it took (ms)', { id: S_, ms: I_ }),
+          shape('Failed: its error body (code, message, field?) with the status that error has alone', {
+            error: shape('The error', { code: S_, message: S_, field: S_, status: I_ }, ['code', 'message', 'status']),
+          }),
         ],
       },
     },
-    ids: { type: 'array', items: { type: 'string' }, description: 'The ids of those started' },
+    ids: { type: 'array', items: S_, description: 'The ids of those started' },
     errors: {
       type: 'array',
-      items: { type: 'object', additionalProperties: true },
+      items: shape('An error', { code: S_, message: S_ }),
       description: 'The errors (code, message) of those that failed',
     },
   },
 );
-export const effectRecord = loose('A ledger row', {
-  id: { type: 'string' },
-  kind: { type: 'string' },
-  status: { type: 'string' },
-  idempotencyKey: { type: 'string' },
-});
-export const beginResult = loose(
-  'Run the effect now (replayed: false), or what it returned last time (replayed: true)',
-  { replayed: { type: 'boolean' }, effectId: { type: 'string' }, output: {} },
-);
 export const arrayOf = (items: Schema, description: string): Schema => ({ type: 'array', items, description });
-export const anyObject = (description: string): Schema => loose(description);
-export const storedBundle = loose('A bundle in the snapshot store', {
-  name: { type: 'string' },
-  digest: { type: 'string' },
-  bytes: { type: 'integer' },
-  chunks: { type: 'integer' },
-  chunkBytes: { type: 'integer' },
-  createdAt: { type: 'string' },
+/** `{<key>: <value>, <flag>: true}`: what a removal answers. */
+export const done = (key: string, flag: string): Schema =>
+  shape(`{${key}, ${flag}: true}`, { [key]: S_, [flag]: { type: 'boolean', enum: [true] } });
+export const storedBundle = shape('A bundle in the snapshot store', {
+  name: S_,
+  digest: S_,
+  bytes: I_,
+  chunks: I_,
+  chunkBytes: I_,
+  createdAt: dateTime(),
 });
-export const snapshotInfo = loose('A snapshot', {
-  id: { type: 'string' },
-  name: { type: ['string', 'null'] },
-  tenant: { type: ['string', 'null'] },
-  metadata: { type: 'object', additionalProperties: { type: 'string' } },
-  sizeBytes: { type: 'integer' },
-  image: { type: 'string' },
-  lineageId: { type: 'string' },
-  sourceSandboxId: { type: ['string', 'null'] },
-  sourceCheckpointId: { type: ['string', 'null'] },
-  digest: { type: ['string', 'null'] },
-  memoryMb: { type: ['number', 'null'] },
-  createdAt: { type: 'string', format: 'date-time' },
+export const snapshotInfo = shape('A snapshot', {
+  id: S_,
+  name: nullable(S_),
+  tenant: nullable(S_),
+  metadata: stringMap('Free-form labels'),
+  sizeBytes: I_,
+  image: S_,
+  lineageId: S_,
+  sourceSandboxId: nullable(S_),
+  sourceCheckpointId: nullable(S_),
+  digest: nullable(S_),
+  memoryMb: nullable(N_),
+  createdAt: dateTime(),
 });
+export const pushReport = shape('What a push stored', {
+  key: S_,
+  snapshotId: S_,
+  digest: t('string', '`sha256:<hex>` of the bundle'),
+  bytes: I_,
+  chunks: I_,
+  uploadedChunks: I_,
+  skippedChunks: I_,
+  ms: N_,
+});
+export const storePullReport = shape('What a pull from the store made', {
+  key: S_,
+  snapshot: snapshotInfo,
+  bytes: I_,
+  ms: N_,
+});
+export const pullReport = shape('What a pull from another server did', {
+  snapshot: snapshotInfo,
+  bundleBytes: I_,
+  receivedBytes: I_,
+  resumed: t('integer', 'Attempts that resumed a partial download'),
+  restarted: B_,
+  downloadMs: N_,
+  importMs: N_,
+});
+export const tenantInfo = shape('The tenant, its quotas (null: no limit) and usage', {
+  id: S_,
+  name: S_,
+  createdAt: dateTime(),
+  maxSandboxes: nullable(I_),
+  maxMemoryMb: nullable(N_),
+  cpuWeight: nullable(I_),
+  maxCpuWeight: nullable(I_),
+  maxCheckpointMb: nullable(N_),
+  maxDiskMb: nullable(N_),
+  network: nullable({ type: 'string', enum: ['none', 'egress'] }),
+  maxNetwork: nullable({ type: 'string', enum: ['none', 'egress'] }),
+  usage: shape('What it holds now (MiB, rounded up)', {
+    sandboxes: I_,
+    memoryMb: N_,
+    standbyMemoryMb: N_,
+    cpuWeight: I_,
+    checkpointMb: N_,
+    snapshotMb: N_,
+    importingMb: N_,
+    diskMb: N_,
+  }),
+});
+export const imageInfo = shape('An image (ready: false: a shipped recipe not built yet)', {
+  name: S_,
+  ready: B_,
+  source: S_,
+  sizeBytes: nullable(I_),
+  createdAt: nullable(dateTime()),
+});
+const exposureFields: Record<string, Schema> = {
+  id: t('string', 'exp_…'),
+  sandboxId: S_,
+  port: I_,
+  path: t('string', 'The proxy path: /ports/<id>/'),
+  url: S_,
+  createdAt: dateTime(),
+};
+export const exposure = shape('An exposed port', exposureFields);
+export const exposed = shape('An exposed port and, this once, its token', {
+  ...exposureFields,
+  token: t('string', 'Send as X-Lockstep-Token'),
+});
+export const portClosed = shape('{port, closed}', { port: I_, closed: B_ });
+const observationId = t('string', 'The observation it was recorded as');
+export const fileRead = shape(
+  'The file',
+  {
+    path: S_,
+    content: S_,
+    encoding: { type: 'string', enum: ['utf8', 'base64'] },
+    sha256: S_,
+    bytes: I_,
+    observationId,
+  },
+  ['path', 'content', 'encoding', 'sha256', 'bytes'],
+);
+export const fileWritten = shape('What was written', { path: S_, sha256: S_, bytes: I_, observationId }, [
+  'path',
+  'sha256',
+  'bytes',
+]);
+export const dirPage = shape(
+  'One page of a directory, sorted by name',
+  {
+    path: S_,
+    entries: {
+      type: 'array',
+      items: shape('An entry', {
+        name: S_,
+        path: S_,
+        type: { type: 'string', enum: ['file', 'directory', 'symlink', 'other'] },
+        size: I_,
+        mode: I_,
+        mtimeMs: N_,
+      }),
+    },
+    nextCursor: nullable(t('string', 'Pass as cursor for the next page; null on the last')),
+    observationId,
+  },
+  ['path', 'entries', 'nextCursor'],
+);
+export const fileExists = shape('{path, exists}', { path: S_, exists: B_ });

@@ -177,7 +177,7 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'What was observed in the sandbox (commands, file reads, writes, listings)',
         params: S.sandboxParams,
         querystring: S.observationsQuery,
-        response: { 200: S.arrayOf(S.anyObject('An observation'), 'Observations'), ...S.errors() },
+        response: { 200: S.arrayOf(S.observation, 'Observations'), ...S.errors() },
       },
     },
     async (req) => {
@@ -198,7 +198,7 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: "Record a verdict about a file as it is now (bound to its content's hash)",
         params: S.sandboxParams,
         body: S.verdictBody,
-        response: { 201: S.anyObject('A verdict'), ...S.errors(413) },
+        response: { 201: S.verdict, ...S.errors(413) },
       },
     },
     async (req, reply) => {
@@ -217,7 +217,7 @@ export function agentRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'Verdicts recorded in the sandbox (stale=true: only those whose file changed since)',
         params: S.sandboxParams,
         querystring: S.verdictsQuery,
-        response: { 200: S.arrayOf(S.anyObject('A verdict'), 'Verdicts'), ...S.errors() },
+        response: { 200: S.arrayOf(S.listedVerdict, 'Verdicts'), ...S.errors() },
       },
     },
     async (req) => {

@@ -33,7 +33,7 @@ export function backgroundRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'Background commands of the sandbox: pid, running, exitCode',
         params: S.sandboxParams,
         response: {
-          200: S.arrayOf(S.anyObject('{pid, running, exitCode}'), 'Background commands, by pid'),
+          200: S.arrayOf(S.processState, 'Background commands, by pid'),
           ...S.errors(409),
         },
       },
@@ -55,7 +55,7 @@ export function backgroundRoutes(app: FastifyInstance, ctx: ApiContext): void {
         params: S.pidParams,
         querystring: outputQuery,
         response: {
-          200: S.anyObject('{pid, stdout, stderr, offsets: {stdout, stderr}, rewound, running}'),
+          200: S.commandOutput,
           ...S.errors(409, 413),
         },
       },

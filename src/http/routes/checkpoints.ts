@@ -77,7 +77,7 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
         'x-lockstep-doc': { success: '200 `{checkpointId, context}`' },
         summary: 'The context stored with a checkpoint (null if none)',
         params: S.checkpointParams,
-        response: { 200: S.anyObject('{checkpointId, context}'), ...S.errors(409) },
+        response: { 200: S.checkpointContext, ...S.errors(409) },
       },
     },
     async (req) => {
@@ -95,7 +95,7 @@ export function checkpointRoutes(app: FastifyInstance, ctx: ApiContext, opts: { 
         'x-lockstep-doc': { success: '200 `{id, deleted}`' },
         summary: 'Delete a checkpoint (its children move to its parent)',
         params: S.checkpointParams,
-        response: { 200: S.anyObject('{id, deleted: true}'), ...S.errors(409) },
+        response: { 200: S.done('id', 'deleted'), ...S.errors(409) },
       },
     },
     async (req) => {

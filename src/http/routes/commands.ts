@@ -193,7 +193,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'Wait for a background command; its exit code (null if killed before reporting one)',
         params: S.pidParams,
         body: S.waitBody,
-        response: { 200: S.anyObject('{pid, exitCode}'), ...S.errors(504) },
+        response: { 200: S.commandExit, ...S.errors(504) },
       },
     },
     async (req, reply) => {
@@ -225,7 +225,7 @@ export function commandRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'Send a signal (default SIGKILL) to a background command',
         params: S.pidParams,
         body: S.killBody,
-        response: { 200: S.anyObject('{pid, killed}'), ...S.errors() },
+        response: { 200: S.pidKilled, ...S.errors() },
       },
     },
     async (req) => {

@@ -84,7 +84,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         summary: 'Read a file (JSON, or raw bytes with Accept: application/octet-stream)',
         params: S.sandboxParams,
         querystring: S.readQuery,
-        response: { 200: S.anyObject('{path, content, encoding, sha256, bytes, observationId}'), ...S.errors() },
+        response: { 200: S.fileRead, ...S.errors() },
       },
     },
     async (req, reply) => {
@@ -140,7 +140,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
             'application/octet-stream': { schema: { description: 'The raw bytes of the file' } },
           },
         },
-        response: { 200: S.anyObject('{path, sha256, bytes, observationId}'), ...S.errors(413, 415) },
+        response: { 200: S.fileWritten, ...S.errors(413, 415) },
       },
     },
     async (req) => {
@@ -193,7 +193,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         summary: 'Remove a file, symlink or empty directory',
         params: S.sandboxParams,
         querystring: S.pathQuery(),
-        response: { 200: S.anyObject('{path, removed: true}'), ...S.errors() },
+        response: { 200: S.done('path', 'removed'), ...S.errors() },
       },
     },
     async (req) => {
@@ -218,7 +218,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         params: S.sandboxParams,
         querystring: S.listQuery,
         response: {
-          200: S.anyObject('{path, entries: [{name, path, type, size, mode, mtimeMs}], nextCursor, observationId}'),
+          200: S.dirPage,
           ...S.errors(429),
         },
       },
@@ -245,7 +245,7 @@ export function fileRoutes(app: FastifyInstance, ctx: ApiContext, opts: { fileBo
         summary: 'Whether a path exists (not recorded as an observation)',
         params: S.sandboxParams,
         querystring: S.existsQuery,
-        response: { 200: S.anyObject('{path, exists}'), ...S.errors() },
+        response: { 200: S.fileExists, ...S.errors() },
       },
     },
     async (req) => {

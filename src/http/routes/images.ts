@@ -20,8 +20,6 @@ export interface ImageListing {
   createdAt: string | null;
 }
 
-const imageSchema = S.anyObject('An image: {name, ready, source, sizeBytes, createdAt}');
-
 export function imageRoutes(app: FastifyInstance, ctx: ApiContext): void {
   app.get(
     '/images',
@@ -34,7 +32,7 @@ export function imageRoutes(app: FastifyInstance, ctx: ApiContext): void {
             '200 `[{name, ready, source, sizeBytes, createdAt}]` (`ready: false`: a shipped recipe not built yet)',
         },
         summary: 'Images to create sandboxes from (ready: false: a shipped recipe the first create will build or link)',
-        response: { 200: S.arrayOf(imageSchema, 'Images by name'), ...S.errors() },
+        response: { 200: S.arrayOf(S.imageInfo, 'Images by name'), ...S.errors() },
       },
     },
     async (): Promise<ImageListing[]> => {

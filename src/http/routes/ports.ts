@@ -187,7 +187,7 @@ export function portRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: 'Expose a port the sandbox listens on (the token is shown only here)',
         params: S.sandboxParams,
         body: portBody,
-        response: { 201: S.anyObject('{id, sandboxId, port, path, url, token, createdAt}'), ...S.errors(409, 429) },
+        response: { 201: S.exposed, ...S.errors(409, 429) },
       },
     },
     async (req, reply) => {
@@ -209,7 +209,7 @@ export function portRoutes(app: FastifyInstance, ctx: ApiContext): void {
         summary: "The sandbox's exposed ports (without tokens)",
         params: S.sandboxParams,
         response: {
-          200: S.arrayOf(S.anyObject('{id, sandboxId, port, path, url, createdAt}'), 'By port'),
+          200: S.arrayOf(S.exposure, 'By port'),
           ...S.errors(),
         },
       },
@@ -225,7 +225,7 @@ export function portRoutes(app: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{port, closed}`' },
         summary: 'Close an exposed port and the connections open through it',
         params: portParams,
-        response: { 200: S.anyObject('{port, closed}'), ...S.errors() },
+        response: { 200: S.portClosed, ...S.errors() },
       },
     },
     async (req) => {

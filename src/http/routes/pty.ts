@@ -57,7 +57,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         },
         summary: 'Write bytes to the stdin of a background command started with stdin: true',
         params: S.pidParams,
-        response: { 200: S.anyObject('{pid, bytes}'), ...S.errors(409, 413) },
+        response: { 200: S.pidBytes, ...S.errors(409, 413) },
       },
     },
     async (req) => {
@@ -77,7 +77,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{pid}`' },
         summary: 'Close the stdin of a background command (it reads EOF after the bytes sent before)',
         params: S.pidParams,
-        response: { 200: S.anyObject('{pid}'), ...S.errors(409) },
+        response: { 200: S.pidOnly, ...S.errors(409) },
       },
     },
     async (req) => {
@@ -100,7 +100,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         summary: 'Start a program on a new terminal of the sandbox (default /bin/sh -i); its id is the pid',
         params: S.sandboxParams,
         body: S.ptyCreateBody,
-        response: { 200: S.anyObject('{pid}'), ...S.errors(409) },
+        response: { 200: S.pidOnly, ...S.errors(409) },
       },
     },
     async (req) => {
@@ -122,7 +122,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `[{pid, running, exitCode}]`' },
         summary: 'PTYs of the sandbox: pid, running, exitCode',
         params: S.sandboxParams,
-        response: { 200: S.arrayOf(S.anyObject('{pid, running, exitCode}'), 'PTYs, by pid'), ...S.errors(409) },
+        response: { 200: S.arrayOf(S.processState, 'PTYs, by pid'), ...S.errors(409) },
       },
     },
     async (req) => ctx.sandbox(req).pty.list(),
@@ -138,7 +138,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         summary: 'Terminal output since a byte offset: {pid, data (base64), offset, rewound, running}',
         params: S.pidParams,
         querystring: S.offsetQuery,
-        response: { 200: S.anyObject('{pid, data, offset, rewound, running}'), ...S.errors(409) },
+        response: { 200: S.ptyOutput, ...S.errors(409) },
       },
     },
     async (req) => {
@@ -226,7 +226,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         summary: 'Type bytes on the terminal (application/octet-stream)',
         params: S.pidParams,
         body: rawBody,
-        response: { 200: S.anyObject('{pid, bytes}'), ...S.errors(409, 413) },
+        response: { 200: S.pidBytes, ...S.errors(409, 413) },
       },
     },
     async (req) => {
@@ -247,7 +247,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         summary: 'Set the terminal size (the program gets SIGWINCH)',
         params: S.pidParams,
         body: S.ptyResizeBody,
-        response: { 200: S.anyObject('{pid, cols, rows}'), ...S.errors(409) },
+        response: { 200: S.ptySize, ...S.errors(409) },
       },
     },
     async (req) => {
@@ -267,7 +267,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         summary: 'Wait for a PTY to end: {pid, exitCode, reason}',
         params: S.pidParams,
         body: S.waitBody,
-        response: { 200: S.anyObject('{pid, exitCode, reason}'), ...S.errors(504) },
+        response: { 200: S.ptyExit, ...S.errors(504) },
       },
     },
     async (req, reply) => {
@@ -294,7 +294,7 @@ export function ptyRoutes(raw: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{pid, killed}`' },
         summary: 'Kill a PTY (its relay and the program on it)',
         params: S.pidParams,
-        response: { 200: S.anyObject('{pid, killed}'), ...S.errors() },
+        response: { 200: S.pidKilled, ...S.errors() },
       },
     },
     async (req) => {

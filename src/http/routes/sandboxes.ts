@@ -149,7 +149,7 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{id, removed}`' },
         summary: 'Remove a sandbox with its processes, files and checkpoints',
         params: S.sandboxParams,
-        response: { 200: S.anyObject('{id, removed: true}'), ...S.errors(409) },
+        response: { 200: S.done('id', 'removed'), ...S.errors(409) },
       },
     },
     async (req) => {
@@ -168,10 +168,7 @@ export function sandboxRoutes(app: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 the tenant, its quotas and usage' },
         summary: 'The calling tenant: its quotas and what it uses',
         response: {
-          200: S.anyObject(
-            '{id, name, maxSandboxes, maxMemoryMb, cpuWeight, maxCpuWeight, maxCheckpointMb, maxDiskMb, ' +
-              'usage: {sandboxes, memoryMb, standbyMemoryMb, cpuWeight, checkpointMb, snapshotMb, diskMb, importingMb}}',
-          ),
+          200: S.tenantInfo,
           ...S.errors(),
         },
       },

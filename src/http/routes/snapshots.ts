@@ -98,7 +98,7 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{id, deleted}`' },
         summary: 'Delete a snapshot (its files go once no checkpoint or other snapshot holds them)',
         params: S.snapshotParams,
-        response: { 200: S.anyObject('{id, deleted: true}'), ...S.errors(409) },
+        response: { 200: S.done('id', 'deleted'), ...S.errors(409) },
       },
     },
     async (req) => {
@@ -118,7 +118,7 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{snapshotId, context}`' },
         summary: 'The context stored with a snapshot (null if none)',
         params: S.snapshotParams,
-        response: { 200: S.anyObject('{snapshotId, context}'), ...S.errors() },
+        response: { 200: S.snapshotContext, ...S.errors() },
       },
     },
     async (req) => {
@@ -268,7 +268,7 @@ export function snapshotRoutes(app: FastifyInstance, ctx: ApiContext): void {
           'Pull a snapshot from another Lockstep server (one of LOCKSTEP_PULL_SOURCES) with a token of the tenant there; an interrupted download resumes',
         body: S.pullBody,
         response: {
-          201: S.anyObject('{snapshot, bundleBytes, receivedBytes, resumed, restarted, downloadMs, importMs}'),
+          201: S.pullReport,
           ...S.errors(403, 409, 422),
         },
       },

@@ -32,7 +32,7 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
         params: S.snapshotParams,
         body: S.pushBody,
         response: {
-          201: S.anyObject('{key, snapshotId, digest, bytes, chunks, uploadedChunks, skippedChunks, ms}'),
+          201: S.pushReport,
           ...S.errors(409, 501, 503),
         },
       },
@@ -80,7 +80,7 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
         params: S.storeKeyParams,
         body: S.storePullBody,
         response: {
-          201: S.anyObject('{key, snapshot, bytes, ms}'),
+          201: S.storePullReport,
           ...S.errors(409, 422, 429, 501, 503),
         },
       },
@@ -104,7 +104,7 @@ export function storeRoutes(app: FastifyInstance, ctx: ApiContext): void {
         'x-lockstep-doc': { success: '200 `{key, deleted}` (its chunks go at the next `lockstep store gc`)' },
         summary: "Remove a bundle from the tenant's part of the store",
         params: S.storeKeyParams,
-        response: { 200: S.anyObject('{key, deleted: true}'), ...S.errors(501, 503) },
+        response: { 200: S.done('key', 'deleted'), ...S.errors(501, 503) },
       },
     },
     async (req) => {
