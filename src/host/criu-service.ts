@@ -114,15 +114,23 @@ export class CriuService implements CriuClient {
 
   async dump(req: CriuDumpRequest): Promise<void> {
     const logFile = req.logFile ?? 'dump.log';
+    // A worker that dies after forking (its first fork is a kerndat probe
+    // child, made before the dump starts) leaves that fork holding the RPC
+    // socket: the call would wait forever, with the tree frozen. Seen once in
+    // a CI run: a checkpoint hung 30 min on a dead worker's probe child.
+    const watch = this.watchForOrphans();
     try {
       await this.call({ ...req, op: 'dump', logFile });
     } catch (e) {
+      const why = watch.fired ? ' (the CRIU worker died; the forks it left were killed)' : '';
       throw new CriuError(
         'CRIU_DUMP_FAILED',
-        `CRIU could not dump process ${req.pid}: ${(e as Error).message}`,
+        `CRIU could not dump process ${req.pid}${why}: ${(e as Error).message}`,
         criuLogTail(path.join(req.imagesDir, logFile)),
         e,
       );
+    } finally {
+      watch.stop();
     }
   }
 
@@ -142,11 +150,11 @@ export class CriuService implements CriuClient {
       await fs.promises.chown(workDir, 0, workDirOwner);
       await fs.promises.chmod(workDir, 0o770);
     }
-    const watch = req.cgroupProcs?.[0] ? this.watchForOrphans(req.cgroupProcs[0]) : undefined;
+    const watch = this.watchForOrphans(req.cgroupProcs?.[0]);
     try {
       return await this.call({ ...req, op: 'restore', logFile, workDir });
     } catch (e) {
-      const why = watch?.fired ? ' (the CRIU worker died; the tasks it had restored were killed)' : '';
+      const why = watch.fired ? ' (the CRIU worker died; the tasks it had restored were killed)' : '';
       throw new CriuError(
         'CRIU_RESTORE_FAILED',
         `CRIU could not restore from ${req.imagesDir}${why}: ${(e as Error).message}`,
@@ -154,7 +162,7 @@ export class CriuService implements CriuClient {
         e,
       );
     } finally {
-      watch?.stop();
+      watch.stop();
       if (!this.options.keepCriuLogs) await fs.promises.rm(workDir, { recursive: true, force: true });
     }
   }
@@ -196,13 +204,14 @@ export class CriuService implements CriuClient {
    * a restored root whose parent is the supervisor (it was orphaned: a live
    * worker is its parent until it answers) for several checks in a row means
    * the worker is gone: its tasks are killed, which closes the socket and
-   * fails the call.
+   * fails the call. A dump has no restored tasks (no `procsFile`): only the
+   * worker's orphaned forks are looked for.
    */
-  private watchForOrphans(procsFile: string): { stop: () => void; readonly fired: boolean } {
+  private watchForOrphans(procsFile?: string): { stop: () => void; readonly fired: boolean } {
     let strikes = 0;
     const state = { fired: false, stop: () => clearInterval(timer) };
     const timer = setInterval(() => {
-      const pids = readPids(procsFile);
+      const pids = procsFile === undefined ? [] : readPids(procsFile);
       let supervisor = 0;
       try {
         supervisor = Number(fs.readFileSync(this.paths.supervisorPidfile, 'utf8').trim());
