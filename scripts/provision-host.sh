@@ -38,13 +38,17 @@ set -euo pipefail
 # Bump whenever what this script installs changes: a different stamp forces
 # the slow path once on every machine.
 CRIU_SUITE=${LOCKSTEP_CRIU_SUITE:-forky}
-PROVISION_VERSION="lockstep-provision 2 (criu 4.2 from $CRIU_SUITE)"
+PROVISION_VERSION="lockstep-provision 3 (criu 4.2 from $CRIU_SUITE, criu-wp)"
 
 LS=/opt/lockstep
 STAMP=$LS/provisioned
 CRIU_PREFIX=$LS/criu
 LIBCRIU_DIR=$LS/libcriu
 APT_DIR=$LS/apt
+# Lockstep's CRIU build with written-page tracking (native/criu/build-criu.sh):
+# what checkpoints dump with. Its sources ship with the package.
+CRIU_WP=$LS/criu-wp
+CRIU_WP_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../native/criu" && pwd)
 
 # package:file pairs; the file proves the package is usable.
 PKGS=(
@@ -75,6 +79,7 @@ PROVIDED=(
 	/usr/bin/containerd /usr/sbin/runc
 	"$LS/bin/criu" /usr/local/sbin/criu
 	"$LIBCRIU_DIR/libcriu.so.2" "$LIBCRIU_DIR/libcriu.so" "$LIBCRIU_DIR/include/criu.h"
+	"$CRIU_WP/criu" "$CRIU_WP/wp-keeper"
 )
 
 CHECK_ONLY=0
@@ -122,7 +127,22 @@ all_present() {
 	for p in "${PROVIDED[@]}"; do [[ -e $p ]] || return 1; done
 	[[ -r $STAMP ]] && read -r line <"$STAMP" && [[ $line == "$PROVISION_VERSION" ]]
 }
-if all_present; then exit 0; fi
+# The CRIU build is current when its stamp is newer than its sources
+# (build-criu.sh compares their checksums, and touches the stamp when they match).
+criu_wp_current() {
+	local f
+	for f in "$CRIU_WP_SRC/build-criu.sh" "$CRIU_WP_SRC"/*.patch "$CRIU_WP_SRC/wp-keeper.c"; do
+		[[ $CRIU_WP/.criu-wp-track -nt $f ]] || return 1
+	done
+}
+if all_present; then
+	criu_wp_current && exit 0
+	((CHECK_ONLY)) && { echo "not current: $CRIU_WP (sources in $CRIU_WP_SRC changed)" >&2; exit 1; }
+	exec 9>"$LS/.provision.lock"
+	flock 9
+	bash "$CRIU_WP_SRC/build-criu.sh" "$CRIU_WP" || { echo "[provision] building Lockstep's CRIU (native/criu) failed" >&2; exit 1; }
+	exit 0
+fi
 if ((CHECK_ONLY)); then
 	for p in "${PKGS[@]}"; do [[ -e ${p#*:} ]] || echo "missing: ${p#*:} (Debian package ${p%%:*})" >&2; done
 	for p in "${PROVIDED[@]}"; do [[ -e $p ]] || echo "missing: $p" >&2; done
@@ -366,6 +386,11 @@ EOF
 else
 	log "WARNING: gcc not found; skipped the libcriu link test"
 fi
+
+# ---- e. Lockstep's CRIU build (written-page tracking) ----------------------------------
+# Needs the bookworm -dev packages it lists (apt-get) and criu's source package
+# (a private deb-src line); about 30 s on 2 cores here, nothing when current.
+bash "$CRIU_WP_SRC/build-criu.sh" "$CRIU_WP" || die "building Lockstep's CRIU (native/criu) failed"
 
 # ---- f. permissions, stamp -------------------------------------------------------------
 chown root:root "$LS"

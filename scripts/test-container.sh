@@ -83,6 +83,7 @@ key=$({
 	printf 'recipe %s\n%s\n%s\n' "$RECIPE_VERSION" "$node_version" "$include"
 	cat "$root/scripts/provision-host.sh" /opt/lockstep/provisioned
 	cat /opt/lockstep/criu/.lockstep-criu 2>/dev/null || true
+	cat /opt/lockstep/criu-wp/.criu-wp-track 2>/dev/null || true
 } | sha256sum | cut -c1-16)
 image="$REPO:$key"
 
@@ -118,7 +119,8 @@ else
 	rm -rf -- "$rootfs/usr/lib/node_modules/npm"
 	cp -a /usr/lib/node_modules/npm "$rootfs/usr/lib/node_modules/"
 	cp -a /opt/lockstep "$rootfs/opt/"
-	rm -f -- "$rootfs/opt/lockstep/.provision.lock"
+	# Lockstep's CRIU build: the binaries and stamp, not its build tree.
+	rm -rf -- "$rootfs/opt/lockstep/.provision.lock" "$rootfs/opt/lockstep/criu-wp/.build"
 	install -d -m 0755 "$rootfs/usr/local/sbin"
 	ln -sfn /opt/lockstep/bin/criu "$rootfs/usr/local/sbin/criu"
 	# apt inside the container reads the same sources as the host.

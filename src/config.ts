@@ -16,7 +16,12 @@ export const DEFAULTS = {
   logLevel: 'warn',
   storeGib: 64,
   cacheDir: '/var/cache/lockstep',
-  criuBinary: '/opt/lockstep/bin/criu',
+  /** Lockstep's CRIU build (native/criu/, installed by setup): stock CRIU 4.2.1 plus written-page tracking. */
+  criuBinary: '/opt/lockstep/criu-wp/criu',
+  /** Where provisioning puts stock CRIU 4.2.1 (used when written-page tracking is off). */
+  stockCriuBinary: '/opt/lockstep/bin/criu',
+  /** Holds each tracked process's userfaultfd between dumps (native/criu/wp-keeper.c). */
+  wpKeeper: '/opt/lockstep/criu-wp/wp-keeper',
   criuLogLevel: 2,
   dockerSocket: '/var/run/docker.sock',
   networkRange: '10.213.0.0/16',
@@ -52,8 +57,14 @@ export interface LockstepConfig {
   readonly defaultDiskMb: number;
   /** Build cache of recipe images. */
   readonly cacheDir: string;
-  /** The criu binary (a 4.x wrapper). */
+  /** The criu binary: Lockstep's build with written-page tracking, or stock 4.x when wpKeeper is null. */
   readonly criuBinary: string;
+  /**
+   * The written-page keeper (LOCKSTEP_WP_KEEPER, a path, or "off"). With it,
+   * a checkpoint dumps only the pages its processes wrote since the previous
+   * one (parent-linked images); null: every checkpoint dumps every page.
+   */
+  readonly wpKeeper: string | null;
   /** CRIU's log level for dumps and restores. */
   readonly criuLogLevel: number;
   /** Keep CRIU's restore logs in store/scratch. */
@@ -128,6 +139,7 @@ export const ENVIRONMENT = {
   LOCKSTEP_DEFAULT_DISK_MB: { reader: 'manager', key: 'defaultDiskMb' },
   LOCKSTEP_CACHE: { reader: 'manager', key: 'cacheDir' },
   LOCKSTEP_CRIU: { reader: 'manager', key: 'criuBinary' },
+  LOCKSTEP_WP_KEEPER: { reader: 'manager', key: 'wpKeeper' },
   LOCKSTEP_CRIU_LOG_LEVEL: { reader: 'manager', key: 'criuLogLevel' },
   LOCKSTEP_KEEP_CRIU_LOGS: { reader: 'manager', key: 'keepCriuLogs' },
   LOCKSTEP_FAULT: { reader: 'manager', key: 'fault' },
@@ -204,6 +216,11 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
   // Any value but "on" and "off" has always meant "unset".
   const quota = options.diskQuota ?? e('LOCKSTEP_DISK_QUOTA');
   const diskQuota = quota === 'on' || quota === 'off' ? quota : 'auto';
+  const keeperRaw = options.wpKeeper !== undefined ? options.wpKeeper : e('LOCKSTEP_WP_KEEPER');
+  const wpKeeper =
+    keeperRaw === undefined ? DEFAULTS.wpKeeper : keeperRaw === 'off' || keeperRaw === null ? null : keeperRaw;
+  if (wpKeeper !== null && !path.isAbsolute(wpKeeper))
+    throw invalid('wpKeeper', 'LOCKSTEP_WP_KEEPER', 'an absolute path or "off"', wpKeeper);
   const criuLogLevel = options.criuLogLevel ?? Number(e('LOCKSTEP_CRIU_LOG_LEVEL') ?? DEFAULTS.criuLogLevel);
   if (!Number.isInteger(criuLogLevel) || criuLogLevel < 0 || criuLogLevel > 4)
     throw invalid('criuLogLevel', 'LOCKSTEP_CRIU_LOG_LEVEL', 'an integer from 0 to 4', criuLogLevel);
@@ -276,7 +293,9 @@ export function resolveConfig(options: ConfigOptions = {}, env: Env = process.en
     diskQuota,
     defaultDiskMb,
     cacheDir: options.cacheDir ?? buildCacheDir(env),
-    criuBinary: options.criuBinary ?? e('LOCKSTEP_CRIU') ?? DEFAULTS.criuBinary,
+    wpKeeper,
+    criuBinary:
+      options.criuBinary ?? e('LOCKSTEP_CRIU') ?? (wpKeeper === null ? DEFAULTS.stockCriuBinary : DEFAULTS.criuBinary),
     criuLogLevel,
     keepCriuLogs: options.keepCriuLogs ?? e('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined,
     fault: options.fault ?? e('LOCKSTEP_FAULT'),

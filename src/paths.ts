@@ -91,6 +91,17 @@ export class StatePaths {
   get criuLog() {
     return path.join(this.run, 'criu-service.log');
   }
+  /** The written-page keeper's socket and log (native/criu/wp-keeper.c). */
+  get wpKeeperSocket() {
+    return path.join(this.run, 'wp-keeper.sock');
+  }
+  get wpKeeperLog() {
+    return path.join(this.run, 'wp-keeper.log');
+  }
+  /** The CRIU configuration file a tracked dump reads (`wp-keeper SOCKET`: the RPC has no field for it). */
+  get criuTrackingConfig() {
+    return path.join(this.run, 'criu-tracking.conf');
+  }
   get sandboxesRun() {
     return path.join(this.run, 'sandboxes');
   }

@@ -51,7 +51,10 @@ export type CriuRestoreRequest = Omit<CriuRequest, 'op' | 'serviceAddress' | 'wo
 export interface CriuClient {
   /** Starts the service when needed; returns its version (40201 for 4.2.1). */
   ensureRunning(): Promise<number>;
-  dump(req: CriuDumpRequest): Promise<void>;
+  /** Whether dumps can store only the pages written since a parent dump (Lockstep's CRIU build and its keeper). */
+  readonly tracksWrites: boolean;
+  /** `tracked`: the dump armed written-page tracking (and used parentImg if it could). */
+  dump(req: CriuDumpRequest): Promise<{ tracked: boolean }>;
   /** Returns the host pid of the restored tree's root. */
   restore(req: CriuRestoreRequest): Promise<number>;
   /** Kills workers a dead manager left running (the reaper, holding the state directory alone); returns how many. */

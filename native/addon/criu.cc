@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -60,6 +61,9 @@ struct CriuRequest {
   std::vector<std::string> cgroupProcs;  // restore: cgroup.procs files the new root task joins
   bool emptyNetns = false;               // the network namespace holds only loopback: not dumped, made anew
   bool tcpClose = false;                 // established TCP sockets are dumped as they are and restored closed
+  bool trackMem = false;                 // dump: keep tracking written pages for the next dump (patched CRIU)
+  std::string parentImg;                 // dump: the previous dump's images, relative to imagesDir ("../ID")
+  std::string configFile;                // a CRIU configuration file (options RPC has no field for)
   bool hasVeth = false;                  // restore: an egress sandbox's eth0 is moved in at setup-namespaces
   VethConfig veth;
 };
@@ -210,6 +214,7 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
     criu_local_set_work_dir_fd(opts, work.get());
   }
   criu_local_set_log_file(opts, req.logFile.c_str());
+  if (!req.configFile.empty()) criu_local_set_config_file(opts, req.configFile.c_str());
   criu_local_set_log_level(opts, req.logLevel);
   criu_local_set_tcp_established(opts, req.tcpEstablished);
   if (req.tcpClose) criu_local_set_tcp_close(opts, true);
@@ -238,6 +243,8 @@ void RunCriu(const CriuRequest& req, CriuResult* res) {
     if (req.emptyNetns) criu_local_set_empty_ns(opts, CLONE_NEWNET);
     criu_local_set_pid(opts, req.pid);
     criu_local_set_leave_running(opts, req.leaveRunning);
+    if (req.trackMem) criu_local_set_track_mem(opts, true);
+    if (!req.parentImg.empty()) criu_local_set_parent_images(opts, req.parentImg.c_str());
     res->ret = criu_local_dump(opts);
     if (res->ret < 0) res->failure = {-res->ret, "criu dump", req.imagesDir, req.logFile};
   } else if (req.op == "restore") {
@@ -302,6 +309,9 @@ static Napi::Value Criu(const Napi::CallbackInfo& info) {
   r.cgroupProcs = GetStrings(o, "cgroupProcs");
   r.emptyNetns = GetBool(o, "emptyNetns", false);
   r.tcpClose = GetBool(o, "tcpClose", false);
+  r.trackMem = GetBool(o, "trackMem", false);
+  r.parentImg = GetString(o, "parentImg");
+  r.configFile = GetString(o, "configFile");
   Napi::Value veth = o.Get("veth");
   if (veth.IsObject()) {
     Napi::Object v = veth.As<Napi::Object>();
@@ -330,8 +340,30 @@ static Napi::Value Criu(const Napi::CallbackInfo& info) {
   return promise;
 }
 
+// seqpacketListening(path): whether a process listens on the unix
+// SOCK_SEQPACKET socket at path (the connect is queued and dropped at once;
+// a socket file left by a killed server answers ECONNREFUSED). Node's net
+// module speaks only stream sockets.
+static Napi::Value SeqpacketListening(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) {
+    Napi::TypeError::New(env, "seqpacketListening(path: string)").ThrowAsJavaScriptException();
+    return env.Undefined();
+  }
+  std::string path = info[0].As<Napi::String>();
+  struct sockaddr_un addr = {};
+  if (path.size() >= sizeof(addr.sun_path)) return Napi::Boolean::New(env, false);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  UniqueFd sk(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!sk.valid()) return Napi::Boolean::New(env, false);
+  int rc = ::connect(sk.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr));
+  return Napi::Boolean::New(env, rc == 0 || errno == EAGAIN);
+}
+
 void InitCriu(Napi::Env env, Napi::Object exports) {
   exports.Set("criu", Napi::Function::New(env, Criu));
+  exports.Set("seqpacketListening", Napi::Function::New(env, SeqpacketListening));
   Napi::Object modes = Napi::Object::New(env);
   modes.Set("ignore", Napi::Number::New(env, static_cast<int>(CRIU_CG_MODE_IGNORE)));
   modes.Set("none", Napi::Number::New(env, static_cast<int>(CRIU_CG_MODE_NONE)));

@@ -35,8 +35,13 @@ mkdir -p "$1"
 OUT=$(cd "$1" && pwd)
 WORK=$OUT/.build
 STAMP=$OUT/.criu-wp-track
-want_stamp="criu $CRIU_VERSION $ORIG_SHA256 patch $(sha256sum <"$PATCH" | cut -d' ' -f1) keeper $(sha256sum <"$KEEPER_SRC" | cut -d' ' -f1)"
+# RUNDIR: where CRIU caches its kernel-feature probe (criu.kdat). /run, as in
+# Debian's build: the CRIU service runs with a tmpfs /run of its own
+# (the supervisor's daemon-isolated), so the cache works there.
+RUNDIR=/run
+want_stamp="criu $CRIU_VERSION $ORIG_SHA256 rundir $RUNDIR patch $(sha256sum <"$PATCH" | cut -d' ' -f1) keeper $(sha256sum <"$KEEPER_SRC" | cut -d' ' -f1)"
 if [[ -x $OUT/criu && -x $OUT/wp-keeper && -r $STAMP && $(<"$STAMP") == "$want_stamp" ]]; then
+	touch "$STAMP" # newer than the sources again: provision-host.sh's fast path checks that
 	log "up to date in $OUT"
 	exit 0
 fi
@@ -90,9 +95,8 @@ rm -rf "$SRC"
 mkdir -p "$SRC"
 tar -xJf "$orig" -C "$SRC" --strip-components=1
 (cd "$SRC" && patch -p1 --quiet --no-backup-if-mismatch <"$PATCH") || die "the patch does not apply to criu $CRIU_VERSION"
-# CRIU bakes RUNDIR (its kdat cache and lock) in at build time: a tmpfs path.
 log "building criu (make -j2 criu)"
-make -C "$SRC" -j2 RUNDIR=/dev/shm/lockstep-criu-run criu >"$WORK/make.log" 2>&1 ||
+make -C "$SRC" -j2 RUNDIR="$RUNDIR" criu >"$WORK/make.log" 2>&1 ||
 	{ tail -n 40 "$WORK/make.log" >&2; die "make criu failed (full log: $WORK/make.log)"; }
 cc -O2 -Wall -Werror -o "$WORK/wp-keeper" "$KEEPER_SRC" || die "wp-keeper.c does not compile"
 install -m 0755 "$SRC/criu/criu" "$OUT/criu"

@@ -33,10 +33,12 @@
 static pid_t daemons[MAX_DAEMONS];
 
 /* What the supervisor will run, fixed when it starts: its own executable
- * (for the helper's verbs), the CRIU binary, and its run folder (where the
- * CRIU service's socket and log live). */
+ * (for the helper's verbs), the CRIU binary, the written-page keeper of
+ * Lockstep's CRIU build (native/criu/wp-keeper.c; empty: none), and its run
+ * folder (where the daemons' sockets and logs live). */
 static char self_exe[PATH_MAX];
 static char criu_exe[PATH_MAX];
+static char keeper_exe[PATH_MAX];
 static char run_dir[PATH_MAX];
 
 static void refuse(int conn, int err, const char *why) {
@@ -64,10 +66,16 @@ static bool in_run_dir(const char *p) {
  * (another program, another helper verb) is refused, so the socket is not a
  * "run anything as root" service even for a confused or compromised client. */
 static const char *disallowed(bool daemon_mode, char **argv, int argc) {
+  if (daemon_mode && keeper_exe[0] && argc == 2 && strcmp(argv[0], keeper_exe) == 0) {
+    if (!in_run_dir(argv[1])) return "the written-page keeper's socket must be in the supervisor's run folder";
+    return NULL;
+  }
   if (daemon_mode) {
     if (argc != 4 || strcmp(argv[0], criu_exe) != 0 || strcmp(argv[1], "service") != 0 ||
         strcmp(argv[2], "--address") != 0)
-      return "only the CRIU service (criu service --address SOCKET) runs as a daemon";
+      return "only the CRIU service (criu service --address SOCKET) and the written-page keeper (wp-keeper SOCKET) run "
+             "as "
+             "daemons";
     if (!in_run_dir(argv[3])) return "the CRIU service socket must be in the supervisor's run folder";
     return NULL;
   }
@@ -256,6 +264,8 @@ int cmd_supervise(const struct opts *o) {
   /* The manager that starts us passes the CRIU binary it is configured with. */
   const char *criu = getenv("LOCKSTEP_CRIU");
   snprintf(criu_exe, sizeof(criu_exe), "%s", criu && *criu ? criu : "/opt/lockstep/bin/criu");
+  const char *keeper = getenv("LOCKSTEP_WP_KEEPER");
+  snprintf(keeper_exe, sizeof(keeper_exe), "%s", keeper ? keeper : "");
   snprintf(run_dir, sizeof(run_dir), "%s", o->socket_path);
   char *slash = strrchr(run_dir, '/');
   if (!slash || slash == run_dir) {

@@ -179,7 +179,7 @@ export class Lockstep {
     ensureSharedRunFolder(native, proc, paths.sandboxesRun);
     const userNamespaces = opts.userNamespaces ?? config.userNamespaces;
     if (userNamespaces) openHomeForUserNamespaces(paths);
-    const supervisor = opts.helper ?? new Supervisor(paths, config.criuBinary);
+    const supervisor = opts.helper ?? new Supervisor(paths, config.criuBinary, config.wpKeeper);
     await supervisor.ensureRunning();
     const cgroups = opts.cgroups ?? detectCgroups();
     const homeTag = createHash('sha256').update(paths.home).digest('hex').slice(0, 10);
@@ -211,7 +211,7 @@ export class Lockstep {
       cgroups,
       layers,
       supervisor,
-      criu: opts.criu ?? new CriuService(paths, supervisor, config, native),
+      criu: opts.criu ?? new CriuService(paths, supervisor, config, native, log),
       images,
       runtime,
       log,

@@ -19,6 +19,7 @@ import { AgentState } from '../agent-state/agent-state.js';
 import { assertInit } from '../instances/identity.js';
 import { checkStoredQuota, tenantOf } from '../tenants/quotas.js';
 import { keepChangedPagesOnly } from './page-store.js';
+import { MAX_CHAIN_DEPTH, chainDepth, dropUnusedParentLink } from './page-delta.js';
 import { afterCheckpoint } from './after-commit.js';
 import type { AfterCommitDeps } from './after-commit.js';
 import type { ProcessImageDeps } from './process-image.js';
@@ -118,6 +119,27 @@ export function validateLabel(label: unknown): string | null {
   return label;
 }
 
+/**
+ * The image a tracked dump may store only the written pages against
+ * ("../ID"): the sandbox's head checkpoint, when it is this sandbox's own
+ * (images link only within a sandbox: page-store.ts), its folder is here,
+ * and its chain is not at the depth bound yet. CRIU itself decides whether
+ * the processes' tracking really dates from that dump, and dumps them whole
+ * otherwise (after a rollback, a fork, a restart of the keeper).
+ */
+function incrementalParent(engine: CheckpointDeps, row: SandboxRow): string | undefined {
+  const head = row.head_checkpoint_id;
+  if (!engine.criu.tracksWrites || !head) return undefined;
+  if (engine.catalog.checkpoint(head)?.sandbox_id !== row.id) return undefined;
+  const dir = engine.paths.processImage(head);
+  try {
+    if (!fs.existsSync(dir) || chainDepth(dir) >= MAX_CHAIN_DEPTH) return undefined;
+  } catch {
+    return undefined; // a damaged chain: this checkpoint starts a new one
+  }
+  return `../${head}`;
+}
+
 export async function checkpointSandbox(
   engine: CheckpointDeps,
   row: SandboxRow,
@@ -164,8 +186,9 @@ export async function checkpointSandbox(
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
-      await engine.criu
-        .dump(dumpOptions(engine, { initPid: row.init_pid!, instance: row.instance }, imagesDir))
+      const parentImg = incrementalParent(engine, row);
+      const dumped = await engine.criu
+        .dump({ ...dumpOptions(engine, { initPid: row.init_pid!, instance: row.instance }, imagesDir), parentImg })
         .catch((e: unknown) => {
           // What the init was when frozen, and after: says whether something had killed it (pending SIGKILL, bit 9).
           if (e instanceof LockstepError)
@@ -173,6 +196,7 @@ export async function checkpointSandbox(
           throw e;
         });
       t.dumpMs = performance.now() - ts;
+      if (dumped.tracked && parentImg !== undefined) dropUnusedParentLink(imagesDir);
       engine.fault('checkpoint:dumped');
     } finally {
       cgroups.thaw(cg);

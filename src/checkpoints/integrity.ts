@@ -20,7 +20,8 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { createHash } from 'node:crypto';
-import type { CheckpointRow } from '../catalog/catalog.js';
+import type { Catalog, CheckpointRow } from '../catalog/catalog.js';
+import { parentOf } from './page-delta.js';
 import { LockstepError } from '../errors.js';
 import type { NativeBinding } from '../native/binding.js';
 import type { Logger } from '../log.js';
@@ -29,6 +30,8 @@ import type { StatePaths } from '../paths.js';
 
 /** What integrity.ts uses of the manager's services (api/engine.ts builds them). */
 export interface IntegrityDeps {
+  /** The rows of the checkpoints an incremental image takes pages from. */
+  catalog: Catalog;
   log: Logger;
   native: NativeBindingPort;
   paths: StatePaths;
@@ -48,7 +51,7 @@ export class CheckpointCorruptError extends LockstepError {
     super(
       'CHECKPOINT_CORRUPT',
       `Checkpoint ${checkpointId} is corrupt: ${file} ${reason}; nothing was ` +
-        `restored from it (other checkpoints are unaffected)`,
+        `restored from it (checkpoints that take no pages from it are unaffected)`,
       {
         details: { checkpointId, file, reason },
       },
@@ -154,9 +157,44 @@ export function recordedChecksums(ckpt: CheckpointRow): CheckpointChecksums | nu
  * what was recorded. The layer is checked first (O(1)); the image is read
  * in full, or found unchanged since this process last read it. A checkpoint
  * taken before checksums were recorded passes (there is nothing to compare
- * with).
+ * with). An incremental image is only as good as the images it takes pages
+ * from: they are verified too, down its `parent` links, and a damaged one
+ * is named.
  */
 export async function verifyCheckpoint(
+  engine: Pick<IntegrityDeps, 'catalog' | 'paths' | 'log' | 'native'>,
+  ckpt: CheckpointRow,
+): Promise<void> {
+  await verifyOwnFiles(engine, ckpt);
+  let parentId: string | null;
+  try {
+    parentId = parentOf(engine.paths.processImage(ckpt.id));
+  } catch (e) {
+    throw new CheckpointCorruptError(ckpt.id, 'process image file parent', (e as Error).message);
+  }
+  if (parentId === null) return;
+  const parent = engine.catalog.checkpoint(parentId);
+  if (!parent)
+    throw new CheckpointCorruptError(
+      ckpt.id,
+      'process image file parent',
+      `names checkpoint ${parentId}, which is gone`,
+    );
+  try {
+    await verifyCheckpoint(engine, parent);
+  } catch (e) {
+    if (!(e instanceof CheckpointCorruptError)) throw e;
+    const { file, reason } = e.details as { file: string; reason: string };
+    const err = new CheckpointCorruptError(ckpt.id, `${file} of checkpoint ${parentId}, whose pages it takes,`, reason);
+    Object.assign(err.details, {
+      damagedCheckpointId: (e.details as { damagedCheckpointId?: string }).damagedCheckpointId ?? parentId,
+    });
+    throw err;
+  }
+}
+
+/** verifyCheckpoint for the checkpoint's own layer and process image files. */
+async function verifyOwnFiles(
   engine: Pick<IntegrityDeps, 'paths' | 'log' | 'native'>,
   ckpt: CheckpointRow,
 ): Promise<void> {

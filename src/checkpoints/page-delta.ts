@@ -214,6 +214,21 @@ export function parentOf(dir: string): string | null {
   return m[1]!;
 }
 
+/**
+ * Removes the `parent` link of an image none of whose pages are in the
+ * parent (CRIU makes the link whenever it is given a parent, and dumps
+ * whole when the processes' tracking does not date from it), so that the
+ * chain, and what deleting the parent must do first, stay as short as the
+ * pages really need.
+ */
+export function dropUnusedParentLink(dir: string): void {
+  for (const name of fs.readdirSync(dir)) {
+    if (!PAGEMAP_FILE.test(name)) continue;
+    if (readPagemap(path.join(dir, name)).entries.some((e) => e.flags & PE_PARENT)) return;
+  }
+  fs.rmSync(path.join(dir, PARENT_LINK), { force: true });
+}
+
 /** How many images a restore of this one reads beyond itself. */
 export function chainDepth(dir: string): number {
   let depth = 0;

@@ -15,7 +15,7 @@ import { shareProcessImageWith } from '../instances/id-shift.js';
 import type { Logger } from '../log.js';
 import type { SandboxRow, Catalog } from '../catalog/catalog.js';
 import { SnapshotRows } from '../snapshots/snapshot-rows.js';
-import { flattenOnto, storeChangedPages, type DeltaStats } from './page-delta.js';
+import { flattenOnto, parentOf, storeChangedPages, type DeltaStats } from './page-delta.js';
 import type { LockstepConfig } from '../config.js';
 import type { StatePaths } from '../paths.js';
 
@@ -38,6 +38,8 @@ export async function keepChangedPagesOnly(
   log: Pick<Logger, 'warn' | 'debug'>,
 ): Promise<DeltaStats | null> {
   if (!row.head_checkpoint_id || !engine.config.pageDelta) return null;
+  // A tracked dump (checkpoint.ts) already stored only what was written.
+  if (parentOf(imagesDir) !== null) return null;
   // With a user namespace too: the parent is the same sandbox's, in the same id
   // range; a fork into another range copies the whole chain (processImageForRange).
   const stats = await storeChangedPages(imagesDir, engine.paths.processImage(row.head_checkpoint_id), (err) =>

@@ -12,12 +12,15 @@ import type { StatePaths } from '../paths.js';
 import type { CriuClient, CriuDumpRequest, CriuRestoreRequest, HelperClient } from '../ports.js';
 import { DEFAULTS, envValue } from '../config.js';
 import { sleep, startTime } from './proc.js';
+import type { Logger } from '../log.js';
 
 /**
  * Where scripts/provision-host.sh puts the CRIU 4.x wrapper; LOCKSTEP_CRIU
  * overrides (a manager reads its config instead).
  */
-export const criuBinary = () => envValue('LOCKSTEP_CRIU') ?? DEFAULTS.criuBinary;
+export const criuBinary = () =>
+  envValue('LOCKSTEP_CRIU') ??
+  (envValue('LOCKSTEP_WP_KEEPER') === 'off' ? DEFAULTS.stockCriuBinary : DEFAULTS.criuBinary);
 export const MIN_CRIU_VERSION = 40000;
 
 /** Last lines of a CRIU log, errors first: what a person needs to act on a failure. */
@@ -45,19 +48,30 @@ async function serviceVersion(native: NativeBinding, socket: string): Promise<nu
   }
 }
 
+/** A keeper that would not start is tried again after this long; dumps meanwhile are whole. */
+const KEEPER_RETRY_MS = 30_000;
+
 /** Client of the state directory's CRIU service. */
 export class CriuService implements CriuClient {
   /** The version verified by the last successful RPC; reset when a call cannot reach the service. */
   private verified: number | undefined;
+  /** When the written-page keeper last failed to start (0: never). */
+  private keeperFailedAt = 0;
   constructor(
     private readonly paths: StatePaths,
     private readonly supervisor: HelperClient,
-    private readonly options: { criuBinary: string; keepCriuLogs: boolean } = {
+    private readonly options: { criuBinary: string; keepCriuLogs: boolean; wpKeeper: string | null } = {
       criuBinary: criuBinary(),
       keepCriuLogs: envValue('LOCKSTEP_KEEP_CRIU_LOGS') !== undefined,
+      wpKeeper: envValue('LOCKSTEP_WP_KEEPER') === 'off' ? null : (envValue('LOCKSTEP_WP_KEEPER') ?? DEFAULTS.wpKeeper),
     },
     private readonly native: NativeBinding = loadNative(),
+    private readonly log: Pick<Logger, 'warn'> = { warn: () => undefined },
   ) {}
+
+  get tracksWrites(): boolean {
+    return this.options.wpKeeper !== null;
+  }
 
   get address(): string {
     return this.paths.criuSocket;
@@ -112,15 +126,64 @@ export class CriuService implements CriuClient {
     }
   }
 
-  async dump(req: CriuDumpRequest): Promise<void> {
+  /**
+   * Makes sure the written-page keeper listens (a supervisor daemon, like the
+   * service) and that the configuration file naming it exists. False when it
+   * cannot run: the dump is then an ordinary whole one, correct and larger.
+   */
+  private async keeperReady(): Promise<boolean> {
+    const keeper = this.options.wpKeeper;
+    if (keeper === null) return false;
+    const socket = this.paths.wpKeeperSocket;
+    if (this.native.seqpacketListening(socket)) return true;
+    if (this.keeperFailedAt && Date.now() - this.keeperFailedAt < KEEPER_RETRY_MS) return false;
+    try {
+      if (!fs.existsSync(keeper))
+        throw new HostError(
+          'CRIU_NOT_INSTALLED',
+          `The written-page keeper is not installed at ${keeper}: ${SETUP_HINT}`,
+        );
+      const line = `wp-keeper ${socket}\n`;
+      if (fs.readFileSync(this.paths.criuTrackingConfig, { encoding: 'utf8', flag: 'a+' }) !== line)
+        fs.writeFileSync(this.paths.criuTrackingConfig, line, { mode: 0o600 });
+      fs.rmSync(socket, { force: true });
+      await this.supervisor.daemon(this.paths.wpKeeperLog, [keeper, socket]);
+      const deadline = Date.now() + 5_000;
+      while (!this.native.seqpacketListening(socket)) {
+        if (Date.now() > deadline)
+          throw new HostError(
+            'CRIU_UNAVAILABLE',
+            `The written-page keeper did not start; see ${this.paths.wpKeeperLog}`,
+          );
+        await sleep(2);
+      }
+      this.keeperFailedAt = 0;
+      return true;
+    } catch (err) {
+      this.keeperFailedAt = Date.now();
+      this.log.warn({ err }, 'written-page tracking unavailable: checkpoints store every page until the keeper starts');
+      return false;
+    }
+  }
+
+  async dump(req: CriuDumpRequest): Promise<{ tracked: boolean }> {
     const logFile = req.logFile ?? 'dump.log';
+    // Tracked: the dump arms (or re-arms) the processes' written-page
+    // tracking, and stores only what was written since parentImg, when
+    // that is the dump that last armed it (native/criu/README.md).
+    const tracked = (req.trackMem ?? this.tracksWrites) && (await this.keeperReady());
+    const request: CriuRequest = tracked
+      ? { ...req, op: 'dump', logFile, trackMem: true, configFile: this.paths.criuTrackingConfig }
+      : { ...req, op: 'dump', logFile, trackMem: false };
+    if (!tracked) delete request.parentImg;
     // A worker that dies after forking (its first fork is a kerndat probe
     // child, made before the dump starts) leaves that fork holding the RPC
     // socket: the call would wait forever, with the tree frozen. Seen once in
     // a CI run: a checkpoint hung 30 min on a dead worker's probe child.
     const watch = this.watchForOrphans();
     try {
-      await this.call({ ...req, op: 'dump', logFile });
+      await this.call(request);
+      return { tracked };
     } catch (e) {
       const why = watch.fired ? ' (the CRIU worker died; the forks it left were killed)' : '';
       throw new CriuError(

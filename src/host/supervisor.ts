@@ -68,6 +68,8 @@ export class Supervisor implements HelperClient {
     private readonly paths: StatePaths,
     /** The one CRIU binary the supervisor will agree to run as a daemon. */
     private readonly criu: string = criuBinary(),
+    /** The written-page keeper it will also agree to run as a daemon (null: none). */
+    private readonly wpKeeper: string | null = null,
   ) {}
 
   async ensureRunning(): Promise<void> {
@@ -79,7 +81,7 @@ export class Supervisor implements HelperClient {
       ['supervise', '--socket', this.paths.supervisorSocket, '--pidfile', this.paths.supervisorPidfile],
       {
         detached: true,
-        env: { ...process.env, LOCKSTEP_CRIU: this.criu },
+        env: { ...process.env, LOCKSTEP_CRIU: this.criu, LOCKSTEP_WP_KEEPER: this.wpKeeper ?? '' },
         stdio: ['ignore', log, log],
       },
     );

@@ -36,6 +36,12 @@ export interface CriuRequest {
   emptyNetns?: boolean;
   /** Established TCP sockets are dumped without repair and restored closed (their peers see the old ones die). */
   tcpClose?: boolean;
+  /** Dump: leave written-page tracking armed for the next dump (Lockstep's CRIU build, native/criu/). */
+  trackMem?: boolean;
+  /** Dump: the previous dump's images, relative to imagesDir ("../ID"); only the pages written since are stored. */
+  parentImg?: string;
+  /** A CRIU configuration file, for options the RPC has no field for (`wp-keeper SOCKET`). */
+  configFile?: string;
   /** Restore of an egress sandbox: the veth side moved in and configured at setup-namespaces (netns.cc). */
   veth?: VethConfig;
 }
@@ -153,6 +159,8 @@ export interface NativeBinding {
   openFlags: { O_PATH: number; O_DIRECTORY: number; O_NOFOLLOW: number; O_NONBLOCK: number };
   flock(fd: number, exclusive: boolean): boolean;
   criu(request: CriuRequest): Promise<number>;
+  /** Whether a server listens on a unix SOCK_SEQPACKET socket (the written-page keeper's). */
+  seqpacketListening(path: string): boolean;
   criuCgroupModes: Record<'ignore' | 'none' | 'props' | 'soft' | 'full' | 'strict', number>;
   criuNetworkLocks: Record<'iptables' | 'nftables' | 'skip', number>;
   PidWatcher: new (onExit: (id: number) => void) => PidWatcher;

@@ -203,11 +203,13 @@ export class FakeHost {
       this.record('criu.ensureRunning');
       return 40201;
     },
+    tracksWrites: false,
     dump: async (req: CriuDumpRequest) => {
       this.record(`criu.dump ${req.pid}`);
       const p = this.processes.get(req.pid);
       if (!p) throw systemError('ESRCH', 'criu dump');
       fs.writeFileSync(path.join(req.imagesDir, 'memory'), p.memory);
+      return { tracked: false };
     },
     restore: async (req: CriuRestoreRequest) => {
       this.record(`criu.restore ${path.basename(req.imagesDir)}`);
@@ -310,6 +312,7 @@ export class FakeHost {
       qgroupLimit: notFaked('qgroupLimit'),
       qgroupUsage: notFaked('qgroupUsage'),
       criu: notFaked('criu'),
+      seqpacketListening: () => false,
       pidfdOpen: notFaked('pidfdOpen'),
       pidfdSendSignal: notFaked('pidfdSendSignal'),
       hostPidsIn: notFaked('hostPidsIn'),

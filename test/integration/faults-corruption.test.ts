@@ -3,9 +3,10 @@
  * image, a truncated page file, a missing image file or a layer changed
  * behind Lockstep's back is found from the checksums recorded at checkpoint
  * time before CRIU or the layer swap runs: rollback and fork are refused
- * with CHECKPOINT_CORRUPT naming the checkpoint and the file, the sandbox
- * is untouched (same processes, same files, counter still advancing), and
- * another checkpoint of the same sandbox still rolls back.
+ * with CHECKPOINT_CORRUPT naming the checkpoint and the file, and so is a
+ * checkpoint whose incremental image takes pages from it; the sandbox is
+ * untouched (same processes, same files, counter still advancing), and a
+ * checkpoint that takes nothing from it still rolls back.
  */
 import fs from 'node:fs';
 import path from 'node:path';
@@ -13,6 +14,7 @@ import { execFileSync } from 'node:child_process';
 import test, { type ExecutionContext } from 'ava';
 import type { CheckpointInfo, Lockstep, Sandbox } from '../../src/index.js';
 import { dropStandby } from '../../src/checkpoints/standby.js';
+import { parentOf } from '../../src/checkpoints/page-delta.js';
 import { integration, openTestLockstep } from '../helpers/harness.js';
 import { counterInLayer, counterValue, startCounter, waitCounter } from '../fixtures/stub-workloads.js';
 
@@ -96,11 +98,16 @@ integration(test, () => {
 
   const corrupted = test.macro({
     async exec(t: ExecutionContext, kind: string) {
-      await sb.files.write('/workspace/f', `victim ${kind}\n`);
-      const victim = await sb.checkpoint({ label: `victim ${kind}` });
       await sb.files.write('/workspace/f', `good ${kind}\n`);
       const good = await sb.checkpoint({ label: `good ${kind}` });
+      await sb.files.write('/workspace/f', `victim ${kind}\n`);
+      const victim = await sb.checkpoint({ label: `victim ${kind}` });
+      await sb.files.write('/workspace/f', `child ${kind}\n`);
+      const child = await sb.checkpoint({ label: `child ${kind}` });
       await sb.settled();
+      // Tracked dumps (native/criu): the victim's image takes pages from good's, and the
+      // child's from the victim's.
+      t.is(parentOf(ls.engine.paths.processImage(child.id)), victim.id, 'the child takes pages from the victim');
       // No standby of either: both rollbacks below take the path that reads the files.
       await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
       await sb.files.write('/workspace/f', 'moved on\n');
@@ -115,9 +122,18 @@ integration(test, () => {
       t.like((err as unknown as { details: object }).details, { checkpointId: victim.id, file });
       t.true(err!.message.includes(victim.id) && err!.message.includes(file), err!.message);
       await t.throwsAsync(sb.fork(victim.id, { count: 2 }), { code: 'CHECKPOINT_CORRUPT' });
+      if (file.startsWith('process image')) {
+        // What the child restores includes the victim's pages: refused too, naming them.
+        const e = await t.throwsAsync(sb.rollback(child.id), { code: 'CHECKPOINT_CORRUPT' });
+        t.like((e as unknown as { details: object }).details, {
+          checkpointId: child.id,
+          damagedCheckpointId: victim.id,
+        });
+        t.true(e!.message.includes(victim.id) && e!.message.includes(file.replace('process image ', '')), e!.message);
+      }
 
       // Untouched: the same processes, the same files, the same timeline, nothing journalled or added.
-      t.like(sb.info(), { state: 'running', pid: before.pid, headCheckpointId: good.id, branchId: before.branchId });
+      t.like(sb.info(), { state: 'running', pid: before.pid, headCheckpointId: child.id, branchId: before.branchId });
       t.deepEqual(ls.engine.catalog.operations(), []);
       t.deepEqual(
         ls
@@ -130,7 +146,7 @@ integration(test, () => {
       const now = await counterValue(ls, sb.id);
       await waitCounter(ls, sb.id, (v) => v > now);
 
-      // Another checkpoint is still whole: rolling back to it restores its files and its counter.
+      // A checkpoint that takes nothing from the victim is whole: rolling back to it restores its files and its counter.
       const atGood = await counterInLayer(ls, good);
       // Well past the checkpoint first (10 steps of 50 ms): under load the
       // counter may have moved only one step since it, and the first value
@@ -143,7 +159,7 @@ integration(test, () => {
       t.true(resumed < pastGood, `the counter went on from ${atGood} (the checkpoint), not from ${pastGood}`);
     },
     title: (_p, kind: string) =>
-      `${kind} is refused with CHECKPOINT_CORRUPT before anything is restored; other checkpoints still roll back`,
+      `${kind} is refused with CHECKPOINT_CORRUPT before anything is restored, with the checkpoints that take pages from it; the others still roll back`,
   });
   for (const kind of Object.keys(DAMAGES)) test.serial(corrupted, kind);
 
@@ -201,17 +217,20 @@ integration(test, () => {
   test.serial(
     'a checkpoint that was not damaged verifies and restores after being restored from many times',
     async (t) => {
-      await sb.files.write('/workspace/f', 'stable\n');
-      const ckpt = await sb.checkpoint({ label: 'stable' });
-      const [forked] = await sb.fork(ckpt.id, { count: 1 });
+      // A sandbox of its own: the shared one's next checkpoint would take pages from the damaged ones above.
+      const s = await ls.create({ image: 'base' });
+      t.teardown(() => ls.remove(s.id).catch(() => undefined));
+      await s.files.write('/workspace/f', 'stable\n');
+      const ckpt = await s.checkpoint({ label: 'stable' });
+      const [forked] = await s.fork(ckpt.id, { count: 1 });
       t.true(forked!.ok);
       if (forked!.ok) t.teardown(() => ls.remove(forked.id).catch(() => undefined));
       for (let i = 0; i < 2; i++) {
-        await sb.settled();
-        await ls.engine.withSandboxLock(sb.id, () => dropStandby(ls.engine, sb.id));
-        await sb.files.write('/workspace/f', `changed ${i}\n`);
-        t.like(await sb.rollback(ckpt.id), { path: 'restore' });
-        t.is(await cat(sb, '/workspace/f'), 'stable\n');
+        await s.settled();
+        await ls.engine.withSandboxLock(s.id, () => dropStandby(ls.engine, s.id));
+        await s.files.write('/workspace/f', `changed ${i}\n`);
+        t.like(await s.rollback(ckpt.id), { path: 'restore' });
+        t.is(await cat(s, '/workspace/f'), 'stable\n');
       }
     },
   );
