@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
+
 from . import _wire
 from ._transport import Transport
 from .errors import InvalidArgumentError, LockstepConnectionError, LockstepError, NotFoundError, error_from_wire, fork_results
