@@ -4,8 +4,11 @@
  * (issue 26, item 3). The operations come from a real server's
  * /openapi.json; OPERATIONS below names the method of each client that calls
  * each one, and an operation with no entry fails the test, so a new route
- * needs its client methods (or an entry saying why not). Then the methods
- * added for issue 26 are called against the server, from both languages.
+ * needs its client methods (or an entry saying why not). Every operationId
+ * also has its generated Python functions, sync and asyncio, in
+ * clients/python/lockstep/_wire.py (`npm run client:python`), sending the
+ * operation's method and path. Then the methods added for issue 26 are
+ * called against the server, from both languages.
  */
 import test from 'ava';
 import fs from 'node:fs';
@@ -367,6 +370,26 @@ integration(test, () => {
       names.filter((n) => !found[n]),
       [],
       'methods missing from the Python SDK',
+    );
+
+    // Every operation has its generated functions in lockstep._wire, with its method and path.
+    const wire: { functions: Record<string, 'sync' | 'async'>; routes: Record<string, [string, string]> } =
+      await python(['wire'], {});
+    const ids = Object.values(operationIds);
+    t.deepEqual(
+      ids.filter((id) => wire.functions[snake(id)] !== 'sync' || wire.functions[`${snake(id)}_async`] !== 'async'),
+      [],
+      'operationIds without a generated sync and async function in lockstep._wire: run `npm run client:python`',
+    );
+    t.deepEqual(
+      Object.keys(wire.functions).filter((f) => !ids.some((id) => f === snake(id) || f === `${snake(id)}_async`)),
+      [],
+      'functions of lockstep._wire for operations the API no longer has',
+    );
+    t.deepEqual(
+      Object.fromEntries(Object.entries(wire.routes).map(([id, [m, p]]) => [id, `${m} /v1${p}`])),
+      Object.fromEntries(Object.entries(operationIds).map(([op, id]) => [id, op])),
+      "lockstep._wire.ROUTES: each operation's method and path, as /openapi.json has them",
     );
 
     // Every option create and rollback accept, in both clients.

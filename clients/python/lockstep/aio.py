@@ -2,8 +2,10 @@
 
 The standard library has no async HTTP client, so each call runs the sync
 client's request on a worker thread (asyncio.to_thread): the event loop is
-never blocked, and no dependency beyond Debian's python3 is needed.
-Streamed command output is delivered to the callbacks from that thread.
+never blocked, and no dependency beyond Debian's python3 is needed. A call
+that is one operation of the API awaits its generated ``_async`` function
+(_wire.py); the others run the sync method on the thread. Streamed command
+output is delivered to the callbacks from that thread.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import asyncio
 import functools
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Union
 
+from . import _wire
+from ._transport import Transport
 from .errors import LockstepError
 from .pty import PtyExit, PtyHandle, PtyOutput
-from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo, get_tenant, list_images
+from .sandbox import CommandHandle, CommandOutput, CommandResult, EntryInfo, FilePage, Sandbox, SandboxInfo
 
 
 class AsyncCommandHandle:
@@ -23,10 +27,12 @@ class AsyncCommandHandle:
         self.pid = handle.pid
 
     async def wait(self, timeout_ms: Optional[int] = None) -> Optional[int]:
-        return await asyncio.to_thread(self._h.wait, timeout_ms)
+        sbx = self._h._sandbox
+        return (await _wire.wait_command_async(sbx._t, id=sbx.sandbox_id, pid=self.pid, timeout_ms=timeout_ms))["exitCode"]
 
     async def kill(self, signal: str = "SIGKILL") -> bool:
-        return await asyncio.to_thread(self._h.kill, signal)
+        sbx = self._h._sandbox
+        return bool((await _wire.kill_command_async(sbx._t, id=sbx.sandbox_id, pid=self.pid, signal=signal))["killed"])
 
     async def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
         return await asyncio.to_thread(self._h.output, stdout_offset, stderr_offset)
@@ -60,7 +66,8 @@ class AsyncPtyHandle:
         return await asyncio.to_thread(self._h.wait, timeout_ms)
 
     async def kill(self) -> bool:
-        return await asyncio.to_thread(self._h.kill)
+        sbx = self._h._sandbox
+        return bool((await _wire.kill_pty_async(sbx._t, id=sbx.sandbox_id, pid=self.pid))["killed"])
 
 
 class AsyncPty:
@@ -74,7 +81,7 @@ class AsyncPty:
         return AsyncPtyHandle(await asyncio.to_thread(self._sbx.pty.connect, pid))
 
     async def list(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.pty.list)
+        return await _wire.list_ptys_async(self._sbx._t, id=self._sbx.sandbox_id)
 
 
 class AsyncCommands:
@@ -85,7 +92,7 @@ class AsyncCommands:
         return AsyncCommandHandle(await asyncio.to_thread(self._sbx.commands.connect, pid))
 
     async def list(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.commands.list)
+        return await _wire.list_commands_async(self._sbx._t, id=self._sbx.sandbox_id)
 
     async def run(self, cmd: Union[str, List[str]], **kw: Any) -> Union[CommandResult, AsyncCommandHandle]:
         r = await asyncio.to_thread(functools.partial(self._sbx.commands.run, cmd, **kw))
@@ -117,10 +124,10 @@ class AsyncFiles:
         return await asyncio.to_thread(functools.partial(self._sbx.files.list_page, path, limit=limit, cursor=cursor))
 
     async def exists(self, path: str) -> bool:
-        return await asyncio.to_thread(self._sbx.files.exists, path)
+        return bool((await _wire.check_file_exists_async(self._sbx._t, id=self._sbx.sandbox_id, path=path))["exists"])
 
     async def remove(self, path: str) -> None:
-        await asyncio.to_thread(self._sbx.files.remove, path)
+        await _wire.remove_file_async(self._sbx._t, id=self._sbx.sandbox_id, path=path)
 
 
 class AsyncEffect:
@@ -189,10 +196,10 @@ class AsyncEffects:
         return await asyncio.to_thread(functools.partial(self._sbx.effects.fail, effect_id, error, definite=definite))
 
     async def list(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.effects.list)
+        return await _wire.list_effects_async(self._sbx._t, id=self._sbx.sandbox_id)
 
     async def get(self, effect_id: str) -> Dict[str, Any]:
-        return await asyncio.to_thread(self._sbx.effects.get, effect_id)
+        return await _wire.get_effect_async(self._sbx._t, id=self._sbx.sandbox_id, effect_id=effect_id)
 
     async def resolve_unknown(self, effect_id: str, outcome: str, output: Any = None) -> Dict[str, Any]:
         return await asyncio.to_thread(self._sbx.effects.resolve_unknown, effect_id, outcome, output)
@@ -206,10 +213,10 @@ class AsyncVerdicts:
         return await asyncio.to_thread(functools.partial(self._sbx.verdicts.record, path, verdict, **kw))
 
     async def list(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.verdicts.list)
+        return await _wire.list_verdicts_async(self._sbx._t, id=self._sbx.sandbox_id)
 
     async def stale(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.verdicts.stale)
+        return await _wire.list_verdicts_async(self._sbx._t, id=self._sbx.sandbox_id, stale="true")
 
 
 class AsyncPorts:
@@ -217,10 +224,10 @@ class AsyncPorts:
         self._sbx = sbx
 
     async def expose(self, port: int) -> Dict[str, Any]:
-        return await asyncio.to_thread(self._sbx.ports.expose, port)
+        return await _wire.expose_port_async(self._sbx._t, id=self._sbx.sandbox_id, port=port)
 
     async def list(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.ports.list)
+        return await _wire.list_ports_async(self._sbx._t, id=self._sbx.sandbox_id)
 
     async def close(self, port: int) -> bool:
         return await asyncio.to_thread(self._sbx.ports.close, port)
@@ -267,13 +274,13 @@ class AsyncSandbox:
         return await asyncio.to_thread(functools.partial(self._sbx.checkpoint, **kw))
 
     async def checkpoints(self) -> List[Dict[str, Any]]:
-        return await asyncio.to_thread(self._sbx.checkpoints)
+        return await _wire.list_checkpoints_async(self._sbx._t, id=self.sandbox_id)
 
     async def context(self, checkpoint_id: str) -> Any:
-        return await asyncio.to_thread(self._sbx.context, checkpoint_id)
+        return (await _wire.get_checkpoint_context_async(self._sbx._t, id=self.sandbox_id, ckpt=checkpoint_id))["context"]
 
     async def delete_checkpoint(self, checkpoint_id: str) -> None:
-        await asyncio.to_thread(self._sbx.delete_checkpoint, checkpoint_id)
+        await _wire.delete_checkpoint_async(self._sbx._t, id=self.sandbox_id, ckpt=checkpoint_id)
 
     async def rollback(self, checkpoint_id: str, **kw: Any) -> Dict[str, Any]:
         return await asyncio.to_thread(functools.partial(self._sbx.rollback, checkpoint_id, **kw))
@@ -286,9 +293,11 @@ class AsyncSandbox:
         return await asyncio.to_thread(functools.partial(self._sbx.observations, include_stale=include_stale))
 
 
-async def get_tenant_async(**kw: Any) -> Dict[str, Any]:
-    return await asyncio.to_thread(functools.partial(get_tenant, **kw))
+async def get_tenant_async(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> Dict[str, Any]:
+    """The tenant the API key belongs to, as get_tenant."""
+    return await _wire.get_tenant_async(Transport(api_url, api_key, **transport_options))
 
 
-async def list_images_async(**kw: Any) -> List[Dict[str, Any]]:
-    return await asyncio.to_thread(functools.partial(list_images, **kw))
+async def list_images_async(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[Dict[str, Any]]:
+    """Images to create sandboxes from, as list_images."""
+    return await _wire.list_images_async(Transport(api_url, api_key, **transport_options))

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Union
 
+from . import _wire
 from .errors import LockstepConnectionError, error_from_wire
 
 if TYPE_CHECKING:
@@ -40,10 +41,6 @@ class PtyExit:
     reason: str
 
 
-def _drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
-
-
 class PtyHandle:
     """One PTY of a sandbox; ``pid`` is its id."""
 
@@ -51,27 +48,24 @@ class PtyHandle:
         self._sandbox = sandbox
         self.pid = pid
 
-    def _path(self, tail: str) -> str:
-        return self._sandbox._path(f"/pty/{self.pid}{tail}")
-
     def write(self, data: Union[str, bytes]) -> None:
         """Types bytes (str as UTF-8) on the terminal."""
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        self._sandbox._t.json("POST", self._path("/input"), body=raw)
+        _wire.write_pty_input(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, data=raw)
 
     def resize(self, cols: int, rows: int) -> None:
-        self._sandbox._t.json("POST", self._path("/resize"), json_body={"cols": cols, "rows": rows})
+        _wire.resize_pty(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, cols=cols, rows=rows)
 
     def output(self, offset: int = 0) -> PtyOutput:
         """Output from byte ``offset`` of the transcript (at most 1 MiB per call)."""
-        r = self._sandbox._t.json("GET", self._path("/output"), query={"offset": str(offset)})
+        r = _wire.get_pty_output(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, offset=str(offset))
         return PtyOutput(base64.b64decode(r["data"]), r["offset"], bool(r["rewound"]), bool(r["running"]))
 
     def iter_output(self, offset: int = 0) -> Iterator[Union[bytes, PtyExit]]:
         """The output from ``offset`` on, chunk by chunk, as the server streams it;
         the last item is the PtyExit. A rollback in between shows as an empty
         chunk, after which the data starts again at offset 0."""
-        resp = self._sandbox._t.request("GET", self._path("/stream"), query={"offset": str(offset)}, accept="application/x-ndjson", timeout=None)
+        resp = _wire.stream_pty_output(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, offset=str(offset))
         for line in resp.iter_lines():
             if not line.strip():
                 continue
@@ -98,12 +92,12 @@ class PtyHandle:
         raise LockstepConnectionError("The PTY stream ended before the PTY did")
 
     def wait(self, timeout_ms: Optional[int] = None) -> PtyExit:
-        r = self._sandbox._t.json("POST", self._path("/wait"), json_body=_drop_none({"timeoutMs": timeout_ms}))
+        r = _wire.wait_pty(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, timeout_ms=timeout_ms)
         return PtyExit(r.get("exitCode"), r.get("reason", "exited"))
 
     def kill(self) -> bool:
         """Kills the PTY and the program on it; False if it had already ended."""
-        return bool(self._sandbox._t.json("POST", self._path("/kill"))["killed"])
+        return bool(_wire.kill_pty(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid)["killed"])
 
 
 class Pty:
@@ -124,8 +118,8 @@ class Pty:
     ) -> PtyHandle:
         """Starts cmd (default /bin/sh -i) on a new terminal. With on_data, a
         daemon thread follows the output and calls it with each chunk."""
-        body = _drop_none({"cols": cols, "rows": rows, "cmd": cmd, "envs": envs, "cwd": cwd})
-        h = PtyHandle(self._sandbox, self._sandbox._t.json("POST", self._sandbox._path("/pty"), json_body=body)["pid"])
+        r = _wire.create_pty(self._sandbox._t, id=self._sandbox.sandbox_id, cols=cols, rows=rows, cmd=cmd, envs=envs, cwd=cwd)
+        h = PtyHandle(self._sandbox, r["pid"])
         if on_data is not None:
             threading.Thread(target=h.follow, args=(on_data,), daemon=True).start()
         return h
@@ -137,4 +131,4 @@ class Pty:
         return h
 
     def list(self) -> List[Dict[str, Any]]:
-        return self._sandbox._t.json("GET", self._sandbox._path("/pty"))
+        return _wire.list_ptys(self._sandbox._t, id=self._sandbox.sandbox_id)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
-from urllib.parse import quote
 
+from . import _wire
 from ._transport import Transport
 from .errors import InvalidArgumentError, LockstepConnectionError, LockstepError, NotFoundError, error_from_wire, fork_results
 from .pty import Pty
@@ -74,14 +75,28 @@ class SandboxInfo:
         )
 
 
-def _sandbox_path(sandbox_id: str) -> str:
+def _checked_id(sandbox_id: str) -> str:
+    """The sandbox id, checked before it goes into a path (InvalidArgumentError naming sandbox_id)."""
     if not isinstance(sandbox_id, str) or not _SANDBOX_ID.match(sandbox_id):
         raise InvalidArgumentError("INVALID_ARGUMENT", f"Invalid sandbox_id: expected a sandbox id (sbx_...), received {sandbox_id!r}", field="sandbox_id")
-    return f"/sandboxes/{sandbox_id}"
+    return sandbox_id
 
 
 def _drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _keywords(fn: Callable[..., Any], spec: Dict[str, Any], what: str) -> Dict[str, Any]:
+    """A body spelled with the API's names (camelCase) as the keyword arguments of a generated
+    function; InvalidArgumentError naming a property the operation does not take."""
+    accepted = inspect.signature(fn).parameters
+    out: Dict[str, Any] = {}
+    for k, v in spec.items():
+        name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", str(k)).lower()
+        if name not in accepted or accepted[name].kind is not inspect.Parameter.KEYWORD_ONLY or name == "id":
+            raise InvalidArgumentError("INVALID_ARGUMENT", f"Invalid {what}: {k!r} is not one of its properties", field=str(k))
+        out[name] = v
+    return out
 
 
 class _class_or_instance:
@@ -99,7 +114,7 @@ class _class_or_instance:
 
 def _kill(transport: Transport, sandbox_id: str) -> bool:
     try:
-        transport.request("DELETE", _sandbox_path(sandbox_id)).read()
+        _wire.remove_sandbox(transport, id=_checked_id(sandbox_id))
         return True
     except NotFoundError:
         return False
@@ -126,28 +141,28 @@ class CommandHandle:
 
     def wait(self, timeout_ms: Optional[int] = None) -> Optional[int]:
         """The exit code once it has exited (None if it was killed before reporting one)."""
-        r = self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/wait"), json_body=_drop_none({"timeoutMs": timeout_ms}))
-        return r["exitCode"]
+        return _wire.wait_command(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, timeout_ms=timeout_ms)["exitCode"]
 
     def kill(self, signal: str = "SIGKILL") -> bool:
         """Sends a signal; False if it had already exited."""
-        return bool(self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/kill"), json_body={"signal": signal})["killed"])
+        return bool(_wire.kill_command(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, signal=signal)["killed"])
 
     def send_stdin(self, data: Union[str, bytes]) -> None:
         """Writes bytes (str as UTF-8) to its stdin; it must have been started
         with stdin=True. InvalidStateError STDIN_FULL (nothing written) while it
         leaves too much unread, STDIN_CLOSED after close_stdin or once it exited."""
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/stdin"), body=raw)
+        # Raw bytes: a body the document does not describe, so sent here.
+        self._sandbox._t.json(*_wire.route("sendCommandStdin", id=self._sandbox.sandbox_id, pid=self.pid), body=raw)
 
     def close_stdin(self) -> None:
         """Closes its stdin: it reads EOF after what was sent before."""
-        self._sandbox._t.json("POST", self._sandbox._path(f"/commands/{self.pid}/stdin/close"))
+        _wire.close_command_stdin(self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid)
 
     def output(self, stdout_offset: int = 0, stderr_offset: int = 0) -> CommandOutput:
         """What it wrote since the byte offsets (default the start); continue from the returned offsets."""
-        r = self._sandbox._t.json(
-            "GET", self._sandbox._path(f"/commands/{self.pid}/output"), query={"stdoutOffset": str(stdout_offset), "stderrOffset": str(stderr_offset)}
+        r = _wire.get_command_output(
+            self._sandbox._t, id=self._sandbox.sandbox_id, pid=self.pid, stdout_offset=str(stdout_offset), stderr_offset=str(stderr_offset)
         )
         return CommandOutput(r["stdout"], r["stderr"], r["offsets"]["stdout"], r["offsets"]["stderr"], bool(r["rewound"]), bool(r["running"]))
 
@@ -166,7 +181,7 @@ class Commands:
 
     def list(self) -> List[Dict[str, Any]]:
         """Background commands: [{pid, running, exitCode}]."""
-        return self._sandbox._t.json("GET", self._sandbox._path("/commands"))
+        return _wire.list_commands(self._sandbox._t, id=self._sandbox.sandbox_id)
 
     def run(
         self,
@@ -185,24 +200,23 @@ class Commands:
         on_stdout/on_stderr the output is streamed as it is produced;
         background=True returns a CommandHandle at once (with stdin=True its
         stdin stays open for send_stdin)."""
-        body = _drop_none(
-            {
-                "cmd": cmd,
-                "cwd": cwd,
-                "envs": envs,
-                "timeoutMs": timeout_ms,
-                "toolCallId": tool_call_id,
-                "background": True if background else None,
-                "stdin": True if stdin else None,
-            }
-        )
         t = self._sandbox._t
-        path = self._sandbox._path("/commands")
+        sid = self._sandbox.sandbox_id
+        options: Dict[str, Any] = {
+            "cwd": cwd,
+            "envs": envs,
+            "timeout_ms": timeout_ms,
+            "tool_call_id": tool_call_id,
+            "background": True if background else None,
+            "stdin": True if stdin else None,
+        }
         if background:
-            return CommandHandle(self._sandbox, t.json("POST", path, json_body=body)["pid"])
+            return CommandHandle(self._sandbox, _wire.run_command(t, id=sid, cmd=cmd, **options)["pid"])
         if on_stdout is None and on_stderr is None:
-            return CommandResult._from_wire(t.json("POST", path, json_body=body))
-        resp = t.request("POST", path, json_body=body, accept="application/x-ndjson")
+            return CommandResult._from_wire(_wire.run_command(t, id=sid, cmd=cmd, **options))
+        # Streamed output (Accept: application/x-ndjson), a variant the document does not describe.
+        body = _drop_none({"cmd": cmd, "cwd": cwd, "envs": envs, "timeoutMs": timeout_ms, "toolCallId": tool_call_id, "stdin": options["stdin"]})
+        resp = t.request(*_wire.route("runCommand", id=sid), json_body=body, accept="application/x-ndjson")
         out: List[str] = []
         err: List[str] = []
         result: Optional[Dict[str, Any]] = None
@@ -257,7 +271,9 @@ class Files:
         self._sandbox = sandbox
 
     def read(self, path: str, *, tool_call_id: Optional[str] = None) -> bytes:
-        resp = self._sandbox._t.request("GET", self._sandbox._path("/files"), query={"path": path, "toolCallId": tool_call_id}, accept="application/octet-stream")
+        # The raw bytes (Accept: application/octet-stream), a variant the document does not describe.
+        method, route = _wire.route("readFile", id=self._sandbox.sandbox_id)
+        resp = self._sandbox._t.request(method, route, query={"path": path, "toolCallId": tool_call_id}, accept="application/octet-stream")
         sent = resp.headers.get("x-lockstep-sha256")
         data = resp.read()
         if sent and hashlib.sha256(data).hexdigest() != sent:
@@ -269,17 +285,18 @@ class Files:
 
     def read_stream(self, path: str, *, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """The file's bytes in chunks, for files of any size."""
-        resp = self._sandbox._t.request("GET", self._sandbox._path("/files"), query={"path": path}, accept="application/octet-stream")
+        method, route = _wire.route("readFile", id=self._sandbox.sandbox_id)
+        resp = self._sandbox._t.request(method, route, query={"path": path}, accept="application/octet-stream")
         return resp.iter_chunks(chunk_size)
 
     def write(self, path: str, data: Union[str, bytes], *, tool_call_id: Optional[str] = None) -> Dict[str, Any]:
         """Writes a file (parents are created); returns {path, sha256, bytes, observationId}."""
         raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        return self._sandbox._t.json("PUT", self._sandbox._path("/files"), query={"path": path, "toolCallId": tool_call_id}, body=raw)
+        return _wire.write_file(self._sandbox._t, id=self._sandbox.sandbox_id, path=path, data=raw, tool_call_id=tool_call_id)
 
     def write_stream(self, path: str, chunks: Iterable[bytes]) -> Dict[str, Any]:
         """Writes a file from an iterable of chunks, sent as they come (not retried)."""
-        return self._sandbox._t.json("PUT", self._sandbox._path("/files"), query={"path": path}, body=iter(chunks))
+        return _wire.write_file(self._sandbox._t, id=self._sandbox.sandbox_id, path=path, data=iter(chunks))
 
     def list(self, path: str = "/workspace") -> List[EntryInfo]:
         """Every entry of a directory, sorted by name (pages through list_page, 10000 entries a request)."""
@@ -295,21 +312,16 @@ class Files:
     def list_page(self, path: str = "/workspace", *, limit: Optional[int] = None, cursor: Optional[str] = None) -> "FilePage":
         """One page of a directory, sorted by name: at most ``limit`` entries (server default 1000, at most
         10000) after ``cursor``, the previous page's ``next_cursor``; ``next_cursor`` is None on the last page."""
-        query: Dict[str, str] = {"path": path}
-        if limit is not None:
-            query["limit"] = str(limit)
-        if cursor is not None:
-            query["cursor"] = cursor
-        r = self._sandbox._t.json("GET", self._sandbox._path("/files/list"), query=query)
+        r = _wire.list_files(self._sandbox._t, id=self._sandbox.sandbox_id, path=path, limit=None if limit is None else str(limit), cursor=cursor)
         return FilePage(
             [EntryInfo(e["name"], e["path"], e["type"], e["size"]) for e in r["entries"]], r.get("nextCursor")
         )
 
     def exists(self, path: str) -> bool:
-        return bool(self._sandbox._t.json("GET", self._sandbox._path("/files/exists"), query={"path": path})["exists"])
+        return bool(_wire.check_file_exists(self._sandbox._t, id=self._sandbox.sandbox_id, path=path)["exists"])
 
     def remove(self, path: str) -> None:
-        self._sandbox._t.request("DELETE", self._sandbox._path("/files"), query={"path": path}).read()
+        _wire.remove_file(self._sandbox._t, id=self._sandbox.sandbox_id, path=path)
 
 
 class Effect:
@@ -378,27 +390,27 @@ class Effects:
         return Effect(self, kind, input, key, reversibility)
 
     def begin(self, spec: Dict[str, Any]) -> Dict[str, Any]:
-        return self._sandbox._t.json("POST", self._sandbox._path("/effects"), json_body=spec)
+        return _wire.begin_effect(self._sandbox._t, id=self._sandbox.sandbox_id, **_keywords(_wire.begin_effect, spec, "effect spec"))
 
     def commit(self, effect_id: Optional[str], output: Any = None) -> Dict[str, Any]:
-        return self._sandbox._t.json("POST", self._sandbox._path(f"/effects/{effect_id}/commit"), json_body={} if output is None else {"output": output})
+        return _wire.commit_effect(self._sandbox._t, id=self._sandbox.sandbox_id, effect_id=str(effect_id), output=output)
 
     def fail(self, effect_id: Optional[str], error: BaseException, *, definite: bool) -> Dict[str, Any]:
-        body = {"error": {"name": type(error).__name__[:200], "message": str(error)[:4000]}, "definite": definite}
-        return self._sandbox._t.json("POST", self._sandbox._path(f"/effects/{effect_id}/fail"), json_body=body)
+        err = {"name": type(error).__name__[:200], "message": str(error)[:4000]}
+        return _wire.fail_effect(self._sandbox._t, id=self._sandbox.sandbox_id, effect_id=str(effect_id), error=err, definite=definite)
 
     def list(self) -> List[Dict[str, Any]]:
-        return self._sandbox._t.json("GET", self._sandbox._path("/effects"))
+        return _wire.list_effects(self._sandbox._t, id=self._sandbox.sandbox_id)
 
     def get(self, effect_id: str) -> Dict[str, Any]:
         """One effect of this sandbox (NotFoundError EFFECT_NOT_FOUND unless it recorded it)."""
-        return self._sandbox._t.json("GET", self._sandbox._path(f"/effects/{quote(effect_id, safe='')}"))
+        return _wire.get_effect(self._sandbox._t, id=self._sandbox.sandbox_id, effect_id=effect_id)
 
     def resolve_unknown(self, effect_id: str, outcome: str, output: Any = None) -> Dict[str, Any]:
         """Settles an effect whose outcome is unknown, after checking the outside world:
         ``outcome`` "committed" (with its ``output``) or "failed". Returns the effect."""
-        body = {"outcome": outcome} if outcome != "committed" or output is None else {"outcome": outcome, "output": output}
-        return self._sandbox._t.json("POST", self._sandbox._path(f"/effects/{quote(effect_id, safe='')}/resolve"), json_body=body)
+        kept = output if outcome == "committed" else None
+        return _wire.resolve_effect(self._sandbox._t, id=self._sandbox.sandbox_id, effect_id=effect_id, outcome=outcome, output=kept)
 
 
 class Verdicts:
@@ -410,15 +422,14 @@ class Verdicts:
 
     def record(self, path: str, verdict: str, *, tool_call_id: Optional[str] = None) -> Dict[str, Any]:
         """Records a verdict about the file as it is now; returns it (with ``contentHash``)."""
-        body = _drop_none({"path": path, "verdict": verdict, "toolCallId": tool_call_id})
-        return self._sandbox._t.json("POST", self._sandbox._path("/verdicts"), json_body=body)
+        return _wire.record_verdict(self._sandbox._t, id=self._sandbox.sandbox_id, path=path, verdict=verdict, tool_call_id=tool_call_id)
 
     def list(self) -> List[Dict[str, Any]]:
-        return self._sandbox._t.json("GET", self._sandbox._path("/verdicts"))
+        return _wire.list_verdicts(self._sandbox._t, id=self._sandbox.sandbox_id)
 
     def stale(self) -> List[Dict[str, Any]]:
         """Verdicts whose file no longer has the content they were made on."""
-        return self._sandbox._t.json("GET", self._sandbox._path("/verdicts"), query={"stale": "true"})
+        return _wire.list_verdicts(self._sandbox._t, id=self._sandbox.sandbox_id, stale="true")
 
 
 class Ports:
@@ -431,14 +442,14 @@ class Ports:
 
     def expose(self, port: int) -> Dict[str, Any]:
         """``{id, sandboxId, port, path, url, token, createdAt}``; PORT_NOT_LISTENING when nothing listens there."""
-        return self._sandbox._t.json("POST", self._sandbox._path("/ports"), json_body={"port": port})
+        return _wire.expose_port(self._sandbox._t, id=self._sandbox.sandbox_id, port=port)
 
     def list(self) -> List[Dict[str, Any]]:
-        return self._sandbox._t.json("GET", self._sandbox._path("/ports"))
+        return _wire.list_ports(self._sandbox._t, id=self._sandbox.sandbox_id)
 
     def close(self, port: int) -> bool:
         """Closes an exposed port; False when it was not exposed."""
-        return bool(self._sandbox._t.json("DELETE", self._sandbox._path(f"/ports/{int(port)}"))["closed"])
+        return bool(_wire.close_port(self._sandbox._t, id=self._sandbox.sandbox_id, port=int(port))["closed"])
 
 
 class Sandbox:
@@ -480,40 +491,40 @@ class Sandbox:
         ``network``: "none" (loopback only) or "egress" (outbound connections to ``allow_out``: addresses,
         CIDRs or domain names, each with an optional :PORT or :LOW-HIGH; none given: anywhere outside the deny list)."""
         t = Transport(api_url, api_key, **transport_options)
-        body = _drop_none(
-            {
-                "image": image,
-                "memoryMb": memory_mb,
-                "pids": pids,
-                "cpuWeight": cpu_weight,
-                "cpus": cpus,
-                "ioWeight": io_weight,
-                "diskMb": disk_mb,
-                "envs": envs,
-                "network": network,
-                "allowOut": allow_out,
-                "bandwidthMbit": bandwidth_mbit,
-                "metadata": metadata,
-                "timeoutMs": timeout_ms,
-                "fromSnapshot": from_snapshot,
-            }
+        info = _wire.create_sandbox(
+            t,
+            image=image,
+            memory_mb=memory_mb,
+            pids=pids,
+            cpu_weight=cpu_weight,
+            cpus=cpus,
+            io_weight=io_weight,
+            disk_mb=disk_mb,
+            envs=envs,
+            network=network,
+            allow_out=allow_out,
+            bandwidth_mbit=bandwidth_mbit,
+            metadata=metadata,
+            timeout_ms=timeout_ms,
+            from_snapshot=from_snapshot,
         )
-        info = t.json("POST", "/sandboxes", json_body=body)
         return cls(info["id"], t)
 
     @classmethod
     def connect(cls, sandbox_id: str, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> "Sandbox":
         t = Transport(api_url, api_key, **transport_options)
-        info = t.json("GET", _sandbox_path(sandbox_id))
+        info = _wire.get_sandbox(t, id=_checked_id(sandbox_id))
         return cls(info["id"], t)
 
     @classmethod
     def list(cls, *, metadata: Optional[Dict[str, str]] = None, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[SandboxInfo]:
         """The tenant's sandboxes, oldest first; with metadata, those whose labels include every pair."""
         t = Transport(api_url, api_key, **transport_options)
-        # The server filters: ?metadata.KEY=VALUE for each label asked for.
-        query = {f"metadata.{k}": v for k, v in (metadata or {}).items()}
-        return [SandboxInfo._from_wire(d) for d in t.json("GET", "/sandboxes", query=query)]
+        if not metadata:
+            return [SandboxInfo._from_wire(d) for d in _wire.list_sandboxes(t)]
+        # The server filters: ?metadata.KEY=VALUE for each label asked for (parameters the document cannot name).
+        query: Dict[str, Optional[str]] = {f"metadata.{k}": v for k, v in metadata.items()}
+        return [SandboxInfo._from_wire(d) for d in t.json(*_wire.route("listSandboxes"), query=query)]
 
     def _kill_class(cls, sandbox_id: str, *, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> bool:
         return _kill(Transport(api_url, api_key, **transport_options), sandbox_id)
@@ -530,26 +541,23 @@ class Sandbox:
     def __exit__(self, *exc: Any) -> None:
         self.kill()
 
-    def _path(self, rest: str) -> str:
-        return _sandbox_path(self.sandbox_id) + rest
-
     def get_info(self) -> SandboxInfo:
-        return SandboxInfo._from_wire(self._t.json("GET", self._path("")))
+        return SandboxInfo._from_wire(_wire.get_sandbox(self._t, id=self.sandbox_id))
 
     def checkpoint(self, *, label: Optional[str] = None, context: Any = None, context_format: Optional[str] = None) -> Dict[str, Any]:
         """Checkpoints files, processes, the agent's context and the ledger cursor together."""
-        return self._t.json("POST", self._path("/checkpoints"), json_body=_drop_none({"label": label, "context": context, "contextFormat": context_format}))
+        return _wire.create_checkpoint(self._t, id=self.sandbox_id, label=label, context=context, context_format=context_format)
 
     def checkpoints(self) -> List[Dict[str, Any]]:
-        return self._t.json("GET", self._path("/checkpoints"))
+        return _wire.list_checkpoints(self._t, id=self.sandbox_id)
 
     def context(self, checkpoint_id: str) -> Any:
         """The context stored with a checkpoint (None if none)."""
-        return self._t.json("GET", self._path(f"/checkpoints/{quote(checkpoint_id, safe='')}/context"))["context"]
+        return _wire.get_checkpoint_context(self._t, id=self.sandbox_id, ckpt=checkpoint_id)["context"]
 
     def delete_checkpoint(self, checkpoint_id: str) -> None:
         """Deletes a checkpoint (its children move to its parent)."""
-        self._t.request("DELETE", self._path(f"/checkpoints/{quote(checkpoint_id, safe='')}")).read()
+        _wire.delete_checkpoint(self._t, id=self.sandbox_id, ckpt=checkpoint_id)
 
     def rollback(
         self,
@@ -562,26 +570,31 @@ class Sandbox:
     ) -> Dict[str, Any]:
         """Rolls back to a checkpoint; the report has the context, stale observations, effects after it and warnings
         (and recoverySummary, contextWithRecovery unless ``with_recovery_summary=False``)."""
-        body = _drop_none(
-            {"checkpointId": checkpoint_id, "policy": policy, "failure": failure, "lessons": lessons, "withRecoverySummary": with_recovery_summary}
+        return _wire.rollback_sandbox(
+            self._t,
+            id=self.sandbox_id,
+            checkpoint_id=checkpoint_id,
+            policy=policy,
+            failure=failure,
+            lessons=lessons,
+            with_recovery_summary=with_recovery_summary,
         )
-        return self._t.json("POST", self._path("/rollback"), json_body=body)
 
     def fork(self, checkpoint_id: str, count: int = 1) -> List[Union["Sandbox", LockstepError]]:
         """Starts sandboxes from a checkpoint: one result per fork, in order, a ``Sandbox``
         or, for a fork that failed, its error (the exception class its code maps to, not raised)."""
-        r = self._t.json("POST", self._path("/fork"), json_body={"checkpointId": checkpoint_id, "count": count})
+        r = _wire.fork_sandbox(self._t, id=self.sandbox_id, checkpoint_id=checkpoint_id, count=count)
         return [Sandbox(i, self._t) if isinstance(i, str) else i for i in fork_results(r)]
 
     def observations(self, *, include_stale: bool = False) -> List[Dict[str, Any]]:
-        return self._t.json("GET", self._path("/observations"), query={"includeStale": "true" if include_stale else None})
+        return _wire.list_observations(self._t, id=self.sandbox_id, include_stale="true" if include_stale else None)
 
 
 def get_tenant(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> Dict[str, Any]:
     """The tenant the API key belongs to: its id (tn_...), name, quotas and ``usage``."""
-    return Transport(api_url, api_key, **transport_options).json("GET", "/tenant")
+    return _wire.get_tenant(Transport(api_url, api_key, **transport_options))
 
 
 def list_images(*, api_url: Optional[str] = None, api_key: Optional[str] = None, **transport_options: Any) -> List[Dict[str, Any]]:
     """Images to create sandboxes from (ready: False for recipes the operator has not built)."""
-    return Transport(api_url, api_key, **transport_options).json("GET", "/images")
+    return _wire.list_images(Transport(api_url, api_key, **transport_options))

@@ -3,14 +3,10 @@ sandbox, their bundles (one checksummed stream), pulls between servers and the
 snapshot store (push, pull_stored, list_stored, delete_stored)."""
 
 from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Union
-from urllib.parse import quote
 
+from . import _wire
 from ._transport import Transport
 from .errors import LockstepError, fork_results
-
-
-def _path(ref: str) -> str:
-    return "/snapshots/" + quote(ref, safe="")
 
 
 class Snapshots:
@@ -20,33 +16,28 @@ class Snapshots:
         self._t = Transport(api_url, api_key, **transport_options)
 
     def create(self, checkpoint_id: str, *, name: Optional[str] = None, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-        body: Dict[str, Any] = {"checkpointId": checkpoint_id}
-        if name is not None:
-            body["name"] = name
-        if metadata is not None:
-            body["metadata"] = metadata
-        return self._t.json("POST", "/snapshots", json_body=body)
+        return _wire.create_snapshot(self._t, checkpoint_id=checkpoint_id, name=name, metadata=metadata)
 
     def list(self) -> List[Dict[str, Any]]:
-        return self._t.json("GET", "/snapshots")
+        return _wire.list_snapshots(self._t)
 
     def get(self, ref: str) -> Dict[str, Any]:
-        return self._t.json("GET", _path(ref))
+        return _wire.get_snapshot(self._t, snap=ref)
 
     def delete(self, ref: str) -> None:
-        self._t.request("DELETE", _path(ref)).read()
+        _wire.delete_snapshot(self._t, snap=ref)
 
     def context(self, ref: str) -> Any:
-        return self._t.json("GET", _path(ref) + "/context")["context"]
+        return _wire.get_snapshot_context(self._t, snap=ref)["context"]
 
     def start(self, ref: str, count: int = 1) -> List[Union[str, LockstepError]]:
         """Starts sandboxes from the snapshot: one result per sandbox, in order, its id
         (``Sandbox.connect`` it) or, for one that failed, its error (not raised)."""
-        return fork_results(self._t.json("POST", _path(ref) + "/sandboxes", json_body={"count": count}))
+        return fork_results(_wire.start_snapshot_sandboxes(self._t, snap=ref, count=count))
 
     def export(self, ref: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """The bundle, chunk by chunk (write them to a file: ``for c in snaps.export(id): f.write(c)``)."""
-        resp = self._t.request("GET", _path(ref) + "/bundle", accept="application/octet-stream")
+        resp = _wire.export_snapshot(self._t, snap=ref)
         try:
             yield from resp.iter_chunks(chunk_size)
         finally:
@@ -67,33 +58,25 @@ class Snapshots:
             body: Iterable[bytes] = chunks()
         else:
             body = bundle  # type: ignore[assignment]
-        return self._t.json("POST", "/snapshots/import", query={"name": name}, body=body)
+        # The bundle's bytes: a body the document does not describe, so sent here.
+        return self._t.json(*_wire.route("importSnapshot"), query={"name": name}, body=body)
 
     def pull(self, from_url: str, snapshot: str, token: str, *, name: Optional[str] = None) -> Dict[str, Any]:
         """Makes the server pull a snapshot from another server (``from_url``) with a token of the tenant there."""
-        body: Dict[str, Any] = {"from": from_url, "snapshot": snapshot, "token": token}
-        if name is not None:
-            body["name"] = name
-        return self._t.json("POST", "/snapshots/pull", json_body=body)
+        return _wire.pull_snapshot(self._t, from_=from_url, snapshot=snapshot, token=token, name=name)
 
     def push(self, ref: str, *, key: Optional[str] = None) -> Dict[str, Any]:
         """Makes the server export the snapshot into the tenant's part of its snapshot store
         under ``key`` (default: the snapshot's name, else its id); chunks already stored are not sent again."""
-        body: Dict[str, Any] = {}
-        if key is not None:
-            body["key"] = key
-        return self._t.json("POST", _path(ref) + "/push", json_body=body)
+        return _wire.push_snapshot(self._t, snap=ref, key=key)
 
     def pull_stored(self, key: str, *, name: Optional[str] = None) -> Dict[str, Any]:
         """Makes the server import the bundle stored under ``key`` in the tenant's part of its store."""
-        body: Dict[str, Any] = {}
-        if name is not None:
-            body["name"] = name
-        return self._t.json("POST", "/store/bundles/" + quote(key, safe="") + "/pull", json_body=body)
+        return _wire.pull_stored_bundle(self._t, key=key, name=name)
 
     def list_stored(self) -> List[Dict[str, Any]]:
         """The bundles in the tenant's part of the server's snapshot store."""
-        return self._t.json("GET", "/store/bundles")
+        return _wire.list_stored_bundles(self._t)
 
     def delete_stored(self, key: str) -> None:
-        self._t.request("DELETE", "/store/bundles/" + quote(key, safe="")).read()
+        _wire.delete_stored_bundle(self._t, key=key)
