@@ -2,9 +2,10 @@
  * Workload (e), the memory sweep: a python3 process holding 16, 64, 256 or
  * 1024 MiB, of which 1 MiB (256 pages at a rotating offset) changes between
  * two checkpoints, on a SIGUSR1 from the host. Measured per size: checkpoint
- * wall clock, bytes the checkpoint stored on disk against the bytes that
- * changed, rollback through the warm standby and through a CRIU restore,
- * the standby's resident memory, and the CRIU CLI peer on a twin sandbox.
+ * wall clock (tracked, whole, and the first after a rollback), bytes the
+ * checkpoint stored on disk against the bytes that changed, rollback through
+ * the warm standby and through a CRIU restore, the standby's resident
+ * memory, and the CRIU CLI peer (stock CRIU) on a twin sandbox.
  *
  * The chain of checkpoints is kept while a size is measured (deleted at the
  * end), as an agent keeps its history: deleting each predecessor would make
@@ -114,17 +115,28 @@ export interface SweepResult {
   notes: string[];
 }
 
-/** Runs fn with incremental images on or off (the manager setting pageDelta): "off" stores every image whole, "on" incremental (opt-in). */
-function withPageDelta<T>(ctx: BenchContext, value: 'on' | 'off', fn: () => Promise<T>): Promise<T> {
-  return withSettings(ctx.ls, { pageDelta: value === 'on' }, fn);
+/**
+ * How a pass stores its images: "tracked" is the default (Lockstep's CRIU
+ * build dumps only the pages written since the previous checkpoint);
+ * "whole" turns tracking and page-delta off (every page every time, the
+ * baseline before issue 25).
+ */
+function withImages<T>(ctx: BenchContext, mode: 'tracked' | 'whole', fn: () => Promise<T>): Promise<T> {
+  return withSettings(ctx.ls, mode === 'whole' ? { wpKeeper: null, pageDelta: false } : {}, fn);
 }
 
+/** Rollbacks measured per pass, after its chain of checkpoints (at least one). */
+const ROLLBACKS = 3;
+
 /**
- * One size of the sweep, on one sandbox: first with whole images
- * (LOCKSTEP_PAGE_DELTA=off, the baseline), then with incremental ones, each
- * checkpoint followed by a rollback to it through the warm standby; then,
- * incremental, with the standby off (rollback through a CRIU restore of the
- * chain); then the CRIU CLI peer on a twin sandbox.
+ * One size of the sweep, on one sandbox, in an agent's rhythm: a chain of
+ * checkpoints, each after 1 MiB of the memory changed (the checkpoint and
+ * the background work after it timed apart), then rollbacks to the newest
+ * checkpoint, each after another change, then the first checkpoint after a
+ * rollback (its processes were restored, so it is dumped whole). Passes:
+ * whole images (the baseline), tracked with the warm standby (the default;
+ * rollback = swap), tracked with the standby off (rollback = CRIU restore
+ * of the chain). Then the CRIU CLI peer (stock CRIU) on a twin sandbox.
  */
 export async function measureSweepSize(ctx: BenchContext, mib: number, iterations: number): Promise<SweepResult> {
   const key = `e.${mib}m`;
@@ -133,7 +145,7 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
   const paths: Record<string, number> = {};
   const ids: string[] = [];
   const total = ctx.warmup + iterations;
-  const pass = async (delta: 'on' | 'off', standby: 'on' | 'off') => {
+  const pass = async (mode: 'tracked' | 'whole', standby: 'on' | 'off') => {
     const r = {
       ck: [] as number[],
       phases: [] as Record<string, number>[],
@@ -141,16 +153,16 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
       standbyMs: [] as number[],
       standbyRss: [] as number[],
       rb: [] as number[],
+      afterRollback: [] as number[],
+      afterRollbackStored: [] as number[],
     };
-    await withPageDelta(ctx, delta, () =>
+    const what = `${mode} images, standby ${standby}`;
+    await withImages(ctx, mode, () =>
       withStandby(ctx.ls, standby, async () => {
+        let newest = '';
         for (let i = 0; i < total; i++) {
           ctx.checkAborted();
-          ctx.progress.step(
-            `(e) ${mib} MiB: change 1 MiB, checkpoint, rollback (incremental images ${delta}, standby ${standby})`,
-            i + 1,
-            total,
-          );
+          ctx.progress.step(`(e) ${mib} MiB: change 1 MiB, checkpoint (${what})`, i + 1, total);
           await change1MiBOfMemory(ctx, sb);
           await settle(ctx.ls, sb.id);
           const t0 = performance.now();
@@ -159,41 +171,74 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
           await settle(ctx.ls, sb.id);
           const t2 = performance.now();
           ids.push(info.id);
-          const rssStandby = standbyRssBytes(ctx, sb.id);
-          const back = await sb.rollback(info.id);
-          const t3 = performance.now();
-          await settle(ctx.ls, sb.id);
+          newest = info.id;
           if (i < ctx.warmup) continue;
-          const p = `delta ${delta}, standby ${standby}: ${back.path}`;
-          paths[p] = (paths[p] ?? 0) + 1;
           r.ck.push(t1 - t0);
           r.phases.push(numericFields(info.timings));
           r.stored.push(info.sizes.processImageBytes);
           r.standbyMs.push(t2 - t1);
-          r.standbyRss.push(rssStandby);
-          r.rb.push(t3 - t2);
+          r.standbyRss.push(standbyRssBytes(ctx, sb.id));
         }
+        const rollbacks = Math.max(1, Math.min(ROLLBACKS, iterations));
+        for (let i = 0; i < rollbacks; i++) {
+          ctx.checkAborted();
+          ctx.progress.step(
+            `(e) ${mib} MiB: change 1 MiB, rollback to the newest checkpoint (${what})`,
+            i + 1,
+            rollbacks,
+          );
+          await change1MiBOfMemory(ctx, sb);
+          await settle(ctx.ls, sb.id);
+          const t0 = performance.now();
+          const back = await sb.rollback(newest);
+          r.rb.push(performance.now() - t0);
+          await settle(ctx.ls, sb.id);
+          const p = `${what}: ${back.path}`;
+          paths[p] = (paths[p] ?? 0) + 1;
+        }
+        await change1MiBOfMemory(ctx, sb);
+        await settle(ctx.ls, sb.id);
+        const t0 = performance.now();
+        const info = await sb.checkpoint();
+        r.afterRollback.push(performance.now() - t0);
+        r.afterRollbackStored.push(info.sizes.processImageBytes);
+        ids.push(info.id);
+        await settle(ctx.ls, sb.id);
       }),
     );
     return r;
   };
   try {
-    const whole = await pass('off', 'on');
-    const inc = await pass('on', 'on');
-    const cold = await pass('on', 'off');
+    const whole = await pass('whole', 'on');
+    const inc = await pass('tracked', 'on');
+    const cold = await pass('tracked', 'off');
     const rss = sandboxRssBytes(ctx, sb.id);
     const out: SweepResult = {
       measurements: [
-        measurement(`${key}.lockstep.checkpoint`, label, 'Lockstep', 'checkpoint (incremental images)', inc.ck, {
-          phaseSamples: inc.phases,
-        }),
+        measurement(
+          `${key}.lockstep.checkpoint`,
+          label,
+          'Lockstep',
+          'checkpoint (tracked: written pages only)',
+          inc.ck,
+          {
+            phaseSamples: inc.phases,
+          },
+        ),
         measurement(
           `${key}.lockstep.checkpoint:whole`,
           label,
           'Lockstep',
-          'checkpoint, whole images (LOCKSTEP_PAGE_DELTA=off, before)',
+          'checkpoint, whole images (tracking off, before)',
           whole.ck,
           { phaseSamples: whole.phases },
+        ),
+        measurement(
+          `${key}.lockstep.checkpoint:after-rollback`,
+          label,
+          'Lockstep',
+          'first checkpoint after a rollback (restored processes: whole)',
+          [...inc.afterRollback, ...cold.afterRollback],
         ),
         measurement(`${key}.lockstep.checkpoint:standby-off`, label, 'Lockstep', 'checkpoint, standby off', cold.ck, {
           phaseSamples: cold.phases,
@@ -202,14 +247,14 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
           `${key}.lockstep.standby`,
           label,
           'Lockstep',
-          'background after checkpoint (standby restore of the chain)',
+          'background after checkpoint (durability, standby restore of the chain)',
           inc.standbyMs,
         ),
         measurement(
           `${key}.lockstep.standby:whole`,
           label,
           'Lockstep',
-          'background after checkpoint (standby restore, whole images)',
+          'background after checkpoint (whole images)',
           whole.standbyMs,
         ),
         measurement(`${key}.lockstep.rollback`, label, 'Lockstep', 'rollback (default: warm standby)', inc.rb),
@@ -224,6 +269,7 @@ export async function measureSweepSize(ctx: BenchContext, mib: number, iteration
       bytes: {
         [`${key}.storedBytes`]: summarize([...inc.stored, ...cold.stored]),
         [`${key}.storedBytesWhole`]: summarize(whole.stored),
+        [`${key}.storedBytesAfterRollback`]: summarize([...inc.afterRollbackStored, ...cold.afterRollbackStored]),
         [`${key}.changedBytes`]: summarize([CHANGED_BYTES]),
         [`${key}.standbyRssBytes`]: summarize(inc.standbyRss),
         [`${key}.sandboxRssBytes`]: summarize([rss]),

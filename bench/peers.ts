@@ -16,13 +16,13 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { spawn, type ChildProcess } from 'node:child_process';
 import Docker from 'dockerode';
+import { DEFAULTS } from '../src/config.js';
 import type { Lockstep, Sandbox } from '../src/index.js';
 import type { Engine } from '../src/api/engine.js';
 import { hostOf } from '../src/lifecycle/instance-host.js';
 import type { SandboxRow } from '../src/catalog/catalog.js';
 import type { CriuRequest } from '../src/native/binding.js';
 import { dumpOptions, restoreOptions } from '../src/instances/criu-options.js';
-import { criuBinary } from '../src/host/criu-service.js';
 import { startTime } from '../src/host/proc.js';
 import { projectRoot } from '../src/native/binding.js';
 import {
@@ -164,7 +164,8 @@ export function criuCliFlags(engine: Engine, req: Omit<CriuRequest, 'op'>): stri
 
 /** The CRIU command lines equivalent to Lockstep's dump and restore requests. */
 export class CriuCli {
-  readonly bin = criuBinary();
+  /** Stock CRIU 4.2.1, as a user would run it (Lockstep's own build dumps only written pages, with its keeper). */
+  readonly bin = DEFAULTS.stockCriuBinary;
   constructor(private readonly ls: Lockstep) {}
 
   private row(instance: string, pid: number): SandboxRow {

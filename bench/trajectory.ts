@@ -18,7 +18,7 @@
  * inference is modelled, added arithmetically (1 s and 5 s per step), never
  * slept. Its share = state / (state + tool calls + steps × inference).
  *
- *   node dist/bench/trajectory.js [--quick] [--page-delta on|off] [--standby on|off]
+ *   node dist/bench/trajectory.js [--quick] [--tracking on|off] [--page-delta on|off] [--standby on|off]
  *                                 [--durable-later on|off] [--userns on|off]
  *                                 [--standby-after-checkpoint on|off|auto] [--out FILE]
  * (the switches set the manager's settings of those names, for A/B runs; a
@@ -26,15 +26,19 @@
  */
 import fs from 'node:fs';
 import os from 'node:os';
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { Lockstep, type Sandbox } from '../src/index.js';
 import { numericFields, summarize, summarizePhases, type Summary } from './stats.js';
 import { withSettings } from './workloads.js';
+import { writeReportHtml } from './report-html.js';
 
 const { values: args } = parseArgs({
   options: {
     quick: { type: 'boolean', default: false },
-    'page-delta': { type: 'string', default: 'on' },
+    // Written-page tracking (Lockstep's CRIU build) is the default; page-delta compares pages after a whole dump.
+    tracking: { type: 'string', default: 'on' },
+    'page-delta': { type: 'string', default: 'off' },
     standby: { type: 'string', default: 'on' },
     'standby-after-checkpoint': { type: 'string' },
     'durable-later': { type: 'string', default: 'on' },
@@ -314,6 +318,7 @@ async function main(): Promise<void> {
   try {
     await ls.images.ensure('dev', (m) => progress(m));
     const settings = {
+      ...(args.tracking === 'off' ? { wpKeeper: null } : {}),
       pageDelta: args['page-delta'] === 'on',
       standby: args.standby !== 'off',
       // Not given: the manager's own setting (LOCKSTEP_STANDBY_AFTER_CHECKPOINT or its default).
@@ -362,6 +367,8 @@ async function main(): Promise<void> {
       const file = args.out ?? new URL('../../bench/results/trajectory.json', import.meta.url).pathname;
       fs.mkdirSync(new URL('.', `file://${file}`).pathname, { recursive: true });
       fs.writeFileSync(file, JSON.stringify(out, null, 2) + '\n');
+      // The page beside it shows the share per step, and the sweep's curves if a bench run left them.
+      if (args.out === undefined) progress(`wrote ${writeReportHtml(path.dirname(file))}`);
       for (const [name, r] of [
         ['linear', linearResult],
         ['tree search', treeResult],

@@ -447,6 +447,8 @@ export interface ForkFanOut {
   measurements: Measurement[];
   perForkMs: Record<number, number[]>;
   iterationsUsed: Record<number, number>;
+  /** Resident memory of one fork (the sum of its processes' VmRSS), sampled once per N, in bytes. */
+  rssPerForkBytes: Record<number, number[]>;
 }
 
 /**
@@ -458,11 +460,11 @@ export interface ForkFanOut {
 export async function measureForks(
   ctx: BenchContext,
   parent: Sandbox,
-  counts: number[] = [1, 4, 16],
+  counts: number[] = [1, 4, 16, 64],
 ): Promise<ForkFanOut> {
   const ckpt = await parent.checkpoint({ label: 'bench: fork source' });
   await settle(ctx.ls, parent.id);
-  const out: ForkFanOut = { measurements: [], perForkMs: {}, iterationsUsed: {} };
+  const out: ForkFanOut = { measurements: [], perForkMs: {}, iterationsUsed: {}, rssPerForkBytes: {} };
   const label = 'd: fork fan-out';
   try {
     for (const n of counts) {
@@ -481,6 +483,16 @@ export async function measureForks(
           results.map(async (r) => (r.ok ? assertAnswers(ctx.ls.get(r.id), `fork ${r.id}`) : undefined)),
         );
         const t2 = performance.now();
+        if (i === ctx.warmup)
+          out.rssPerForkBytes[n] = results.flatMap((r) =>
+            r.ok
+              ? [
+                  ctx.ls.engine.cgroups
+                    .pids(ctx.ls.engine.runtime.cgroupName(instanceOf(ctx.ls, r.id)))
+                    .reduce((s, p) => s + rssKiB(p) * 1024, 0),
+                ]
+              : [],
+          );
         for (const r of results) if (r.ok) await ctx.ls.remove(r.id);
         if (failed.length) throw new Error(`${failed.length} of ${n} forks failed: ${JSON.stringify(failed[0])}`);
         if (i >= ctx.warmup) {
@@ -490,6 +502,8 @@ export async function measureForks(
         }
         // A slow machine: keep the run within budget, and say how many were used.
         if (n >= 16 && i === ctx.warmup && performance.now() - t0 > 3000) planned = Math.min(planned, ctx.warmup + 10);
+        // 64 forks: a handful of iterations (each makes and removes 64 sandboxes).
+        if (n >= 64) planned = Math.min(planned, ctx.warmup + 5);
       }
       out.iterationsUsed[n] = ready.length;
       out.perForkMs[n] = perFork;

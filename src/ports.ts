@@ -45,7 +45,11 @@ export interface HelperClient {
 /** A dump request: which tree, and where its images go. */
 export type CriuDumpRequest = Omit<CriuRequest, 'op' | 'serviceAddress'> & { imagesDir: string; pid: number };
 /** A restore request: from which images (CRIU works in a scratch folder of its own). */
-export type CriuRestoreRequest = Omit<CriuRequest, 'op' | 'serviceAddress' | 'workDir'> & { imagesDir: string };
+export type CriuRestoreRequest = Omit<CriuRequest, 'op' | 'serviceAddress' | 'workDir'> & {
+  imagesDir: string;
+  /** Arm written-page tracking in the restored processes (when the service tracks writes and its keeper runs). */
+  armTracking?: boolean;
+};
 
 /** Client of the state directory's CRIU service. */
 export interface CriuClient {

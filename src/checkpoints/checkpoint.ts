@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import { newId, type CheckpointRow, type SandboxRow } from '../catalog/catalog.js';
 import { CriuError, InvalidArgumentError, InvalidStateError, LockstepError, StoreFullError } from '../errors.js';
 import { processVitals } from '../host/proc.js';
-import { dumpOptions } from '../instances/criu-options.js';
+import { dumpOptions, tracksWrites } from '../instances/criu-options.js';
 import { shareProcessImageWith } from '../instances/id-shift.js';
 import { hashProcessImage, layerFingerprint, type CheckpointChecksums } from './integrity.js';
 import { AgentState } from '../agent-state/agent-state.js';
@@ -129,7 +129,7 @@ export function validateLabel(label: unknown): string | null {
  */
 function incrementalParent(engine: CheckpointDeps, row: SandboxRow): string | undefined {
   const head = row.head_checkpoint_id;
-  if (!engine.criu.tracksWrites || !head) return undefined;
+  if (!head) return undefined;
   if (engine.catalog.checkpoint(head)?.sandbox_id !== row.id) return undefined;
   const dir = engine.paths.processImage(head);
   try {
@@ -186,9 +186,14 @@ export async function checkpointSandbox(
       const ts = performance.now();
       t.snapshotMs = ts - frozenAt;
       engine.fault('checkpoint:snapshotted');
-      const parentImg = incrementalParent(engine, row);
+      const trackMem = tracksWrites(engine);
+      const parentImg = trackMem ? incrementalParent(engine, row) : undefined;
       const dumped = await engine.criu
-        .dump({ ...dumpOptions(engine, { initPid: row.init_pid!, instance: row.instance }, imagesDir), parentImg })
+        .dump({
+          ...dumpOptions(engine, { initPid: row.init_pid!, instance: row.instance }, imagesDir),
+          trackMem,
+          ...(parentImg === undefined ? {} : { parentImg }),
+        })
         .catch((e: unknown) => {
           // What the init was when frozen, and after: says whether something had killed it (pending SIGKILL, bit 9).
           if (e instanceof LockstepError)

@@ -60,6 +60,7 @@ export async function restoreNewInstance(
     },
     {
       inPlace: false,
+      armTracking: opts.standby ?? false,
       network: () => prepareRestoredNetwork(engine, key, like, { standby: opts.standby ?? false }),
       at: (point) => {
         if (point === 'prepared') step('prepared');

@@ -134,6 +134,7 @@ export async function restoreSandboxTo(
     },
     {
       inPlace: true,
+      armTracking: true,
       // The old tree's namespace (and with it its eth0) is going away: a fresh pair for the restored one.
       network: () => prepareRestoredNetwork(engine, row.instance, row, { standby: false }),
       at: (point) => {

@@ -171,7 +171,7 @@ export class CriuService implements CriuClient {
     // Tracked: the dump arms (or re-arms) the processes' written-page
     // tracking, and stores only what was written since parentImg, when
     // that is the dump that last armed it (native/criu/README.md).
-    const tracked = (req.trackMem ?? this.tracksWrites) && (await this.keeperReady());
+    const tracked = req.trackMem === true && this.tracksWrites && (await this.keeperReady());
     const request: CriuRequest = tracked
       ? { ...req, op: 'dump', logFile, trackMem: true, configFile: this.paths.criuTrackingConfig }
       : { ...req, op: 'dump', logFile, trackMem: false };
@@ -203,7 +203,12 @@ export class CriuService implements CriuClient {
    * data; the folder goes afterwards unless LOCKSTEP_KEEP_CRIU_LOGS is set.
    */
   async restore(request: CriuRestoreRequest & { workDirOwner?: number }): Promise<number> {
-    const { workDirOwner, ...req } = request;
+    const { workDirOwner, armTracking, ...rest } = request;
+    // Armed: the restored processes' next dump with this image as parent stores only what they wrote since.
+    const req: CriuRequest & { imagesDir: string } =
+      armTracking === true && this.tracksWrites && (await this.keeperReady())
+        ? { ...rest, op: 'restore', configFile: this.paths.criuTrackingConfig }
+        : { ...rest, op: 'restore' };
     const logFile = req.logFile ?? 'restore.log';
     // On libuv's pool, like its removal below: the store's metadata calls can
     // wait for another fork's snapshot to commit, and forks run side by side.

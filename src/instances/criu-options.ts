@@ -15,7 +15,7 @@ import type { CgroupDriver } from '../host/cgroups.js';
 import type { CriuRequest, VethConfig } from '../native/binding.js';
 import type { LockstepConfig } from '../config.js';
 import type { StatePaths } from '../paths.js';
-import type { LayerPort, NativeBinding } from '../ports.js';
+import type { CriuClient, LayerPort, NativeBinding } from '../ports.js';
 import type { SandboxRuntime } from './runtime.js';
 
 /** What the CRIU options are made from. */
@@ -26,6 +26,14 @@ export interface CriuOptionsDeps {
   native: NativeBinding;
   paths: StatePaths;
   runtime: SandboxRuntime;
+}
+
+/** Written-page tracking: the manager's setting (wpKeeper, read per call) and a CRIU service that can. */
+export function tracksWrites(deps: {
+  config: Pick<LockstepConfig, 'wpKeeper'>;
+  criu: Pick<CriuClient, 'tracksWrites'>;
+}): boolean {
+  return deps.config.wpKeeper !== null && deps.criu.tracksWrites;
 }
 
 /** The process tree to dump: its init and its instance. */

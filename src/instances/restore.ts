@@ -15,6 +15,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { CgroupLimits } from '../host/cgroups.js';
 import type { VethConfig } from '../native/binding.js';
+import { tracksWrites } from './criu-options.js';
 import type { CriuClient } from '../ports.js';
 import { restoreOptions, type CriuOptionsDeps } from './criu-options.js';
 import { processImageForRange, shiftLayerOwners } from './id-shift.js';
@@ -44,6 +45,13 @@ export type RestorePoint = 'prepared' | 'layer' | 'mounted';
 export interface RestoreSteps {
   /** Restore into the instance that is there (a rollback), not a new one. */
   inPlace: boolean;
+  /**
+   * Arm written-page tracking in the restored processes (a rollback, a warm
+   * standby): their next checkpoint then stores only what they wrote since
+   * this checkpoint, instead of everything. Forks are not armed: their
+   * images never link to another sandbox's.
+   */
+  armTracking: boolean;
   /** The instance's network link, made once its root is mounted (none without egress). */
   network(): Promise<VethConfig | undefined>;
   /** Called at each point, in order: 'prepared' (new instances only), 'layer', 'mounted'. */
@@ -57,11 +65,12 @@ export async function restoreInstance(
 ): Promise<number> {
   const key = inst.host.id;
   const idBase = inst.host.idBase ?? null;
+  const arm = steps.armTracking && tracksWrites(deps);
   const from = inst.fromIdBase;
   const rebase = from !== null && idBase !== null && from !== idBase;
   if (!rebase) {
     const veth = await prepareInstance(deps, inst, steps, null);
-    return deps.criu.restore(restoreOptions(deps, key, inst.processImage, idBase, veth));
+    return deps.criu.restore({ ...restoreOptions(deps, key, inst.processImage, idBase, veth), armTracking: arm });
   }
   // The key was just made: nothing can be there yet.
   const images = path.join(deps.paths.scratch, `images-${key}`);
@@ -74,7 +83,10 @@ export async function restoreInstance(
     ]);
     if (prepared.status === 'rejected') throw prepared.reason;
     if (copied.status === 'rejected') throw copied.reason;
-    return await deps.criu.restore(restoreOptions(deps, key, copied.value, idBase, prepared.value));
+    return await deps.criu.restore({
+      ...restoreOptions(deps, key, copied.value, idBase, prepared.value),
+      armTracking: arm,
+    });
   } finally {
     // On libuv's pool: a few dozen unlinks on the store, each able to wait
     // for another fork's snapshot to commit, would stall every fork's event loop.

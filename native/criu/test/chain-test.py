@@ -7,7 +7,15 @@ the numbers. Prints one JSON line per checkpoint and a summary.
 
   chain-test.py --criu OUT/criu --keeper OUT/wp-keeper [--stock /usr/local/sbin/criu]
                 [--restore-criu CRIU] [--mib 64] [--mode mixed|bench] [--steps 8] [--verify all|last|none]
-                [--workdir /dev/shm/lockstep-criu-test]
+                [--workdir /dev/shm/lockstep-criu-test] [--after-restore J [--after-steps 3]]
+
+With --after-restore J: after the chain, the workload is killed and checkpoint
+J is restored with the patched criu and --wp-keeper (the restore arms the
+tracking), checked against step J, then stepped and dumped --after-steps
+times, the first dump with --prev-images-dir ../ckpt-J (it must be
+incremental), the next ones on the new chain; then every new checkpoint is
+restored and checked like the chain's (the chain's own checkpoints are
+checked too unless --verify says otherwise).
 
 Needs root. The original workload is killed before the restores, so the
 restored tasks get their old pids back. This process is the subreaper of all
@@ -225,30 +233,119 @@ def run_chain(a, label, criu, incremental, base):
     return rows, pids, dirs
 
 
-def verify(a, criu, base, pids, dirs, which):
+def verify(a, criu, base, pids, dirs, which, steps=None):
+    """Restores dirs[i] (plain restore) and compares with step-<steps[i]> (default: i)."""
     picks = range(len(dirs)) if which == "all" else ([len(dirs) - 1] if which == "last" else [])
-    for k in picks:
+    for i in picks:
+        k = steps[i] if steps else i
         for f in glob.glob(os.path.join(base, "verify-*.sums")):
             os.unlink(f)
         r = subprocess.run(
-            [criu, "restore", "-D", dirs[k], "-d", "-v4", "-o", "restore.log"],
+            [criu, "restore", "-D", dirs[i], "-d", "-v4", "-o", "restore.log"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
         if r.returncode != 0:
-            os.system("grep -h Error %s/restore.log | tail -5 >&2" % dirs[k])
-            die("restore of checkpoint %d failed (log: %s/restore.log)" % (k, dirs[k]))
-        roles = ["main"] + (["child"] if os.path.exists(os.path.join(base, "step-%d-child.sums" % k)) else [])
-        os.kill(pids[0], signal.SIGUSR2)
-        wait_for([os.path.join(base, "verify-%s.sums" % role) for role in roles])
-        for role in roles:
-            want = open(os.path.join(base, "step-%d-%s.sums" % (k, role))).read()
-            got = open(os.path.join(base, "verify-%s.sums" % role)).read()
-            if want != got:
-                bad = [(w, g) for w, g in zip(want.splitlines(), got.splitlines()) if w != g]
-                die("checkpoint %d, %s: memory differs after restore, e.g. %s" % (k, role, bad[:3]))
-        print(json.dumps({"verified_ckpt": k, "roles": roles, "mib_checked": want.count("\n") - 1}), flush=True)
+            os.system("grep -h Error %s/restore.log | tail -5 >&2" % dirs[i])
+            die("restore of checkpoint %s failed (log: %s/restore.log)" % (os.path.basename(dirs[i]), dirs[i]))
+        roles = check_sums(base, pids, k, os.path.basename(dirs[i]))
         kill_wait(pids[: len(roles)])
+
+
+def check_sums(base, pids, k, name):
+    """Has the running (restored) workload write its sums now; compares them with step k's."""
+    for f in glob.glob(os.path.join(base, "verify-*.sums")):
+        os.unlink(f)
+    roles = ["main"] + (["child"] if os.path.exists(os.path.join(base, "step-%d-child.sums" % k)) else [])
+    os.kill(pids[0], signal.SIGUSR2)
+    wait_for([os.path.join(base, "verify-%s.sums" % role) for role in roles])
+    for role in roles:
+        want = open(os.path.join(base, "step-%d-%s.sums" % (k, role))).read()
+        got = open(os.path.join(base, "verify-%s.sums" % role)).read()
+        if want != got:
+            bad = [(w, g) for w, g in zip(want.splitlines(), got.splitlines()) if w != g]
+            die("checkpoint %s (step %d), %s: memory differs after restore, e.g. %s" % (name, k, role, bad[:3]))
+    print(json.dumps({"verified_ckpt": name, "step": k, "roles": roles, "mib_checked": want.count("\n") - 1}), flush=True)
+    return roles
+
+
+def after_restore(a, criu, base, pids, dirs, rows):
+    """Restores checkpoint J with --wp-keeper, steps and dumps on top of it; returns (rows, dirs, steps)."""
+    j = a.after_restore
+    if not 0 <= j < len(dirs):
+        die("--after-restore %d: no such checkpoint" % j)
+    sock = os.path.join(base, "keeper-ar.sock")
+    keeper = subprocess.Popen([a.keeper, sock])
+    KEEPERS.append(keeper)
+    wait_for([sock])
+    # The restored workload counts its steps from J again: keep the chain's later sums apart.
+    stash = os.path.join(base, "chain-sums")
+    os.makedirs(stash)
+    for f in glob.glob(os.path.join(base, "step-*.sums")):
+        if int(os.path.basename(f).split("-")[1]) > j:
+            os.rename(f, os.path.join(stash, os.path.basename(f)))
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [criu, "restore", "-D", dirs[j], "-d", "-v4", "-o", "restore-ar.log", "--wp-keeper", sock],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    dt = time.monotonic() - t0
+    if r.returncode != 0:
+        os.system("grep -h Error %s/restore-ar.log | tail -5 >&2" % dirs[j])
+        die("restore of checkpoint %d with --wp-keeper failed (log: %s/restore-ar.log)" % (j, dirs[j]))
+    armed = subprocess.run(["grep", "-h", "wp-track", os.path.join(dirs[j], "restore-ar.log")],
+                           stdout=subprocess.PIPE, text=True).stdout
+    print(json.dumps({"restored_ckpt": j, "restore_s": round(dt, 4),
+                      "wp_track_log": [l.split("wp-track: ", 1)[-1] for l in armed.splitlines()
+                                       if "armed" in l or "handed" in l or "not" in l]}), flush=True)
+    live = [p for p in pids if os.path.exists("/proc/%d" % p)]
+    # The restored memory is the image's (reads here populate untouched pages: zeroes).
+    if not a.no_restored_check:
+        check_sums(base, live, j, "ckpt-%d (restored, before the new steps)" % j)
+    new_rows, new_dirs, new_steps = [], [], []
+    child = pids[1] if len(pids) > 1 and os.path.exists(os.path.join(base, "step-%d-child.sums" % j)) else None
+    pid = pids[0]
+    for m in range(1, a.after_steps + 1):
+        k = j + m
+        os.kill(pid, signal.SIGUSR1)
+        want = [os.path.join(base, "step-%d-main.sums" % k)]
+        if child:
+            want.append(os.path.join(base, "step-%d-child.sums" % k))
+        wait_for(want)
+        if child is None and a.mode == "mixed" and k >= 2:
+            kids = children_of(pid)
+            if kids:
+                child = kids[0]
+                wait_for([os.path.join(base, "step-%d-child.sums" % k)])
+        d = os.path.join(base, "ar-ckpt-%d" % m)
+        os.makedirs(d)
+        parent = "../ckpt-%d" % j if m == 1 else "../ar-ckpt-%d" % (m - 1)
+        # -v3 at least: the log says which tasks were dumped incrementally
+        cmd = [criu, "dump", "-t", str(pid), "-D", d, "-R", "-v%d" % max(a.log_level, 3), "-o", "dump.log",
+               "--track-mem", "--wp-keeper", sock, "--prev-images-dir", parent]
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        dt = time.monotonic() - t0
+        if r.returncode != 0:
+            os.system("grep -h Error %s/dump.log | tail -5 >&2" % d)
+            die("after-restore dump %d failed (log: %s/dump.log)" % (m, d))
+        kinds = subprocess.run(["grep", "-ho", "keeper holds a userfaultfd tagged.*\\|new userfaultfd, full dump",
+                                os.path.join(d, "dump.log")], stdout=subprocess.PIPE, text=True).stdout
+        row = {"run": "after-restore", "mib": a.mib, "ckpt": "ar-ckpt-%d" % m, "parent": parent, "step": k,
+               "dump_s": round(dt, 4), "pages_bytes": pages_bytes(d),
+               "incremental_tasks": kinds.count("(the parent: incremental)"),
+               "full_tasks": kinds.count("full dump")}
+        row.update(dump_stats(d))
+        new_rows.append(row)
+        print(json.dumps(row), flush=True)
+        new_dirs.append(d)
+        new_steps.append(k)
+    pids2 = [pid] + ([child] if child else [])
+    kill_wait(pids2)
+    keeper.terminate()
+    keeper.wait()
+    return new_rows, new_dirs, new_steps, pids2
 
 
 def main():
@@ -264,6 +361,12 @@ def main():
     p.add_argument("--workdir", default="/dev/shm/lockstep-criu-test")
     p.add_argument("--keep", action="store_true", help="keep the images")
     p.add_argument("--log-level", type=int, default=4, help="criu dump -v level (4 logs every page run: slower)")
+    p.add_argument("--after-restore", type=int, default=-1, metavar="J",
+                   help="then restore checkpoint J with --wp-keeper and dump incrementally on top of it")
+    p.add_argument("--after-steps", type=int, default=3, help="dumps after the --after-restore restore")
+    p.add_argument("--no-restored-check", action="store_true",
+                   help="do not check the restored checkpoint J before the new steps (for negative controls: "
+                   "leaves the finding to the verification of the new checkpoints)")
     a = p.parse_args()
     if os.geteuid() != 0:
         die("needs root")
@@ -282,6 +385,31 @@ def main():
     summary = {}
     base = os.path.join(a.workdir, "patched")
     rows, pids, dirs = run_chain(a, "patched", a.criu, True, base)
+    ar = None
+    if a.after_restore >= 0:
+        ar_rows, ar_dirs, ar_steps, ar_pids = after_restore(a, a.criu, base, pids, dirs, rows)
+        verify(a, a.restore_criu or a.criu, base, ar_pids, ar_dirs, "all", ar_steps)
+        full = rows[0]["pages_bytes"]
+        first = ar_rows[0]
+        ar = {
+            "restored_ckpt": a.after_restore,
+            "whole_dump_pages_bytes": full,
+            "first_after_restore_pages_bytes": first["pages_bytes"],
+            "first_after_restore_ratio": round(first["pages_bytes"] / full, 4),
+            "first_after_restore_incremental_tasks": first["incremental_tasks"],
+            "first_after_restore_full_tasks": first["full_tasks"],
+            "chain_median_incremental_pages_bytes": statistics.median(r["pages_bytes"] for r in rows[1:] or rows),
+            "after_restore_pages_bytes": [r["pages_bytes"] for r in ar_rows],
+            "verified": [os.path.basename(d) for d in ar_dirs],
+        }
+        if first["full_tasks"] or first["pages_bytes"] > full / 4:
+            die("the first dump after the restore is not incremental: %s" % json.dumps(ar))
+        # The chain's own checkpoints: their sums for steps after J were kept apart.
+        for f in glob.glob(os.path.join(base, "step-*.sums")):
+            if int(os.path.basename(f).split("-")[1]) > a.after_restore:
+                os.unlink(f)
+        for f in glob.glob(os.path.join(base, "chain-sums", "*.sums")):
+            os.rename(f, os.path.join(base, os.path.basename(f)))
     verify(a, a.restore_criu or a.criu, base, pids, dirs, a.verify)
     summary["patched"] = rows
     if not a.keep:
@@ -304,6 +432,8 @@ def main():
         if all("frozen_ms" in r for r in rs):
             out[label]["first_frozen_ms"] = rs[0]["frozen_ms"]
             out[label]["median_frozen_ms"] = statistics.median(r["frozen_ms"] for r in inc)
+    if ar:
+        out["after_restore"] = ar
     print("SUMMARY " + json.dumps(out), flush=True)
 
 
