@@ -192,16 +192,7 @@ def run_chain(a, label, criu, incremental, base):
     child = None
     for k in range(a.steps + 1):
         if k > 0:
-            os.kill(pid, signal.SIGUSR1)
-            want = [os.path.join(base, "step-%d-main.sums" % k)]
-            if child:
-                want.append(os.path.join(base, "step-%d-child.sums" % k))
-            wait_for(want)
-            if child is None and a.mode == "mixed" and k >= 2:
-                kids = children_of(pid)
-                if kids:
-                    child = kids[0]
-                    wait_for([os.path.join(base, "step-%d-child.sums" % k)])
+            child = step(a, base, pid, child, k)
         d = os.path.join(base, "ckpt-%d" % k)
         os.makedirs(d)
         cmd = [criu, "dump", "-t", str(pid), "-D", d, "-R", "-v%d" % a.log_level, "-o", "dump.log"]
@@ -308,16 +299,7 @@ def after_restore(a, criu, base, pids, dirs, rows):
     pid = pids[0]
     for m in range(1, a.after_steps + 1):
         k = j + m
-        os.kill(pid, signal.SIGUSR1)
-        want = [os.path.join(base, "step-%d-main.sums" % k)]
-        if child:
-            want.append(os.path.join(base, "step-%d-child.sums" % k))
-        wait_for(want)
-        if child is None and a.mode == "mixed" and k >= 2:
-            kids = children_of(pid)
-            if kids:
-                child = kids[0]
-                wait_for([os.path.join(base, "step-%d-child.sums" % k)])
+        child = step(a, base, pid, child, k)
         d = os.path.join(base, "ar-ckpt-%d" % m)
         os.makedirs(d)
         parent = "../ckpt-%d" % j if m == 1 else "../ar-ckpt-%d" % (m - 1)
@@ -346,6 +328,22 @@ def after_restore(a, criu, base, pids, dirs, rows):
     keeper.terminate()
     keeper.wait()
     return new_rows, new_dirs, new_steps, pids2
+
+
+def step(a, base, pid, child, k):
+    """Signals memload to make step k and waits for its sums (and its child's,
+    once it has one: the mixed mode forks it at step 2). Returns the child's pid."""
+    os.kill(pid, signal.SIGUSR1)
+    want = [os.path.join(base, "step-%d-main.sums" % k)]
+    if child:
+        want.append(os.path.join(base, "step-%d-child.sums" % k))
+    wait_for(want)
+    if child is None and a.mode == "mixed" and k >= 2:
+        kids = children_of(pid)
+        if kids:
+            child = kids[0]
+            wait_for([os.path.join(base, "step-%d-child.sums" % k)])
+    return child
 
 
 def main():
