@@ -189,12 +189,15 @@ integration(test, () => {
   test.serial(
     'a verified checkpoint damaged later, with its mtime put back to the nanosecond, is still refused (the verdict cache keys on ctime)',
     async (t) => {
-      await sb.files.write('/workspace/f', 'cached\n');
-      const ckpt = await sb.checkpoint({ label: 'cached' });
-      await sb.settled();
+      // A sandbox of its own: the shared one's next checkpoint would take pages from the damaged ones above.
+      const s = await ls.create({ image: 'base' });
+      t.teardown(() => ls.remove(s.id).catch(() => undefined));
+      await s.files.write('/workspace/f', 'cached\n');
+      const ckpt = await s.checkpoint({ label: 'cached' });
+      await s.settled();
       // Past the settling window, so that the first verification is remembered.
       await new Promise((r) => setTimeout(r, 1200));
-      const [first] = await sb.fork(ckpt.id, { count: 1 });
+      const [first] = await s.fork(ckpt.id, { count: 1 });
       t.true(first!.ok, JSON.stringify(first));
       if (first!.ok) await ls.remove(first.id);
 
@@ -209,7 +212,7 @@ integration(test, () => {
       t.is(after.size, before.size);
       await new Promise((r) => setTimeout(r, 1200));
 
-      const err = await t.throwsAsync(sb.fork(ckpt.id, { count: 1 }), { code: 'CHECKPOINT_CORRUPT' });
+      const err = await t.throwsAsync(s.fork(ckpt.id, { count: 1 }), { code: 'CHECKPOINT_CORRUPT' });
       t.like((err as unknown as { details: object }).details, { checkpointId: ckpt.id, file });
     },
   );
