@@ -14,8 +14,14 @@
  *   "COUNT"                         -> "OK <number of entries>"
  * The tag names the images dir of the dump that last re-armed the fd
  * ("<realpath>|<dump_uptime>"); empty means no usable base. Entries whose
- * process is gone (pid absent or a different start time) are dropped before
- * each request. Exits on SIGTERM or SIGINT, removing SOCKET. */
+ * process is gone (pid absent or a different start time) are dropped at most
+ * once a second, or when the table has doubled since: a dump asks twice per
+ * process, and reading /proc for every entry on every request made one
+ * sandbox's many processes cost every other sandbox's checkpoints (the keeper
+ * serves one request at a time). Lookups match pid and start time, so an
+ * entry not dropped yet is never handed to another process. The limit on
+ * open files is raised to its hard maximum at start (one fd per process
+ * tracked). Exits on SIGTERM or SIGINT, removing SOCKET. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
@@ -25,7 +31,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <sys/time.h>
+#include <time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -87,6 +95,19 @@ static void prune(void) {
   }
 }
 
+/* prune() when a second has passed since the last one, or the table has doubled. */
+static void prune_now_and_then(void) {
+  static struct timespec last;
+  static size_t after_last;
+  struct timespec now;
+
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (now.tv_sec - last.tv_sec < 1 && nr_entries < 2 * after_last + 64) return;
+  prune();
+  last = now;
+  after_last = nr_entries;
+}
+
 static struct entry *find(pid_t pid, unsigned long long start_time) {
   size_t i;
 
@@ -140,7 +161,7 @@ static void serve(int sk) {
     }
   }
 
-  prune();
+  prune_now_and_then();
   if (sscanf(buf, "TAKE %d %llu", &pid, &start_time) == 2) {
     e = find(pid, start_time);
     if (!e) {
@@ -201,6 +222,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   strcpy(addr.sun_path, sock_path);
+  struct rlimit nofile;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
