@@ -50,7 +50,11 @@ APT_DIR=$LS/apt
 CRIU_WP=$LS/criu-wp
 CRIU_WP_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../native/criu" && pwd)
 
-# package:file pairs; the file proves the package is usable.
+# package:file pairs; the file proves the package is usable. The lib* ones at
+# the end are the shared libraries Lockstep's CRIU build (native/criu/) links
+# against, so that it runs wherever this list is installed (the test
+# container's image is made from it: scripts/test-container.sh). No comments
+# inside the list: that script reads it with awk.
 PKGS=(
 	btrfs-progs:/bin/btrfs
 	busybox-static:/bin/busybox
@@ -74,6 +78,13 @@ PKGS=(
 	nftables:/usr/sbin/nft
 	libmnl-dev:/usr/include/libmnl/libmnl.h
 	clang-format:/usr/bin/clang-format
+	libbsd0:/usr/lib/x86_64-linux-gnu/libbsd.so.0
+	libgnutls30:/usr/lib/x86_64-linux-gnu/libgnutls.so.30
+	libnet1:/usr/lib/x86_64-linux-gnu/libnet.so.1
+	libnftables1:/usr/lib/x86_64-linux-gnu/libnftables.so.1
+	libnl-3-200:/usr/lib/x86_64-linux-gnu/libnl-3.so.200
+	libprotobuf-c1:/usr/lib/x86_64-linux-gnu/libprotobuf-c.so.1
+	libuuid1:/usr/lib/x86_64-linux-gnu/libuuid.so.1
 )
 PROVIDED=(
 	/usr/bin/containerd /usr/sbin/runc
