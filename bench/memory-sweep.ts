@@ -31,9 +31,9 @@ import { measureCriuCliPeer } from './peers.js';
 export const SWEEP_SIZES_MIB = [16, 64, 256, 1024];
 export const CHANGED_BYTES = MIB;
 
-/** Holds MIB MiB touched; each SIGUSR1 rewrites one byte in each of 256 pages (1 MiB) and records the generation in /tmp/gen. */
+/** Holds MIB MiB touched; each SIGUSR1 (taken with sigwait) rewrites one byte in each of 256 pages (1 MiB) and records the generation in /tmp/gen. */
 const PYTHON_SWEEP = [
-  'import os, signal, time',
+  'import os, signal',
   'n = int(os.environ["MIB"]) << 20',
   'b = bytearray(n)',
   '[b.__setitem__(i, 1) for i in range(0, n, 4096)]',
@@ -45,9 +45,12 @@ const PYTHON_SWEEP = [
   '    v = gen % 255 + 1',
   '    for i in range(off, off + (1 << 20), 4096): b[i] = v',
   '    with open("/tmp/gen", "w") as f: f.write(str(gen))',
-  'signal.signal(signal.SIGUSR1, bump)',
+  // Taken with sigwait: a handler's signal sent before time.sleep is re-entered would wait the hour.
+  'signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})',
   'bump()',
-  'while True: time.sleep(3600)',
+  'while True:',
+  '    signal.sigwait({signal.SIGUSR1})',
+  '    bump()',
 ].join('\n');
 
 const PY_NEEDLE = 'PYTHON_SWEEP';

@@ -23,9 +23,9 @@ process.env.LOCKSTEP_PAGE_DELTA = 'on';
 const BLOB_MIB = 8;
 const CRASH_RUNNER = fileURLToPath(new URL('../../../test/fixtures/crash-runner.mjs', import.meta.url));
 
-/** SIGUSR1: change 64 KiB of the blob and bump the dict; SIGUSR2: report (generation, digest of blob and dict) to /tmp/report. */
+/** SIGUSR1: change 64 KiB of the blob and bump the dict; SIGUSR2: report (generation, digest of blob and dict) to /tmp/report. Both taken with sigwait. */
 const PY_MEMORY = `
-import hashlib, json, os, signal, time
+import hashlib, json, os, signal
 state = {'gen': 0, 'notes': {}}
 blob = bytearray(os.urandom(${BLOB_MIB} << 20))
 def report(*_):
@@ -41,11 +41,16 @@ def change(*_):
     blob[off:off + (1 << 16)] = os.urandom(1 << 16)
     state['notes']['n%d' % g] = 'x' * g
     report()
-signal.signal(signal.SIGUSR2, report)
-signal.signal(signal.SIGUSR1, change)
+# Taken synchronously: with handlers and time.sleep, a signal sent just as
+# the previous handler returns, before the sleep is re-entered, waits the hour.
+signals = {signal.SIGUSR1, signal.SIGUSR2}
+signal.pthread_sigmask(signal.SIG_BLOCK, signals)
 report()
 while True:
-    time.sleep(3600)
+    if signal.sigwait(signals) == signal.SIGUSR1:
+        change()
+    else:
+        report()
 `;
 
 integration(test, () => {
@@ -76,20 +81,8 @@ integration(test, () => {
   async function memory(sb: Sandbox): Promise<string> {
     const file = hostPath(ls, sb.id, '/tmp/report');
     fs.rmSync(file, { force: true });
-    // Asked again every 2 s: a report request sent just as a restored tree starts was seen to go unanswered
-    // once in a few dozen runs on a loaded machine. Asking twice changes nothing in memory.
-    let asked = 0;
-    return eventually(
-      () => {
-        if (Date.now() - asked > 2000) {
-          process.kill(pythonPid(sb), 'SIGUSR2');
-          asked = Date.now();
-        }
-        return fs.existsSync(file) && fs.readFileSync(file, 'utf8');
-      },
-      60_000,
-      5,
-    ) as Promise<string>;
+    process.kill(pythonPid(sb), 'SIGUSR2');
+    return eventually(() => fs.existsSync(file) && fs.readFileSync(file, 'utf8'), 60_000, 5) as Promise<string>;
   }
 
   /** Changes 64 KiB of the blob and a dict entry, and returns the new memory report. */
